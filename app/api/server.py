@@ -1,0 +1,68 @@
+"""The FastAPI app: routes, error handlers, request ids, and the engine's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app import __version__
+from app.api import generate, status
+from app.api.auth import ApiKeyGuard
+from app.api.errors import install_error_handlers
+from app.api.request_id import RequestIdMiddleware
+from app.api.resources import ServerResources
+from app.config import ServerConfig
+from app.engine.engine import AsyncEngine
+from app.engine.policy import make_policy
+from app.models.base import Model
+from app.models.loading import load_model
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
+    """Builds the app. The model is loaded (or ``model`` used) when the app starts.
+
+    Args:
+        config: server settings.
+        model: an already-built model (tests); None loads the one ``config`` names.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = model if model is not None else await asyncio.to_thread(load_model, config)
+        engine = AsyncEngine(
+            loaded,
+            policy=make_policy(config.scheduling),
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+        await engine.start()
+        caps = loaded.capabilities
+        app.state.resources = ServerResources(
+            engine=engine,
+            config=config,
+            guard=ApiKeyGuard.from_setting(config.api_key),
+            max_tokens_cap=min(config.max_tokens_cap or caps.context_length, caps.context_length),
+        )
+        logger.info("serving %s with %d slots", caps.name, caps.max_num_seqs)
+        try:
+            yield
+        finally:
+            await engine.drain(config.shutdown_timeout)
+            await engine.stop()
+
+    app = FastAPI(
+        title="slotserve",
+        version=__version__,
+        summary="Text generation with continuous batching",
+        lifespan=lifespan,
+    )
+    app.add_middleware(RequestIdMiddleware, replica_id=config.replica_id)
+    install_error_handlers(app)
+    app.include_router(generate.router)
+    app.include_router(status.router)
+    return app

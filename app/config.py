@@ -1,0 +1,64 @@
+"""Server settings: every flag of ``python -m app serve``, its default and its env variable.
+
+Each field ``some_flag`` is the CLI flag ``--some-flag`` and the environment variable
+``SLOTSERVE_SOME_FLAG`` (pydantic-settings does both); the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerConfig(BaseSettings):
+    """Everything the server can be told at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SLOTSERVE_", cli_kebab_case=True, extra="forbid", frozen=True
+    )
+
+    model: Literal["smollm2", "mock"] = Field(
+        "smollm2", description="smollm2: SmolLM2-135M-Instruct; mock: the deterministic byte model"
+    )
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free port)")
+    max_num_seqs: int = Field(16, ge=1, le=1024, description="batch slots (concurrent sequences)")
+    max_queue: int = Field(1024, ge=0, description="most requests waiting for a slot")
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
+    max_model_len: int = Field(
+        2048, ge=16, description="context length per sequence (tokens); sizes the KV cache"
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="most tokens per model step (decodes + prompt chunks); default: chunk size",
+    )
+    max_tokens_cap: int | None = Field(
+        None, ge=0, description="largest max_tokens a request may ask (default: context length)"
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="weights and KV cache dtype of the real model"
+    )
+    device: str = Field("auto", description="torch device of the real model: auto, cpu, cuda")
+    scheduling: Literal["continuous", "static"] = Field(
+        "continuous", description="admission policy: continuous batching or static batches"
+    )
+    mock_step_ms: float = Field(0.0, ge=0, description="mock model: delay per step (ms)")
+    mock_context_length: int = Field(8192, ge=16, description="mock model: context length")
+    shutdown_timeout: float = Field(
+        30.0, ge=0, description="seconds to let in-flight requests finish on SIGTERM"
+    )
+    replica_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9]{1,16}$",
+        description="prefix of server-made request ids, for id-affine routing across replicas",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> ServerConfig:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        return self

