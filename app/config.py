@@ -26,6 +26,19 @@ class ServerConfig(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free port)")
     max_num_seqs: int = Field(16, ge=1, le=1024, description="batch slots (concurrent sequences)")
     max_queue: int = Field(1024, ge=0, description="most requests waiting for a slot")
+    max_queued_tokens: int = Field(
+        1_000_000, ge=1, description="most prompt tokens of all requests waiting for a slot"
+    )
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body (bytes)")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="largest prompt (tokens) a request may send (default: context)"
+    )
+    sse_send_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="seconds one SSE send may block on a client that stopped reading, "
+        "after which the request is cancelled",
+    )
     api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
     max_model_len: int = Field(
         2048, ge=16, description="context length per sequence (tokens); sizes the KV cache"
@@ -47,6 +60,10 @@ class ServerConfig(BaseSettings):
     )
     mock_step_ms: float = Field(0.0, ge=0, description="mock model: delay per step (ms)")
     mock_context_length: int = Field(8192, ge=16, description="mock model: context length")
+    mock_fail_every: int = Field(
+        0, ge=0, description="mock model: every Nth step raises (0: never); a prompt containing "
+        "'<<fail>>' fails only its own row"
+    )
     shutdown_timeout: float = Field(
         30.0, ge=0, description="seconds to let in-flight requests finish on SIGTERM"
     )

@@ -274,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     console = Console()
     console.print(describe(config))
-    result = run_with_progress(config, Console(stderr=True), show=not args.no_progress)
+    try:
+        result = run_with_progress(config, Console(stderr=True), show=not args.no_progress)
+    except KeyboardInterrupt:
+        console.print("interrupted: no summary")
+        return 130
     print_summary(result, console)
     if args.out is not None:
         write_json(result, args.out)

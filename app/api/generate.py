@@ -27,7 +27,7 @@ from app.api.schemas import (
     GenerateRequestBody,
     GenerateResponse,
 )
-from app.engine.engine import DuplicateRequestId, EngineUnavailable
+from app.engine.engine import DuplicateRequestId, EngineUnavailable, Overloaded
 from app.engine.handle import RequestHandle
 from app.engine.request import (
     FinalEvent,
@@ -71,7 +71,7 @@ async def generate(request: Request) -> Response:
     arrived_at = time.perf_counter()
     resources = resources_of(request)
     owner = resources.guard.owner_of(request)
-    body = _parse_body(await request.body())
+    body = _parse_body(await read_body(request, resources.config.max_body_bytes))
     generation = _to_generation_request(
         body, resources, request_id=request.state.request_id, owner=owner, arrived_at=arrived_at
     )
@@ -80,6 +80,7 @@ async def generate(request: Request) -> Response:
         return EventSourceResponse(
             _sse_events(handle, resources),
             ping=SSE_PING_INTERVAL_S,
+            send_timeout=resources.config.sse_send_timeout,
             ping_message_factory=lambda: ServerSentEvent(comment="ping"),
             headers={"Cache-Control": "no-cache"},
         )
@@ -104,6 +105,28 @@ async def cancel_generation(request_id: str, request: Request) -> CancelResponse
 
 
 # --------------------------------------------------------------------------- validation
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    """The whole body, refusing more than ``limit_bytes`` before reading it all.
+
+    Raises:
+        APIError: 413 ``payload_too_large`` (by Content-Length, or while streaming it in).
+    """
+    too_large = APIError(
+        413, "payload_too_large", f"request body is larger than {limit_bytes} bytes"
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _parse_body(raw: bytes) -> GenerateRequestBody:
@@ -137,9 +160,20 @@ def _to_generation_request(
             f"stop_token_ids: {bad_ids[0]} is outside the vocabulary (size {caps.vocab_size})",
             param="stop_token_ids",
         )
-    prompt_ids = tuple(resources.engine.model.tokenizer.encode(body.prompt))
+    try:
+        prompt_ids = tuple(resources.engine.model.tokenizer.encode(body.prompt))
+    except Exception:
+        logger.exception("request %s: tokenizing the prompt failed", request_id)
+        raise APIError(500, "internal", "failed to tokenize the prompt") from None
     if not prompt_ids:
         raise APIError(422, "invalid_request", "prompt: encodes to no tokens", param="prompt")
+    if len(prompt_ids) > resources.max_prompt_tokens:
+        raise APIError(
+            422,
+            "invalid_request",
+            f"prompt: {len(prompt_ids)} tokens, the limit is {resources.max_prompt_tokens}",
+            param="prompt",
+        )
     if len(prompt_ids) + body.max_tokens > caps.context_length:
         raise APIError(
             400,
@@ -178,7 +212,16 @@ def _submit(resources: ServerResources, generation: GenerationRequest) -> Reques
             f"a request with id {generation.request_id!r} is already in flight",
             param="X-Request-Id",
         ) from None
+    except Overloaded as exc:
+        resources.engine.metrics.requests_rejected.labels(type="overloaded").inc()
+        raise APIError(
+            429,
+            "overloaded",
+            f"the server is overloaded: {exc}; retry later",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        ) from None
     except EngineUnavailable:
+        resources.engine.metrics.requests_rejected.labels(type="unavailable").inc()
         raise APIError(503, "unavailable", "the server is not accepting requests") from None
 
 

@@ -19,12 +19,14 @@ class ServerResources:
     config: the server's settings.
     guard: API key checks.
     max_tokens_cap: largest ``max_tokens`` accepted (tokens).
+    max_prompt_tokens: largest prompt accepted (tokens).
     """
 
     engine: AsyncEngine
     config: ServerConfig
     guard: ApiKeyGuard
     max_tokens_cap: int
+    max_prompt_tokens: int
 
 
 def resources_of(request: Request) -> ServerResources:

@@ -16,12 +16,26 @@ from app.api.errors import install_error_handlers
 from app.api.request_id import RequestIdMiddleware
 from app.api.resources import ServerResources
 from app.config import ServerConfig
-from app.engine.engine import AsyncEngine
+from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.policy import make_policy
 from app.models.base import Model
 from app.models.loading import load_model
 
 logger = logging.getLogger(__name__)
+
+
+async def drain_app(app: FastAPI, timeout_s: float) -> None:
+    """Graceful drain: refuse new requests (503, /health 503), let in-flight ones finish for up
+    to ``timeout_s`` seconds, then end the rest as cancelled (each gets its final event)."""
+    resources: ServerResources | None = getattr(app.state, "resources", None)
+    if resources is None:
+        return
+    logger.info(
+        "draining: %d requests in flight, up to %.1f s", resources.engine.num_in_flight, timeout_s
+    )
+    await resources.engine.drain(timeout_s)
+    await resources.engine.stop()
+    logger.info("drained")
 
 
 def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
@@ -39,6 +53,9 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
             loaded,
             policy=make_policy(config.scheduling),
             max_num_batched_tokens=config.max_num_batched_tokens,
+            limits=AdmissionLimits(
+                max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens
+            ),
         )
         await engine.start()
         caps = loaded.capabilities
@@ -47,6 +64,9 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
             config=config,
             guard=ApiKeyGuard.from_setting(config.api_key),
             max_tokens_cap=min(config.max_tokens_cap or caps.context_length, caps.context_length),
+            max_prompt_tokens=min(
+                config.max_prompt_tokens or caps.context_length, caps.context_length
+            ),
         )
         logger.info("serving %s with %d slots", caps.name, caps.max_num_seqs)
         try:

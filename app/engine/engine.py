@@ -4,7 +4,8 @@ Endpoints never touch the scheduler. They call ``submit`` / ``cancel`` / ``abort
 frozen commands on the inbox; only the loop task applies them, between model steps. The model
 step itself runs in a dedicated worker thread so the event loop keeps serving HTTP meanwhile.
 
-    loop:  take_new_commands -> admit_waiting -> schedule -> run_step (thread) -> apply
+    loop:  take_new_commands -> admit_waiting -> schedule -> run_step (thread)
+           -> take_new_commands (cancels win) -> apply
 """
 
 from __future__ import annotations
@@ -45,6 +46,31 @@ class DuplicateRequestId(Exception):
     """A request with this id is already in flight."""
 
 
+class Overloaded(Exception):
+    """The waiting queue is full (by count or by prompt tokens).
+
+    Attributes:
+        retry_after_s: a hint for the client, in whole seconds.
+    """
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """How much may wait for a slot; beyond it, ``submit`` raises ``Overloaded`` at once.
+
+    Attributes:
+        max_queue: requests waiting (not yet in a slot), across the inbox and the queue.
+        max_queued_tokens: prompt tokens of those waiting requests.
+    """
+
+    max_queue: int = 1024
+    max_queued_tokens: int = 1_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class Submit:
     handle: RequestHandle
@@ -70,6 +96,7 @@ class AsyncEngine:
         max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
             ``max(model slots, model.capabilities.max_tokens_per_row)``.
         metrics: where to count; a fresh registry by default.
+        limits: admission limits (queue length and queued prompt tokens).
     """
 
     def __init__(
@@ -79,8 +106,10 @@ class AsyncEngine:
         policy: AdmissionPolicy | None = None,
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
+        limits: AdmissionLimits | None = None,
     ) -> None:
         caps = model.capabilities
+        self.limits = limits or AdmissionLimits()
         self.model = model
         self.metrics = metrics or EngineMetrics()
         self.scheduler = Scheduler(
@@ -98,6 +127,9 @@ class AsyncEngine:
         self.state = EngineState.CREATED
         self._inbox: asyncio.Queue[Command] = asyncio.Queue()
         self._in_flight: dict[str, RequestHandle] = {}
+        # Submits in the inbox the loop has not applied yet (they wait like queued requests).
+        self._inbox_requests = 0
+        self._inbox_prompt_tokens = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
         self._task: asyncio.Task[None] | None = None
 
@@ -149,15 +181,29 @@ class AsyncEngine:
         Raises:
             EngineUnavailable: not running (draining, stopped, failed).
             DuplicateRequestId: ``request.request_id`` is already in flight.
+            Overloaded: the request would have to wait and the queue is full.
         """
         if not self.is_alive:
             raise EngineUnavailable(f"engine is {self.state.value}")
         if request.request_id in self._in_flight:
             raise DuplicateRequestId(request.request_id)
+        self._check_admission(len(request.prompt_token_ids))
         handle = RequestHandle(request, on_final=self._forget)
         self._in_flight[request.request_id] = handle
+        self._inbox_requests += 1
+        self._inbox_prompt_tokens += len(request.prompt_token_ids)
         self._inbox.put_nowait(Submit(handle))
         return handle
+
+    def _check_admission(self, prompt_tokens: int) -> None:
+        """Requests that will find a free slot do not wait; the limits apply to the rest."""
+        waiting = self._inbox_requests + self.scheduler.num_waiting
+        would_wait = waiting + 1 - self.scheduler.num_free_slots
+        if would_wait > self.limits.max_queue:
+            raise Overloaded(f"{waiting} requests are already waiting for a slot")
+        queued_tokens = self._inbox_prompt_tokens + self.scheduler.waiting_prompt_tokens
+        if would_wait > 0 and queued_tokens + prompt_tokens > self.limits.max_queued_tokens:
+            raise Overloaded(f"{queued_tokens} prompt tokens are already waiting for a slot")
 
     def cancel(self, request_id: str, *, owner: str | None = None) -> bool:
         """Cancels the in-flight request ``request_id`` made by ``owner``.
@@ -206,12 +252,17 @@ class AsyncEngine:
         """Applies every queued command; waits for one when there is nothing to run."""
         if not self.scheduler.has_work:
             self._apply(await self._inbox.get())
+        self._apply_inbox()
+
+    def _apply_inbox(self) -> None:
         while not self._inbox.empty():
             self._apply(self._inbox.get_nowait())
 
     def _apply(self, command: Command) -> None:
         if isinstance(command, Submit):
             request = command.handle.request
+            self._inbox_requests -= 1
+            self._inbox_prompt_tokens -= len(request.prompt_token_ids)
             sequence = Sequence(
                 request=request,
                 emit=command.handle.push,
@@ -233,6 +284,9 @@ class AsyncEngine:
         try:
             output = await loop.run_in_executor(self._executor, self.model.step, step.batch)
             self.metrics.step_duration.observe(time.perf_counter() - started)
+            # Cancels that arrived during the step win over its output: a DELETE answered
+            # 200 must end its request as cancelled, never with one more token.
+            self._apply_inbox()
             self.scheduler.apply(step, output)
         except asyncio.CancelledError:
             raise
@@ -245,6 +299,8 @@ class AsyncEngine:
         while not self._inbox.empty():
             command = self._inbox.get_nowait()
             if isinstance(command, Submit):
+                self._inbox_requests -= 1
+                self._inbox_prompt_tokens -= len(command.handle.request.prompt_token_ids)
                 sequence = Sequence(
                     request=command.handle.request, emit=command.handle.push, text=TextAssembler()
                 )

@@ -83,12 +83,21 @@ class Scheduler:
         self._clock = clock
         self.waiting: deque[Sequence] = deque()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
+        self._waiting_prompt_tokens = 0  # sum over self.waiting, kept by add/admit/finish
 
     # ----------------------------------------------------------------- read-only views
 
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    @property
+    def waiting_prompt_tokens(self) -> int:
+        return self._waiting_prompt_tokens
+
+    @property
+    def num_free_slots(self) -> int:
+        return sum(seq is None for seq in self.slots)
 
     @property
     def num_running(self) -> int:
@@ -117,6 +126,7 @@ class Scheduler:
             return
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        self._waiting_prompt_tokens += seq.num_prompt_tokens
 
     def cancel(self, seq: Sequence) -> bool:
         """Ends a waiting or running sequence as CANCELLED; False if it had already finished."""
@@ -136,6 +146,7 @@ class Scheduler:
         now = self._clock()
         for slot in free[:count]:
             seq = self.waiting.popleft()
+            self._waiting_prompt_tokens -= seq.num_prompt_tokens
             seq.status = SequenceStatus.RUNNING
             seq.slot = slot
             seq.num_computed_tokens = 0
@@ -186,8 +197,14 @@ class Scheduler:
             )
         self._metrics.batch_size.observe(len(step.sequences))
         now = self._clock()
-        for seq, row, token in zip(step.sequences, step.batch.rows, output.next_token_ids):
+        errors = output.row_errors or (None,) * len(step.sequences)
+        for seq, row, token, error in zip(
+            step.sequences, step.batch.rows, output.next_token_ids, errors
+        ):
             if self.slots[row.slot] is not seq:
+                continue
+            if error is not None:
+                self.finish(seq, FinishReason.ERROR, error=error)
                 continue
             seq.num_computed_tokens += len(row.token_ids)
             if token is None:
@@ -230,6 +247,7 @@ class Scheduler:
             seq.slot = None
         elif was_waiting and seq in self.waiting:
             self.waiting.remove(seq)
+            self._waiting_prompt_tokens -= seq.num_prompt_tokens
 
         now = self._clock()
         tail = seq.text.flush()

@@ -104,10 +104,16 @@ class StepOutput:
     """The result of one step, aligned with ``StepBatch.rows``.
 
     ``next_token_ids[i]`` is the sampled token of row ``i``, or None when that row did not ask
-    for one (``sample=False``).
+    for one (``sample=False``) or failed.
+
+    ``row_errors`` lets a model that can tell which rows failed say so: ``row_errors[i]`` is a
+    client-safe message for a failed row ``i`` (its token is ignored and the request ends with
+    an error), None for a row that succeeded. A model that cannot tell raises from ``step``
+    instead, which fails every row of the step.
     """
 
     next_token_ids: tuple[int | None, ...]
+    row_errors: tuple[str | None, ...] | None = None
 
 
 class Tokenizer(Protocol):

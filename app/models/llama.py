@@ -106,9 +106,15 @@ class KVCache:
 
     ``keys`` and ``values`` are ``[num_layers, max_num_seqs, n_kv_heads, max_model_len,
     head_dim]`` tensors of the model dtype on the model device, so one slot's one head is a
-    contiguous ``[max_model_len, head_dim]`` block (what attention reads). The cache stores
-    tensors only: which positions of a slot are valid is the runner's bookkeeping, passed in
-    through :class:`ForwardPlan`; nothing here is ever zeroed.
+    contiguous ``[max_model_len, head_dim]`` block (what attention reads). Bytes per slot:
+    ``2 * num_layers * n_kv_heads * max_model_len * head_dim * itemsize`` (SmolLM2, 2048
+    positions: 90 MiB in float32, 45 MiB in bfloat16).
+
+    The cache stores tensors only: which positions of a slot are valid is the runner's
+    bookkeeping, passed in through :class:`ForwardPlan`. It is zeroed once, at allocation, and
+    never again: a masked-out position gets attention weight 0, but ``0 * NaN`` would still be
+    NaN, so never-written memory must hold finite values; stale values from a previous
+    occupant are finite and are masked out.
     """
 
     def __init__(
@@ -127,17 +133,34 @@ class KVCache:
             max_model_len,
             hparams.head_dim,
         )
-        self.keys = torch.empty(shape, dtype=dtype, device=device)
-        self.values = torch.empty(shape, dtype=dtype, device=device)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
 
     @property
     def bytes_per_slot(self) -> int:
-        per_tensor = self.keys[:, 0].numel() * self.keys.element_size()
-        return 2 * per_tensor
+        return 2 * self.keys[:, 0].numel() * self.keys.element_size()
 
     @property
     def total_bytes(self) -> int:
         return self.bytes_per_slot * self.keys.shape[1]
+
+    def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rows of a layer's ``[slots * heads * positions, head_dim]`` view for ``[N]`` tokens.
+
+        Returns ``[N * n_kv_heads]`` int64, token-major (the order of ``keys.reshape(-1, D)``
+        for keys ``[N, n_kv_heads, D]``).
+        """
+        _, _, kv_heads, max_len, _ = self.keys.shape
+        heads = torch.arange(kv_heads, device=slots.device)
+        return ((slots[:, None] * kv_heads + heads[None, :]) * max_len + positions[:, None]).flatten()
+
+    def write(
+        self, layer: int, index: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """Store ``keys``/``values [N, n_kv_heads, D]`` at the rows :meth:`write_index` gave."""
+        head_dim = self.keys.shape[-1]
+        self.keys[layer].view(-1, head_dim).index_copy_(0, index, keys.reshape(-1, head_dim))
+        self.values[layer].view(-1, head_dim).index_copy_(0, index, values.reshape(-1, head_dim))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +216,9 @@ class ForwardPlan:
     Packed order: the single-token rows sorted by slot, then each multi-token row.
 
     Attributes:
-        token_ids, positions, slots: ``[N]`` int64, one entry per packed token.
+        token_ids, positions: ``[N]`` int64, one entry per packed token.
+        cache_index: ``[N * n_kv_heads]`` int64, where each token's K/V go
+            (:meth:`KVCache.write_index`).
         decode: the single-token rows' attention group, or None when there are none.
         prefills: one group per multi-token row.
         logits_index: ``[R]`` int64, packed index of the last token of each row that wants
@@ -202,14 +227,15 @@ class ForwardPlan:
 
     token_ids: torch.Tensor
     positions: torch.Tensor
-    slots: torch.Tensor
+    cache_index: torch.Tensor
     decode: DecodeGroup | None
     prefills: tuple[PrefillGroup, ...]
     logits_index: torch.Tensor
 
     @classmethod
-    def build(cls, rows: Sequence[RowSpec], *, group_size: int, device: torch.device) -> ForwardPlan:
+    def build(cls, rows: Sequence[RowSpec], *, group_size: int, cache: KVCache) -> ForwardPlan:
         """Plan a forward over ``rows`` (distinct slots, each with >= 1 token)."""
+        device = cache.keys.device
         single = sorted((r for r in rows if len(r.token_ids) == 1), key=lambda r: r.slot)
         multi = [r for r in rows if len(r.token_ids) > 1]
         token_ids: list[int] = []
@@ -231,10 +257,11 @@ class ForwardPlan:
             stop = start + len(row.token_ids)
             prefills.append(_plan_prefill(row, start, stop, group_size, device))
             start = stop
+        position_tensor = as_tensor(positions)
         return cls(
             token_ids=as_tensor(token_ids),
-            positions=as_tensor(positions),
-            slots=as_tensor(slots),
+            positions=position_tensor,
+            cache_index=cache.write_index(as_tensor(slots), position_tensor),
             decode=_plan_decode(single, device) if single else None,
             prefills=tuple(prefills),
             logits_index=as_tensor([last_index[r.slot] for r in rows if r.want_logits]),
@@ -311,8 +338,7 @@ class LlamaModel:
             queries = qk[:, : hp.head_count]
             keys = qk[:, hp.head_count :]
             values = qkv[:, qk_width:].view(num_tokens, hp.head_count_kv, hp.head_dim)
-            cache.keys[index][plan.slots, :, plan.positions] = keys
-            cache.values[index][plan.slots, :, plan.positions] = values
+            cache.write(index, plan.cache_index, keys, values)
             attended = self._attention(index, queries, plan, cache)
             hidden = hidden + F.linear(attended, layer.attn_output)
             gate, up = F.linear(self._rms_norm(hidden, layer.ffn_norm), layer.gate_up).chunk(2, -1)

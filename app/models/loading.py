@@ -30,6 +30,7 @@ def load_model(config: ServerConfig) -> Model:
             max_num_seqs=config.max_num_seqs,
             context_length=config.mock_context_length,
             step_ms=config.mock_step_ms,
+            fail_every=config.mock_fail_every,
         )
     else:
         from app.models.smollm2 import load_smollm2  # local: torch is heavy to import

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from app.models.base import ModelCapabilities, StepBatch, StepOutput
 
 MOCK_EOS_TOKEN_ID = 256
+MOCK_FAIL_MARKER = b"<<fail>>"
 MOCK_VOCAB_SIZE = 257
 _ALPHABET = tuple("abcdefghijklmnopqrstuvwxyz      .,éß中文😀")
 _ALPHABET_BYTES = tuple(ch.encode("utf-8") for ch in _ALPHABET)
@@ -103,6 +104,8 @@ class MockModelRunner:
         step_ms: sleep per step in ms, to stand in for a real model's step time.
         max_tokens_per_row: prompt chunk size the scheduler may use.
         eos_one_in: see ``MockModel``.
+        fail_every: fault injection: every ``fail_every``-th step raises (0: never). Rows whose
+            prefix contains ``<<fail>>`` fail on their own (``StepOutput.row_errors``).
 
     Attributes:
         num_model_calls: ``next_tokens`` calls so far (for static-vs-continuous comparisons).
@@ -116,8 +119,10 @@ class MockModelRunner:
         step_ms: float = 0.0,
         max_tokens_per_row: int | None = None,
         eos_one_in: int = 24,
+        fail_every: int = 0,
     ) -> None:
         self.model = MockModel(eos_one_in=eos_one_in)
+        self.fail_every = fail_every
         self.tokenizer = ByteTokenizer()
         self.capabilities = ModelCapabilities(
             name="mock-bytes",
@@ -132,11 +137,16 @@ class MockModelRunner:
         self.step_ms = step_ms
         self.num_model_calls = 0
         self._prefixes: list[list[int]] = [[] for _ in range(max_num_seqs)]
+        self._marked: list[bool] = [False] * max_num_seqs  # prompt carries MOCK_FAIL_MARKER
         self._lock = threading.Lock()
 
     def step(self, batch: StepBatch) -> StepOutput:
-        """Raises ValueError when a row's position does not continue its slot's prefix."""
+        """Raises ValueError when a row's position does not continue its slot's prefix, and
+        RuntimeError on an injected whole-step failure."""
         with self._lock:
+            self.num_model_calls += 1
+            if self.fail_every and self.num_model_calls % self.fail_every == 0:
+                raise RuntimeError(f"injected failure of mock step {self.num_model_calls}")
             for row in batch.rows:
                 prefix = self._prefixes[row.slot]
                 if row.position == 0:
@@ -146,20 +156,25 @@ class MockModelRunner:
                         f"slot {row.slot}: row at position {row.position}, state has {len(prefix)}"
                     )
                 prefix.extend(row.token_ids)
-            sampled_rows = [i for i, row in enumerate(batch.rows) if row.sample]
+                if row.position == 0:
+                    self._marked[row.slot] = MOCK_FAIL_MARKER in bytes(
+                        t for t in row.token_ids if t < 256
+                    )
+            errors = tuple(
+                "injected failure of this request" if self._marked[row.slot] else None
+                for row in batch.rows
+            )
+            sampled = [i for i, row in enumerate(batch.rows) if row.sample and errors[i] is None]
             if self.step_ms > 0:
                 time.sleep(self.step_ms / 1000.0)
-            tokens = (
-                self.model.next_tokens([list(self._prefixes[batch.rows[i].slot]) for i in sampled_rows])
-                if sampled_rows
-                else []
-            )
-            self.num_model_calls += 1
+            prefixes = [list(self._prefixes[batch.rows[i].slot]) for i in sampled]
+            tokens = self.model.next_tokens(prefixes) if prefixes else []
             result: list[int | None] = [None] * len(batch.rows)
-            for index, token in zip(sampled_rows, tokens):
+            for index, token in zip(sampled, tokens):
                 result[index] = token
-            return StepOutput(tuple(result))
+            return StepOutput(tuple(result), errors if any(errors) else None)
 
     def release(self, slot: int) -> None:
         with self._lock:
             self._prefixes[slot] = []
+            self._marked[slot] = False

@@ -84,7 +84,7 @@ class LlamaModelRunner:
         plan = ForwardPlan.build(
             [RowSpec(r.slot, r.token_ids, r.position, r.sample) for r in rows],
             group_size=self.model.hparams.group_size,
-            device=self.model.device,
+            cache=self.cache,
         )
         with torch.inference_mode():
             logits = self.model.forward(plan, self.cache)

@@ -15,8 +15,15 @@ from typing import Any
 import httpx
 
 from loadgen.config import CancelMode, LoadConfig
-from loadgen.protocol import Completion, Failure, SseDecoder, StreamItem, TextDelta, api_format
-from loadgen.protocol import error_type
+from loadgen.protocol import (
+    Completion,
+    Failure,
+    SseDecoder,
+    StreamItem,
+    TextDelta,
+    api_format,
+    error_type,
+)
 from loadgen.record import Chunk, Outcome, RequestRecord
 from loadgen.workload import RequestSpec
 
@@ -39,7 +46,7 @@ class RunClock:
 
 @dataclass(slots=True)
 class Attempt:
-    """One request while it is in flight; the first terminal event settles it, `record` freezes it."""
+    """One request in flight: the first terminal event settles it, `record` freezes it."""
 
     spec: RequestSpec
     streamed: bool

@@ -31,7 +31,7 @@ def write_plot(result: LoadResult, path: Path) -> None:
         "TPOT": [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
         "E2E": [r.e2e_s * 1000 for r in ok],
     }
-    for ax, (metric, values_ms) in zip(axes.flat, samples.items()):
+    for ax, (metric, values_ms) in zip(axes.flat[:3], samples.items(), strict=True):
         draw_cdf(ax, metric, values_ms)
     draw_throughput(axes.flat[3], tokens_per_second(result.records, BIN_S))
     config = result.config

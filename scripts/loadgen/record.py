@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import pairwise
 
 from loadgen.workload import RequestSpec
 
@@ -67,7 +68,7 @@ class RequestRecord:
     @property
     def itl_s(self) -> tuple[float, ...]:
         """Inter-token latencies: gaps between consecutive stream events that carry text."""
-        return tuple(b.at - a.at for a, b in zip(self.chunks, self.chunks[1:]))
+        return tuple(b.at - a.at for a, b in pairwise(self.chunks))
 
     @property
     def tpot_s(self) -> float | None:

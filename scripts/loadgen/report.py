@@ -4,7 +4,8 @@ JSON layout (`--out`), times in seconds on the run clock unless the key says ms:
 
     {"schema": "slotserve-load/1",
      "started_at_unix": <wall clock at the run's start>,
-     "config":   <every LoadConfig field; "workload" nested, with "cancel" nested>,
+     "config":   <every LoadConfig field ("api_key" redacted); "workload" nested, with
+                  "cancel" nested>,
      "summary":  {"duration_s", "requests", "outcomes": {ok, cancelled, rejected, error,
                   transport_error}, "errors": {"<status> <type>": n, ...}, "prompt_tokens",
                   "output_tokens", "request_throughput", "output_token_throughput",
@@ -25,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-from rich.progress import TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from loadgen.config import LoadConfig
@@ -126,10 +133,13 @@ def throughput_table(summary: Summary) -> Table:
 
 
 def write_json(result: LoadResult, path: Path) -> None:
+    config = asdict(result.config)
+    if config["api_key"] is not None:
+        config["api_key"] = "<redacted>"  # a results file gets shared; the key must not be
     document = {
         "schema": SCHEMA,
         "started_at_unix": result.started_at_unix,
-        "config": asdict(result.config),
+        "config": config,
         "summary": asdict(result.summary),
         "requests": [request_json(record) for record in result.records],
     }

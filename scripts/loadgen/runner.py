@@ -78,10 +78,10 @@ class LoadRun:
             for send_at in arrivals:
                 if config.duration_s is not None and send_at >= config.duration_s:
                     break
-                await asyncio.sleep(send_at - self._clock.now())
                 spec = self._next_spec()
                 if spec is None:
                     break
+                await asyncio.sleep(send_at - self._clock.now())
                 in_flight.create_task(self._send(client, spec))
 
     def _next_spec(self) -> RequestSpec | None:

@@ -1,0 +1,185 @@
+"""Overload, limits, API keys, fault isolation and id races (in-process, mock model)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.engine.engine import EngineState
+from app.models.mock import MockModelRunner
+from tests.http.conftest import app_client, metric_value, mock_config, parse_sse
+
+LONG = {"max_tokens": 200, "ignore_eos": True}
+
+
+async def test_full_queue_answers_429_at_once_with_retry_after():
+    async with app_client(mock_config(max_num_seqs=1, max_queue=2, mock_step_ms=10)) as client:
+        tasks = [
+            asyncio.create_task(client.post("/generate", json={"prompt": f"r{i}", **LONG}))
+            for i in range(3)  # 1 running + 2 waiting
+        ]
+        await asyncio.sleep(0.05)
+        rejected = await client.post("/generate", json={"prompt": "one too many"})
+        assert rejected.status_code == 429
+        assert rejected.headers["retry-after"] == "1"
+        assert rejected.json()["error"]["type"] == "overloaded"
+        assert await metric_value(client, "slotserve_requests_rejected_total", type="overloaded") == 1
+        # cancel the waiting ones so the test ends fast; then the queue has room again
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_queued_prompt_tokens_cap():
+    config = mock_config(max_num_seqs=1, max_queued_tokens=20, mock_step_ms=10)
+    async with app_client(config) as client:
+        running = asyncio.create_task(client.post("/generate", json={"prompt": "x" * 50, **LONG}))
+        await asyncio.sleep(0.05)  # it holds the only slot: a big prompt in a slot does not count
+        waiting = asyncio.create_task(client.post("/generate", json={"prompt": "y" * 15, **LONG}))
+        await asyncio.sleep(0.05)
+        rejected = await client.post("/generate", json={"prompt": "z" * 10})
+        assert rejected.status_code == 429
+        for task in (running, waiting):
+            task.cancel()
+        await asyncio.gather(running, waiting, return_exceptions=True)
+
+
+async def test_body_over_the_limit_is_413():
+    async with app_client(mock_config(max_body_bytes=2048)) as client:
+        response = await client.post("/generate", json={"prompt": "x" * 5000})
+        assert response.status_code == 413
+        assert response.json()["error"]["type"] == "payload_too_large"
+
+        async def chunks():
+            for _ in range(10):
+                yield b" " * 500  # no Content-Length: refused while streaming in
+
+        streamed = await client.post("/generate", content=chunks())
+        assert streamed.status_code == 413
+        assert (await client.post("/generate", json={"prompt": "ok", "max_tokens": 1})).status_code == 200
+
+
+async def test_prompt_and_max_tokens_caps():
+    async with app_client(mock_config(max_prompt_tokens=10, max_tokens_cap=5)) as client:
+        long_prompt = await client.post("/generate", json={"prompt": "x" * 11, "max_tokens": 1})
+        assert long_prompt.status_code == 422 and long_prompt.json()["error"]["param"] == "prompt"
+        big = await client.post("/generate", json={"prompt": "x", "max_tokens": 6})
+        assert big.status_code == 422 and big.json()["error"]["param"] == "max_tokens"
+
+
+async def test_api_key_required_everywhere_but_health():
+    async with app_client(mock_config(api_key="k1,k2")) as client:
+        assert (await client.get("/health")).status_code == 200
+        for method, path in [("GET", "/info"), ("GET", "/metrics"), ("POST", "/generate"),
+                             ("DELETE", "/generate/x")]:
+            response = await client.request(method, path, json={"prompt": "a"})
+            assert response.status_code == 401, path
+            assert response.json()["error"]["type"] == "unauthorized"
+        wrong = await client.get("/info", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        for key in ("k1", "k2"):
+            ok = await client.get("/info", headers={"Authorization": f"Bearer {key}"})
+            assert ok.status_code == 200
+
+
+async def test_delete_only_with_the_same_key():
+    async with app_client(mock_config(api_key="alice,bob", mock_step_ms=10)) as client:
+        alice = {"Authorization": "Bearer alice", "X-Request-Id": "a-job"}
+        task = asyncio.create_task(client.post("/generate", json={"prompt": "a", **LONG}, headers=alice))
+        await asyncio.sleep(0.05)
+        by_bob = await client.delete("/generate/a-job", headers={"Authorization": "Bearer bob"})
+        assert by_bob.status_code == 404  # not 403: do not confirm it exists
+        by_alice = await client.delete("/generate/a-job", headers={"Authorization": "Bearer alice"})
+        assert by_alice.status_code == 200
+        assert (await task).json()["finish_reason"] == "cancelled"
+
+
+async def test_failing_row_fails_only_its_request():
+    async with app_client(mock_config(mock_step_ms=5)) as client:
+        good = [
+            asyncio.create_task(client.post("/generate", json={"prompt": f"good {i}", "max_tokens": 30}))
+            for i in range(3)
+        ]
+        bad = await client.post("/generate", json={"prompt": "bad <<fail>>", "max_tokens": 30})
+        assert bad.status_code == 500 and bad.json()["error"]["type"] == "internal"
+        response = await client.post(
+            "/generate", json={"prompt": "bad <<fail>>", "max_tokens": 30, "stream": True}
+        )
+        events = parse_sse(response.text)
+        assert response.status_code == 200 and [n for n, _ in events] == ["error"]
+        assert events[0][1]["error"]["type"] == "internal"
+        for task in good:
+            assert (await task).status_code == 200
+        assert await metric_value(client, "slotserve_requests_finished_total", finish_reason="error") == 2
+
+
+async def test_failing_step_fails_its_rows_and_the_loop_goes_on():
+    model = MockModelRunner(max_num_seqs=4, fail_every=3)
+    async with app_client(mock_config(), model=model) as client:
+        results = await asyncio.gather(
+            *[client.post("/generate", json={"prompt": f"p{i}", "max_tokens": 10, "ignore_eos": True})
+              for i in range(4)]
+        )
+        assert {r.status_code for r in results} <= {200, 500}
+        assert any(r.status_code == 500 for r in results)
+        model.fail_every = 0
+        after = await client.post("/generate", json={"prompt": "after", "max_tokens": 5})
+        assert after.status_code == 200
+        assert (await client.get("/health")).status_code == 200
+
+
+async def test_dead_loop_turns_health_and_new_requests_to_503(monkeypatch):
+    async with app_client(mock_config(mock_step_ms=10)) as client:
+        engine = client.app.state.resources.engine
+        in_flight = asyncio.create_task(client.post("/generate", json={"prompt": "x", **LONG}))
+        await asyncio.sleep(0.05)
+
+        def broken_schedule():
+            raise RuntimeError("scheduler bug")
+
+        monkeypatch.setattr(engine.scheduler, "schedule", broken_schedule)
+        response = await asyncio.wait_for(in_flight, 5)
+        assert response.status_code == 500  # ended, not hanging
+        assert engine.state is EngineState.FAILED
+        assert (await client.get("/health")).status_code == 503
+        refused = await client.post("/generate", json={"prompt": "y"})
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "unavailable"
+
+
+async def test_delete_racing_admission_finish_and_reuse():
+    async with app_client(mock_config(mock_step_ms=2)) as client:
+        # DELETE in the same tick as the submit: the request never produces a token
+        headers = {"X-Request-Id": "race-1"}
+        post = asyncio.create_task(client.post("/generate", json={"prompt": "a", **LONG}, headers=headers))
+        for _ in range(100):
+            deleted = await client.delete("/generate/race-1")
+            if deleted.status_code == 200:
+                break
+            await asyncio.sleep(0)
+        assert deleted.status_code == 200
+        assert (await post).json()["finish_reason"] == "cancelled"
+
+        # DELETE racing with finish: exactly one outcome, never both
+        for i in range(20):
+            rid = {"X-Request-Id": f"fin-{i}"}
+            post = asyncio.create_task(
+                client.post("/generate", json={"prompt": "b", "max_tokens": 3, "ignore_eos": True}, headers=rid)
+            )
+            await asyncio.sleep(0.004 * (i % 5))
+            deleted = await client.delete(f"/generate/fin-{i}")
+            body = (await post).json()
+            if deleted.status_code == 200:
+                assert body["finish_reason"] == "cancelled"
+            else:
+                assert deleted.status_code == 404 and body["finish_reason"] == "length"
+
+        # id reused right after DELETE: the new request is independent of the old one
+        post = asyncio.create_task(client.post("/generate", json={"prompt": "c", **LONG}, headers=headers))
+        await asyncio.sleep(0.02)
+        assert (await client.delete("/generate/race-1")).status_code == 200
+        reused = await client.post("/generate", json={"prompt": "d", "max_tokens": 4, "ignore_eos": True}, headers=headers)
+        assert reused.status_code == 200 and reused.json()["usage"]["completion_tokens"] == 4
+        assert (await post).json()["finish_reason"] == "cancelled"
+        assert await metric_value(client, "slotserve_requests_running") == 0
+        assert await metric_value(client, "slotserve_requests_waiting") == 0
