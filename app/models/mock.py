@@ -10,7 +10,7 @@ split over several tokens), 256 is EOS.
 
 The mock "speaks" characters of a small alphabet that includes 2-, 3- and 4-byte UTF-8
 characters. For a prefix whose last character is incomplete it emits that character's next byte;
-otherwise it hashes the prefix (CRC-32) and either ends (EOS, 1 chance in ``eos_one_in``) or
+otherwise it hashes the prefix (CRC-32 of its length and last 32 tokens) and either ends (EOS, 1 chance in ``eos_one_in``) or
 starts the alphabet character the hash picks. So outputs are deterministic per prompt, their
 lengths are uneven (geometric), and different prompts give different text.
 """
@@ -77,7 +77,10 @@ class MockModel:
                 if encoded.startswith(tail):
                     return encoded[len(tail)]
             return ord("?")  # a prompt's own broken tail (cannot happen for valid UTF-8)
-        digest = zlib.crc32(bytes(token & 0xFF for token in prefix))
+        # Hash the length and the last 32 tokens: a function of the whole prefix that costs
+        # O(1) per token, so long generations stay cheap.
+        tail_bytes = bytes(token & 0xFF for token in prefix[-32:])
+        digest = zlib.crc32(tail_bytes, len(prefix) & 0xFFFFFFFF)
         if digest % self.eos_one_in == 0:
             return MOCK_EOS_TOKEN_ID
         return _ALPHABET_BYTES[(digest // self.eos_one_in) % len(_ALPHABET_BYTES)][0]
@@ -167,7 +170,7 @@ class MockModelRunner:
             sampled = [i for i, row in enumerate(batch.rows) if row.sample and errors[i] is None]
             if self.step_ms > 0:
                 time.sleep(self.step_ms / 1000.0)
-            prefixes = [list(self._prefixes[batch.rows[i].slot]) for i in sampled]
+            prefixes = [self._prefixes[batch.rows[i].slot] for i in sampled]  # read-only
             tokens = self.model.next_tokens(prefixes) if prefixes else []
             result: list[int | None] = [None] * len(batch.rows)
             for index, token in zip(sampled, tokens):
