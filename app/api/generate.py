@@ -8,7 +8,6 @@ becomes ``engine.abort(handle)`` and the cancellation is re-raised, never swallo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
@@ -27,7 +26,17 @@ from app.api.schemas import (
     GenerateRequestBody,
     GenerateResponse,
 )
-from app.engine.engine import DuplicateRequestId, EngineUnavailable, Overloaded
+from app.api.submission import (
+    CLIENT_CLOSED_REQUEST,
+    SSE_PING_INTERVAL_S,
+    check_context_length,
+    check_max_tokens,
+    encode_prompt,
+    final_unless_disconnected,
+    read_body,
+    refuse_if_overloaded,
+    submit,
+)
 from app.engine.handle import RequestHandle
 from app.engine.request import (
     FinalEvent,
@@ -41,9 +50,6 @@ from app.models.base import SamplingParams
 logger = logging.getLogger(__name__)
 
 router = APIRouter()
-
-SSE_PING_INTERVAL_S = 15.0
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client closed the connection first"
 
 _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 413, 422, 429, 500, 503)
@@ -71,11 +77,12 @@ async def generate(request: Request) -> Response:
     arrived_at = time.perf_counter()
     resources = resources_of(request)
     owner = resources.guard.owner_of(request)
+    refuse_if_overloaded(resources)
     body = _parse_body(await read_body(request, resources.config.max_body_bytes))
     generation = _to_generation_request(
         body, resources, request_id=request.state.request_id, owner=owner, arrived_at=arrived_at
     )
-    handle = _submit(resources, generation)
+    handle = submit(resources, generation)
     if body.stream:
         return EventSourceResponse(
             _sse_events(handle, resources),
@@ -84,7 +91,7 @@ async def generate(request: Request) -> Response:
             ping_message_factory=lambda: ServerSentEvent(comment="ping"),
             headers={"Cache-Control": "no-cache"},
         )
-    final = await _final_unless_disconnected(request, handle, resources)
+    final = await final_unless_disconnected(request, handle, resources)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is left to read it
     if final.finish_reason is FinishReason.ERROR:
@@ -107,28 +114,6 @@ async def cancel_generation(request_id: str, request: Request) -> CancelResponse
 # --------------------------------------------------------------------------- validation
 
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The whole body, refusing more than ``limit_bytes`` before reading it all.
-
-    Raises:
-        APIError: 413 ``payload_too_large`` (by Content-Length, or while streaming it in).
-    """
-    too_large = APIError(
-        413, "payload_too_large", f"request body is larger than {limit_bytes} bytes"
-    )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _parse_body(raw: bytes) -> GenerateRequestBody:
     try:
         return GenerateRequestBody.model_validate_json(raw or b"null")
@@ -145,13 +130,7 @@ def _to_generation_request(
     arrived_at: float,
 ) -> GenerationRequest:
     caps = resources.engine.model.capabilities
-    if body.max_tokens > resources.max_tokens_cap:
-        raise APIError(
-            422,
-            "invalid_request",
-            f"max_tokens: must be <= {resources.max_tokens_cap}",
-            param="max_tokens",
-        )
+    check_max_tokens(resources, body.max_tokens, param="max_tokens")
     bad_ids = [token for token in body.stop_token_ids if token >= caps.vocab_size]
     if bad_ids:
         raise APIError(
@@ -160,28 +139,14 @@ def _to_generation_request(
             f"stop_token_ids: {bad_ids[0]} is outside the vocabulary (size {caps.vocab_size})",
             param="stop_token_ids",
         )
-    try:
-        prompt_ids = tuple(resources.engine.model.tokenizer.encode(body.prompt))
-    except Exception:
-        logger.exception("request %s: tokenizing the prompt failed", request_id)
-        raise APIError(500, "internal", "failed to tokenize the prompt") from None
-    if not prompt_ids:
-        raise APIError(422, "invalid_request", "prompt: encodes to no tokens", param="prompt")
-    if len(prompt_ids) > resources.max_prompt_tokens:
-        raise APIError(
-            422,
-            "invalid_request",
-            f"prompt: {len(prompt_ids)} tokens, the limit is {resources.max_prompt_tokens}",
-            param="prompt",
-        )
-    if len(prompt_ids) + body.max_tokens > caps.context_length:
-        raise APIError(
-            400,
-            "context_length_exceeded",
-            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({body.max_tokens}) exceeds the "
-            f"context length of {caps.context_length} tokens",
-            param="prompt",
-        )
+    prompt_ids = encode_prompt(resources, body.prompt, request_id=request_id, param="prompt")
+    check_context_length(
+        resources,
+        prompt_tokens=len(prompt_ids),
+        max_tokens=body.max_tokens,
+        prompt_param="prompt",
+        max_tokens_param="max_tokens",
+    )
     return GenerationRequest(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
@@ -202,29 +167,6 @@ def _to_generation_request(
     )
 
 
-def _submit(resources: ServerResources, generation: GenerationRequest) -> RequestHandle:
-    try:
-        return resources.engine.submit(generation)
-    except DuplicateRequestId:
-        raise APIError(
-            409,
-            "conflict",
-            f"a request with id {generation.request_id!r} is already in flight",
-            param="X-Request-Id",
-        ) from None
-    except Overloaded as exc:
-        resources.engine.metrics.requests_rejected.labels(type="overloaded").inc()
-        raise APIError(
-            429,
-            "overloaded",
-            f"the server is overloaded: {exc}; retry later",
-            headers={"Retry-After": str(exc.retry_after_s)},
-        ) from None
-    except EngineUnavailable:
-        resources.engine.metrics.requests_rejected.labels(type="unavailable").inc()
-        raise APIError(503, "unavailable", "the server is not accepting requests") from None
-
-
 # --------------------------------------------------------------------------- answers
 
 
@@ -242,37 +184,6 @@ def _response_body(request_id: str, final: FinalEvent) -> GenerateResponse:
             "total_ms": round(final.timings.total_ms, 3),
         },
     )
-
-
-async def _final_unless_disconnected(
-    request: Request, handle: RequestHandle, resources: ServerResources
-) -> FinalEvent | None:
-    """Waits for the final event while listening for the client leaving.
-
-    Returns None when the client disconnected first; the request is then cancelled.
-    """
-    result = asyncio.ensure_future(handle.result())
-    disconnect = asyncio.ensure_future(_client_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({result, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        if result in done:
-            return result.result()
-        resources.engine.abort(handle)
-        return None
-    except asyncio.CancelledError:
-        resources.engine.abort(handle)
-        raise
-    finally:
-        result.cancel()
-        disconnect.cancel()
-
-
-async def _client_disconnected(request: Request) -> None:
-    """Returns once the ASGI server reports ``http.disconnect`` (body already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def _sse_events(handle: RequestHandle, resources: ServerResources):  # noqa: ANN202

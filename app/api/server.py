@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import generate, status
+from app.api import generate, openai, status
 from app.api.auth import ApiKeyGuard
 from app.api.errors import install_error_handlers
 from app.api.request_id import RequestIdMiddleware
@@ -83,6 +83,8 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
     )
     app.add_middleware(RequestIdMiddleware, replica_id=config.replica_id)
     install_error_handlers(app)
+    openai.install_error_handlers(app)  # under /v1: OpenAI's error shape
     app.include_router(generate.router)
+    app.include_router(openai.router)
     app.include_router(status.router)
     return app

@@ -187,7 +187,7 @@ class AsyncEngine:
             raise EngineUnavailable(f"engine is {self.state.value}")
         if request.request_id in self._in_flight:
             raise DuplicateRequestId(request.request_id)
-        self._check_admission(len(request.prompt_token_ids))
+        self.check_admission(len(request.prompt_token_ids))
         handle = RequestHandle(request, on_final=self._forget)
         self._in_flight[request.request_id] = handle
         self._inbox_requests += 1
@@ -195,8 +195,13 @@ class AsyncEngine:
         self._inbox.put_nowait(Submit(handle))
         return handle
 
-    def _check_admission(self, prompt_tokens: int) -> None:
-        """Requests that will find a free slot do not wait; the limits apply to the rest."""
+    def check_admission(self, prompt_tokens: int) -> None:
+        """Raises ``Overloaded`` if a request of ``prompt_tokens`` would not be admitted now.
+
+        Cheap (no allocation), so the HTTP edge can call it before reading the body and
+        answer 429 before doing any work; ``submit`` checks again with the real count.
+        Requests that will find a free slot do not wait; the limits apply to the rest.
+        """
         waiting = self._inbox_requests + self.scheduler.num_waiting
         would_wait = waiting + 1 - self.scheduler.num_free_slots
         if would_wait > self.limits.max_queue:

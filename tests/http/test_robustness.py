@@ -183,3 +183,21 @@ async def test_delete_racing_admission_finish_and_reuse():
         assert (await post).json()["finish_reason"] == "cancelled"
         assert await metric_value(client, "slotserve_requests_running") == 0
         assert await metric_value(client, "slotserve_requests_waiting") == 0
+
+
+async def test_prompt_longer_than_the_context_is_400_not_422():
+    async with app_client(mock_config(mock_context_length=64)) as client:
+        response = await client.post("/generate", json={"prompt": "x" * 100, "max_tokens": 0})
+        assert response.status_code == 400
+        assert response.json()["error"]["type"] == "context_length_exceeded"
+
+
+async def test_overload_is_refused_before_the_body_is_read():
+    async with app_client(mock_config(max_num_seqs=1, max_queue=0, mock_step_ms=10)) as client:
+        running = asyncio.create_task(client.post("/generate", json={"prompt": "r", **LONG}))
+        await asyncio.sleep(0.05)
+        # an invalid body: a 429 (not a 422) shows the refusal came before validation
+        refused = await client.post("/generate", content=b"{not even json")
+        assert refused.status_code == 429
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)

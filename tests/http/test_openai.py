@@ -1,0 +1,458 @@
+"""The OpenAI-compatible API (/v1) on the mock model: in-process for the wire format and the
+errors, and the real ``openai`` SDK against a live uvicorn for what clients see."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+import openai
+import pytest
+
+from app.engine.chat_template import ChatMessage, ChatTemplate
+from app.models.mock import ByteTokenizer
+from tests.http.conftest import app_client, metric_value, mock_config, wait_for
+
+MODEL = "mock-bytes"
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+LONG = {"max_tokens": 2000, "extra_body": {"ignore_eos": True}}  # the mock stops at random
+
+
+def chatml(messages: list[dict[str, str]]) -> str:
+    turns = [ChatMessage(m["role"], m["content"]) for m in messages]
+    return ChatTemplate.of(ByteTokenizer()).render(turns)
+
+
+def sse_data(text: str) -> list[str]:
+    """The ``data:`` payloads of an OpenAI-style stream; asserts its framing on the way."""
+    assert "\r" not in text and text.endswith("\n\n")
+    blocks = [block for block in text.split("\n\n") if block and not block.startswith(":")]
+    assert all(block.startswith("data: ") and "\n" not in block for block in blocks), blocks
+    return [block.removeprefix("data: ") for block in blocks]
+
+
+def sdk(url: str, api_key: str = "none", **options) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=10, **options
+    )
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+async def test_same_answers_as_generate_and_ids_are_request_ids(client):
+    native = (await client.post("/generate", json={"prompt": "Hello", "max_tokens": 12})).json()
+    response = await client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": ["Hello"], "max_tokens": 12},
+        headers={"X-Request-Id": "oa.id-1"},
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == "oa.id-1" == response.headers["x-request-id"]
+    assert body["object"] == "text_completion" and body["model"] == MODEL
+    assert body["system_fingerprint"] is None and isinstance(body["created"], int)
+    choice = body["choices"][0]
+    assert choice["text"] == native["text"] and choice["finish_reason"] == native["finish_reason"]
+    assert choice["index"] == 0 and choice["logprobs"] is None
+    assert body["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": native["usage"]["completion_tokens"],
+        "total_tokens": 5 + native["usage"]["completion_tokens"],
+    }
+
+    prompt = chatml(CHAT)
+    native = (await client.post("/generate", json={"prompt": prompt, "max_tokens": 40})).json()
+    response = await client.post(
+        "/v1/chat/completions", json={"messages": CHAT, "max_completion_tokens": 40}
+    )
+    body = response.json()
+    assert body["id"] == response.headers["x-request-id"]  # server-made
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": native["text"]}
+    assert body["usage"]["prompt_tokens"] == len(prompt.encode())
+
+
+async def test_chat_stream_wire_format(client):
+    body = {"messages": CHAT, "max_tokens": 40, "seed": 3}
+    whole = (await client.post("/v1/chat/completions", json=body)).json()
+    response = await client.post(
+        "/v1/chat/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    assert response.headers["content-type"].startswith("text/event-stream")
+    payloads = sse_data(response.text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert {c["id"] for c in chunks} == {response.headers["x-request-id"]}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    first, *middle, final, usage = chunks
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["choices"][0]["finish_reason"] is None for c in [first, *middle])
+    assert all(c["usage"] is None for c in [first, *middle, final])
+    joined = "".join(c["choices"][0]["delta"]["content"] for c in middle)
+    assert joined == whole["choices"][0]["message"]["content"]
+    assert final["choices"][0]["delta"] == {}
+    assert final["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+
+
+async def test_completion_stream_without_usage(client):
+    body = {"prompt": "stream me", "max_tokens": 30, "stop": "e"}
+    whole = (await client.post("/v1/completions", json=body)).json()
+    response = await client.post("/v1/completions", json={**body, "stream": True})
+    payloads = sse_data(response.text)
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert payloads[-1] == "[DONE]" and chunks[-1]["choices"][0]["text"] == ""
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert "e" not in whole["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "code"),
+    [
+        ("/v1/completions", {"prompt": "a", "temperature": 5}, "temperature", "invalid_value"),
+        ("/v1/completions", {"prompt": "a", "top_p": 0}, "top_p", "invalid_value"),
+        ("/v1/completions", {"prompt": "a", "max_tokens": -1}, "max_tokens", "invalid_value"),
+        ("/v1/completions", {"prompt": "a", "max_tokens": 9000}, "max_tokens", "invalid_value"),
+        ("/v1/completions", {"prompt": "a", "seed": -1}, "seed", "invalid_value"),
+        ("/v1/completions", {"prompt": "a", "stop": ["x"] * 9}, "stop", "invalid_value"),
+        ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream", "invalid_value"),
+        ("/v1/completions", {"prompt": ""}, "prompt", "invalid_value"),
+        ("/v1/completions", {}, "prompt", "missing_required_parameter"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "unsupported_value"),
+        ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "n": 2}, "n", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "best_of": 3}, "best_of", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "logprobs": 1}, "logprobs", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "echo": True}, "echo", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "suffix": "z"}, "suffix", "unsupported_value"),
+        (
+            "/v1/completions",
+            {"prompt": "a", "presence_penalty": 0.5},
+            "presence_penalty",
+            "unsupported_value",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "a", "frequency_penalty": -1},
+            "frequency_penalty",
+            "unsupported_value",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "a", "logit_bias": {"5": 1}},
+            "logit_bias",
+            "unsupported_value",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "a", "stream_options": {"include_usage": True}},
+            "stream_options",
+            "invalid_value",
+        ),
+        ("/v1/chat/completions", {"messages": []}, "messages", "invalid_value"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "tool", "content": "x"}]},
+            "messages.0.role",
+            "invalid_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content",
+            "unsupported_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "max_completion_tokens": 9000},
+            "max_completion_tokens",
+            "invalid_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "logprobs": True},
+            "logprobs",
+            "unsupported_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "tools": [{"type": "function"}]},
+            "tools",
+            "unsupported_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "response_format": {"type": "json_object"}},
+            "response_format.type",
+            "unsupported_value",
+        ),
+    ],
+)
+async def test_bad_fields_are_400_naming_the_field(client, path, body, param, code):
+    response = await client.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json() == {
+        "error": {
+            "message": response.json()["error"]["message"],
+            "type": "invalid_request_error",
+            "param": param,
+            "code": code,
+        }
+    }
+    assert param.split(".")[0] in response.json()["error"]["message"]
+    assert response.headers["x-request-id"]
+
+
+async def test_accepted_fields_and_unknown_ones(client, caplog):
+    caplog.set_level(logging.DEBUG, logger="app.api.openai")
+    response = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "anything",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hello"}], "name": "ann"},
+            ],
+            "max_tokens": 5,
+            "max_completion_tokens": 3,  # wins over max_tokens
+            "user": "user-1",
+            "n": 1,
+            "presence_penalty": 0,
+            "logprobs": False,
+            "response_format": {"type": "text"},
+            "parallel_tool_calls": False,
+            "some_future_field": {"x": 1},
+            "ignore_eos": True,
+        },
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == MODEL
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert "some_future_field" in caplog.text and "parallel_tool_calls" in caplog.text
+    rendered = chatml(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    )
+    assert body["usage"]["prompt_tokens"] == len(rendered.encode())
+
+
+async def test_context_length_and_chat_default_budget():
+    async with app_client(mock_config(mock_context_length=64)) as client:
+        short = [{"role": "user", "content": "Hi"}]  # 52 bytes of ChatML
+        response = await client.post(
+            "/v1/chat/completions", json={"messages": short, "ignore_eos": True}
+        )
+        body = response.json()
+        assert body["usage"] == {"prompt_tokens": 52, "completion_tokens": 12, "total_tokens": 64}
+        assert body["choices"][0]["finish_reason"] == "length"
+
+        too_long = await client.post("/v1/completions", json={"prompt": "x" * 60, "max_tokens": 10})
+        assert too_long.status_code == 400
+        error = too_long.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+        full = [{"role": "user", "content": "x" * 14}]  # 64 tokens: no room left
+        no_room = await client.post("/v1/chat/completions", json={"messages": full})
+        assert no_room.status_code == 400
+        assert no_room.json()["error"]["code"] == "context_length_exceeded"
+        assert no_room.json()["error"]["param"] == "messages"
+
+
+async def test_error_shapes_under_v1_and_elsewhere(client):
+    unknown = await client.get("/v1/nope")
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["type"] == "invalid_request_error"
+    assert unknown.json()["error"]["code"] == "not_found"
+    assert (await client.get("/v1/models/nope")).json()["error"]["param"] == "model"
+    wrong_method = await client.get("/v1/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"]
+    assert (await client.get("/nope")).json() == {
+        "error": {"type": "not_found", "message": "not found", "param": None}
+    }
+    native = await client.post("/generate", json={"prompt": "a", "temperature": 5})
+    assert native.status_code == 422 and set(native.json()["error"]) == {"type", "message", "param"}
+    bad_json = await client.post("/v1/completions", content=b"{nope")
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["param"] is None
+
+
+async def test_conflict_and_auth_use_the_openai_shape():
+    async with app_client(mock_config(api_key="k1", mock_step_ms=10)) as client:
+        unauthorized = await client.get("/v1/models")
+        assert unauthorized.status_code == 401
+        assert unauthorized.json()["error"]["type"] == "authentication_error"
+        assert unauthorized.json()["error"]["code"] == "unauthorized"
+        headers = {"Authorization": "Bearer k1", "X-Request-Id": "dup"}
+        body = {"prompt": "a", "max_tokens": 50, "ignore_eos": True}
+        first = asyncio.create_task(client.post("/v1/completions", json=body, headers=headers))
+        await asyncio.sleep(0.1)
+        second = await client.post("/v1/completions", json=body, headers=headers)
+        assert second.status_code == 409
+        assert second.json()["error"]["code"] == "conflict"
+        assert second.json()["error"]["param"] == "X-Request-Id"
+        assert (await first).status_code == 200
+
+
+async def test_model_failure_is_500_or_an_error_chunk(client):
+    body = {"prompt": "boom <<fail>>", "max_tokens": 5}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
+    assert "Traceback" not in response.text
+    streamed = await client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "boom <<fail>>"}], "stream": True},
+    )
+    payloads = sse_data(streamed.text)
+    assert payloads[-1] == "[DONE]"
+    role, error = (json.loads(p) for p in payloads[:-1])
+    assert role["choices"][0]["delta"]["role"] == "assistant"
+    assert error["error"]["type"] == "server_error" and error["error"]["message"]
+
+
+async def test_unexpected_failure_is_an_openai_shaped_500(client, monkeypatch):
+    def broken(self, messages):
+        raise RuntimeError("template bug")
+
+    monkeypatch.setattr(ChatTemplate, "render", broken)
+    response = await client.post("/v1/chat/completions", json={"messages": CHAT})
+    assert response.status_code == 500
+    assert response.json()["error"] == {
+        "message": "internal server error",
+        "type": "server_error",
+        "param": None,
+        "code": "internal",
+    }
+    assert "template bug" not in response.text and response.headers["x-request-id"]
+
+
+# --------------------------------------------------------------------------- the openai SDK
+
+
+@pytest.mark.slow
+async def test_sdk_models_completions_and_chat(live_server_factory):
+    server = live_server_factory()
+    client = sdk(server.url)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].model_extra["chat_template"] == "chatml-fallback"
+    assert (await client.models.retrieve(MODEL)).id == MODEL
+
+    raw = await client.completions.with_raw_response.create(
+        model=MODEL, prompt="Say hello", max_tokens=20, temperature=0, stop=["zz"], user="u1"
+    )
+    completion = raw.parse()
+    assert completion.id == raw.headers["x-request-id"]
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    assert completion.usage.prompt_tokens == len(b"Say hello")
+    assert completion.usage.total_tokens == 9 + completion.usage.completion_tokens
+
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_completion_tokens=30, seed=7
+    )
+    message = chat.choices[0].message
+    assert message.role == "assistant" and isinstance(message.content, str)
+    assert chat.usage.prompt_tokens == len(chatml(CHAT).encode())
+    assert chat.system_fingerprint is None and chat.model == MODEL
+
+
+@pytest.mark.slow
+async def test_sdk_streams_with_and_without_usage(live_server_factory):
+    server = live_server_factory()
+    client = sdk(server.url)
+    whole = await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=40)
+    chunks = [
+        chunk
+        async for chunk in await client.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=40,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    ]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+    stream = await client.completions.create(model=MODEL, prompt="abc", max_tokens=25, stream=True)
+    pieces = [chunk async for chunk in stream]
+    assert all(chunk.usage is None for chunk in pieces)
+    assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+    whole_text = await client.completions.create(model=MODEL, prompt="abc", max_tokens=25)
+    assert "".join(p.choices[0].text for p in pieces) == whole_text.choices[0].text
+
+
+@pytest.mark.slow
+async def test_sdk_raises_its_own_exceptions(live_server_factory):
+    server = live_server_factory()
+    client = sdk(server.url)
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.completions.create(model=MODEL, prompt="a", temperature=5)
+    assert bad.value.status_code == 400
+    assert bad.value.code == "invalid_value" and bad.value.param == "temperature"
+    with pytest.raises(openai.BadRequestError, match="n=1"):
+        await client.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("gpt-4o")
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "<<fail>>"}], stream=True
+    )
+    with pytest.raises(openai.APIError, match="injected failure"):
+        async for _ in stream:
+            pass
+
+    keyed = live_server_factory(api_key="secret")
+    with pytest.raises(openai.AuthenticationError):
+        await sdk(keyed.url, api_key="wrong").models.list()
+    assert (await sdk(keyed.url, api_key="secret").models.list()).data[0].id == MODEL
+
+
+@pytest.mark.slow
+async def test_sdk_stream_cancelled_by_delete(live_server_factory):
+    server = live_server_factory(mock_step_ms=10)
+    client = sdk(server.url, default_headers={"X-Request-Id": "chat-7"})
+    stream = await client.chat.completions.create(model=MODEL, messages=CHAT, stream=True, **LONG)
+    chunks = []
+    async with httpx.AsyncClient(base_url=server.url) as plain:
+        async for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                deleted = await plain.delete(f"/generate/{chunk.id}")
+                assert deleted.json() == {"id": "chat-7", "status": "cancelled"}
+    assert chunks[-1].choices[0].finish_reason == "cancelled"
+    assert chunks[-1].choices[0].delta.content is None
+    assert len(chunks) < 100
+
+
+@pytest.mark.slow
+async def test_sdk_client_leaving_cancels(live_server_factory):
+    server = live_server_factory(mock_step_ms=20, max_num_seqs=2)
+    client = sdk(server.url)
+    stream = await client.completions.create(model=MODEL, prompt="go", stream=True, **LONG)
+    seen = 0
+    async for _ in stream:
+        seen += 1
+        if seen == 3:
+            break
+    await stream.close()  # the connection is gone, mid-stream
+    with pytest.raises(openai.APITimeoutError):
+        await client.chat.completions.create(model=MODEL, messages=CHAT, timeout=0.3, **LONG)
+
+    async with httpx.AsyncClient(base_url=server.url) as plain:
+
+        async def both_cancelled() -> bool:
+            running = await metric_value(plain, "slotserve_requests_running")
+            cancelled = await metric_value(
+                plain, "slotserve_requests_finished_total", finish_reason="cancelled"
+            )
+            return running == 0 and cancelled == 2
+
+        await wait_for(both_cancelled, timeout=3)
+        assert await metric_value(plain, "slotserve_generated_tokens_total") < 200

@@ -1,0 +1,142 @@
+"""Chat templates: our Jinja rendering against transformers', and a chat on the real model."""
+
+from __future__ import annotations
+
+import jinja2
+import pytest
+
+from app.engine.chat_template import (
+    CHATML_TEMPLATE,
+    ChatMessage,
+    ChatTemplate,
+    ChatTemplateError,
+)
+from app.models.gguf_file import smollm2_gguf_path
+from app.models.mock import ByteTokenizer
+from tests.http.conftest import app_client, mock_config
+
+CONVERSATION = (
+    ChatMessage("system", "You answer in one short sentence."),
+    ChatMessage("user", "Hi! Who are you?"),
+    ChatMessage("assistant", "I am a small assistant."),
+    ChatMessage("user", "What is 2 + 2? Answer with <b>one</b> word, « s'il vous plaît »."),
+)
+
+# Whitespace control, loop controls, namespace, tojson, bos/eos: what Hub templates use.
+TRICKY_TEMPLATE = """{{ bos_token }}
+{%- set ns = namespace(system='') %}
+{% for message in messages %}
+  {% if message['role'] == 'system' %}
+    {% set ns.system = message['content'] %}
+    {% continue %}
+  {% endif %}
+  [{{ loop.index0 }}] {{ message['role'] | upper }}: {{ message['content'] | tojson }}
+  {% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}
+{% endfor %}
+system={{ ns.system | tojson }}
+{% if add_generation_prompt %}[next] ASSISTANT:{% endif %}"""
+
+
+def as_dicts(messages) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def test_model_without_template_gets_chatml():
+    template = ChatTemplate.of(ByteTokenizer())
+    assert not template.from_model and template.source == CHATML_TEMPLATE
+    rendered = template.render([ChatMessage("system", "S"), ChatMessage("user", "U")])
+    assert rendered == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_rendering_matches_transformers_on_a_tricky_template():
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    class Tokenizer:
+        chat_template = TRICKY_TEMPLATE
+        bos_token = "<s>"
+        eos_token = "</s>"
+
+    ours = ChatTemplate.of(Tokenizer()).render(CONVERSATION)
+    (theirs,), _ = render_jinja_template(
+        conversations=[as_dicts(CONVERSATION)],
+        chat_template=TRICKY_TEMPLATE,
+        add_generation_prompt=True,
+        bos_token="<s>",
+        eos_token="</s>",
+    )
+    assert ours == theirs
+    assert ours.startswith("<s>") and "</s>" in ours and "« s'il vous plaît »" in ours
+
+
+def test_template_refusal_and_sandbox():
+    class Refusing:
+        chat_template = "{{ raise_exception('roles must alternate') }}"
+
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        ChatTemplate.of(Refusing()).render(CONVERSATION)
+
+    class Escaping:
+        chat_template = "{{ messages.__class__.__mro__ }}"
+
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        ChatTemplate.of(Escaping()).render(CONVERSATION)
+
+    class Mutating:
+        chat_template = "{% set _ = messages.append(1) %}"
+
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        ChatTemplate.of(Mutating()).render(CONVERSATION)
+
+
+# --------------------------------------------------------------------------- the real model
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from app.models.smollm2 import load_smollm2
+
+    return load_smollm2(max_num_seqs=2, max_model_len=512)
+
+
+@pytest.mark.slow
+def test_gguf_template_renders_like_transformers(smollm2):
+    from transformers import AutoTokenizer
+
+    path = smollm2_gguf_path()
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    template = ChatTemplate.of(smollm2.tokenizer)
+    assert template.from_model and template.source == reference.chat_template
+
+    ours = template.render(CONVERSATION)
+    theirs = reference.apply_chat_template(
+        as_dicts(CONVERSATION), tokenize=False, add_generation_prompt=True
+    )
+    assert ours == theirs
+    assert ours.endswith("<|im_start|>assistant\n")
+    # and the prompt we submit is the token sequence transformers would feed the model
+    assert smollm2.tokenizer.encode(ours) == reference.encode(ours, add_special_tokens=False)
+
+
+@pytest.mark.slow
+async def test_greedy_chat_on_the_real_model_knows_paris(smollm2):
+    async with app_client(mock_config(max_num_seqs=2), model=smollm2) as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "SmolLM2-135M-Instruct",
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "temperature": 0,
+                "max_tokens": 24,
+            },
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        answer = body["choices"][0]["message"]["content"]
+        assert "Paris" in answer, answer
+        assert body["model"] == "SmolLM2-135M-Instruct"
+        assert body["choices"][0]["finish_reason"] in ("stop", "length")
+        assert 0 < body["usage"]["completion_tokens"] <= 24
+        models = (await client.get("/v1/models")).json()
+        assert models["data"][0]["chat_template"] == "model"
