@@ -1,0 +1,42 @@
+"""Deployment fixtures: two mock replicas behind a real nginx (scripts/local_cluster.py)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+from local_cluster import Cluster, find_nginx, local_cluster  # noqa: E402
+
+MOCK_STEP_MS = 20
+REPLICA_IDS = ("rA", "rB")
+SERVER_ARGS = ("--model", "mock", "--mock-step-ms", str(MOCK_STEP_MS), "--max-num-seqs", "32")
+
+
+def start_cluster(workdir: Path) -> AbstractContextManager[Cluster]:
+    """Replicas rA and rB (mock, 20 ms a step, 32 slots) behind nginx, all on 127.0.0.1."""
+    if find_nginx() is None:
+        pytest.skip("nginx is not installed and could not be (.ci/run installs it with apt-get)")
+    server_args = [*SERVER_ARGS, "--shutdown-timeout", "10", "--log-level", "warning"]
+    return local_cluster(REPLICA_IDS, workdir, server_args=server_args)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster shared by a module's tests (which leave it idle)."""
+    with start_cluster(tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster for one test, which may stop its replicas."""
+    with start_cluster(tmp_path) as running:
+        yield running
