@@ -3,7 +3,9 @@
 Each dtype is measured in its own subprocess so that its RSS is its own. For every batch size
 ``B``: ``B`` slots are prefilled with a prompt of ``--prompt-len`` tokens (one step per slot),
 then ``--steps`` decode steps run with all ``B`` rows in one batch; decode tokens/s is
-``B * steps / seconds`` over those steps (greedy unless ``--temperature`` > 0).
+``B * steps / seconds`` over those steps (greedy unless ``--temperature`` > 0), best of
+``--trials`` runs (the median is kept too: on a shared machine other processes steal cores, and
+two OpenMP threads suffer badly when one of them is descheduled).
 
     python scripts/bench_model_step.py --dtypes float32,bfloat16 --batches 1,8,16,64 \\
         --json out/bench_model_step.json
@@ -57,6 +59,7 @@ def _measure_one(args: argparse.Namespace) -> dict:
         "kv_bytes_per_slot": runner.cache.bytes_per_slot,
         "max_model_len": args.max_model_len,
         "prompt_len": args.prompt_len,
+        "load_average_at_start": os.getloadavg()[0],
         "decode": [],
     }
     sampling = SamplingParams(temperature=args.temperature, top_p=0.95, seed=1)
@@ -73,19 +76,23 @@ def _measure_one(args: argparse.Namespace) -> dict:
             )
             next_tokens = list(runner.step(StepBatch(rows)).next_token_ids)
             position += 1
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            rows = tuple(
-                StepRow(s, (next_tokens[s],), position, True, sampling) for s in range(batch)
-            )
-            next_tokens = list(runner.step(StepBatch(rows)).next_token_ids)
-            position += 1
-        seconds = time.perf_counter() - started
+        trial_seconds = []
+        for _ in range(args.trials):
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                rows = tuple(
+                    StepRow(s, (next_tokens[s],), position, True, sampling) for s in range(batch)
+                )
+                next_tokens = list(runner.step(StepBatch(rows)).next_token_ids)
+                position += 1
+            trial_seconds.append(time.perf_counter() - started)
+        best, median = min(trial_seconds), sorted(trial_seconds)[len(trial_seconds) // 2]
         result["decode"].append(
             {
                 "batch": batch,
-                "tokens_per_s": round(batch * args.steps / seconds, 1),
-                "ms_per_step": round(1000 * seconds / args.steps, 2),
+                "tokens_per_s": round(batch * args.steps / best, 1),
+                "tokens_per_s_median": round(batch * args.steps / median, 1),
+                "ms_per_step": round(1000 * best / args.steps, 2),
             }
         )
         for slot in range(batch):
@@ -97,14 +104,15 @@ def _measure_one(args: argparse.Namespace) -> dict:
 def _print_table(results: list[dict]) -> None:
     print(
         f"{'dtype':<10} {'quant':<6} {'load s':>7} {'RSS MiB':>8} {'KV/slot MiB':>11} "
-        f"{'batch':>5} {'tok/s':>8} {'ms/step':>8}"
+        f"{'batch':>5} {'tok/s':>8} {'median':>8} {'ms/step':>8}"
     )
     for r in results:
         for d in r["decode"]:
             print(
                 f"{r['dtype']:<10} {r['quantization']:<6} {r['load_s']:>7} "
                 f"{r['rss_after_load_mib']:>8} {r['kv_bytes_per_slot'] / 2**20:>11.2f} "
-                f"{d['batch']:>5} {d['tokens_per_s']:>8} {d['ms_per_step']:>8}"
+                f"{d['batch']:>5} {d['tokens_per_s']:>8} {d['tokens_per_s_median']:>8} "
+                f"{d['ms_per_step']:>8}"
             )
 
 
@@ -116,6 +124,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--device", default="cpu")

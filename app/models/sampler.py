@@ -2,18 +2,26 @@
 
 Each slot owns a ``torch.Generator``; :meth:`Sampler.start_sequence` re-seeds it with the
 request's seed when a sequence starts in the slot (a row at position 0). A sampled row draws
-exactly one uniform number from its own slot's generator, and every other operation is
-row-wise, so a seeded request gets the same tokens whether it runs alone or in a crowd (up to
-the tiny float differences a batched matmul may introduce in its logits).
+exactly one uniform number ``u`` in [0, 1) from its own slot's generator, and every other
+operation is row-wise and chosen by the row's own parameters and logits, so a seeded request
+gets the same tokens whether it runs alone or in a crowd (up to the tiny float differences a
+batched matmul may introduce in its logits).
 
-Per row (all rows of the step at once, vectorised):
+Per row, all rows of the step at once:
 
 1. greedy rows (temperature 0) take the argmax; when every row is greedy nothing else runs;
-2. logits are divided by the temperature and sorted descending;
-3. top-k keeps the k best (k = 0: all), top-p keeps the shortest prefix of the sorted
-   distribution whose mass reaches p (the best token is always kept);
-4. with ``u`` uniform in [0, 1) from the row's generator, the token is the first one whose
-   cumulative kept probability exceeds ``u`` times the kept mass (inverse CDF).
+2. logits are divided by the temperature;
+3. *unfiltered* rows (``top_k == 0`` and ``top_p >= 1``) pick by inverse CDF over the whole
+   vocabulary in token-id order: the first token whose cumulative probability exceeds ``u``;
+4. *filtered* rows look at their best ``CANDIDATES`` tokens (or ``top_k`` if larger), sorted
+   descending with probabilities from the full softmax: top-k keeps the k best, top-p keeps
+   the shortest prefix whose mass reaches p (the best token is always kept), and the token is
+   the first whose cumulative kept probability exceeds ``u`` times the kept mass. When the
+   candidates hold less than ``top_p`` of the mass (a very flat distribution) the row is redone
+   over the fully sorted vocabulary, so the cut is always exact.
+
+Sorting the whole 49k vocabulary costs ~2.4 ms per row on the 2-core CPU; a top-256 costs
+~0.15 ms, hence step 4.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from dataclasses import dataclass
 import torch
 
 from app.models.base import SamplingParams
+
+# Tokens examined per filtered row before falling back to a full sort.
+CANDIDATES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,32 +57,74 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
         """Token ids for ``logits [R, vocab]`` (float32), one per request, in order."""
-        greedy_tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
+        tokens = logits.argmax(dim=-1)
         if not random_rows:
-            return greedy_tokens.tolist()
-        tokens = greedy_tokens.clone()
+            return tokens.tolist()
         chosen = [requests[i] for i in random_rows]
         tokens[random_rows] = self._sample_random(logits[random_rows], chosen)
         return tokens.tolist()
 
-    def _sample_random(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
-        device, vocab = logits.device, logits.shape[-1]
-        temperature = torch.tensor([r.sampling.temperature for r in requests], device=device)
-        top_p = torch.tensor([r.sampling.top_p for r in requests], device=device)
-        top_k = torch.tensor(
-            [r.sampling.top_k if r.sampling.top_k > 0 else vocab for r in requests], device=device
-        )
-        sorted_logits, sorted_ids = (logits / temperature[:, None]).sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        rank = torch.arange(vocab, device=device)[None, :]
-        keep = (rank < top_k[:, None]) & (mass_before < top_p[:, None])
-        keep[:, 0] = True
-        cdf = (probs * keep).cumsum(dim=-1)
+    def _sample_random(
+        self, logits: torch.Tensor, requests: Sequence[SampleRequest]
+    ) -> torch.Tensor:
+        device = logits.device
+        params = [r.sampling for r in requests]
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        scaled = logits / temperature[:, None]
         uniforms = torch.cat(
             [torch.rand(1, generator=self._generators[r.slot]) for r in requests]
         ).to(device)
-        targets = uniforms * cdf[:, -1]
-        picks = torch.searchsorted(cdf, targets[:, None], right=True).clamp_(max=vocab - 1)
-        return sorted_ids.gather(1, picks)[:, 0]
+        tokens = torch.empty(len(requests), dtype=torch.int64, device=device)
+
+        unfiltered = [i for i, p in enumerate(params) if p.top_k == 0 and p.top_p >= 1.0]
+        if unfiltered:
+            tokens[unfiltered] = _inverse_cdf(
+                scaled[unfiltered].softmax(dim=-1), uniforms[unfiltered]
+            )
+
+        filtered = [i for i, p in enumerate(params) if not (p.top_k == 0 and p.top_p >= 1.0)]
+        if filtered:
+            largest_k = max(params[i].top_k for i in filtered)
+            count = min(scaled.shape[-1], max(CANDIDATES, largest_k))
+            picked, covered = _pick_filtered(
+                scaled[filtered], [params[i] for i in filtered], uniforms[filtered], count
+            )
+            tokens[filtered] = picked
+            redo = [row for row, ok in zip(filtered, covered.tolist(), strict=True) if not ok]
+            if redo:
+                full, _ = _pick_filtered(
+                    scaled[redo], [params[i] for i in redo], uniforms[redo], scaled.shape[-1]
+                )
+                tokens[redo] = full
+        return tokens
+
+
+def _pick_filtered(
+    scaled: torch.Tensor, params: Sequence[SamplingParams], uniforms: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k/top-p pick among each row's ``count`` best tokens.
+
+    Returns the token ids ``[R]`` and ``covered [R]`` (bool): whether the cut was decided
+    inside the candidates (always true for ``top_k > 0``, whose k best are all candidates).
+    """
+    device = scaled.device
+    top_k = torch.tensor([p.top_k for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    values, ids = scaled.topk(count, dim=-1)
+    probs = (values - scaled.logsumexp(dim=-1, keepdim=True)).exp()
+    rank = torch.arange(count, device=device)[None, :]
+    within_k = (top_k[:, None] == 0) | (rank < top_k[:, None])
+    keep = within_k & (probs.cumsum(dim=-1) - probs < top_p[:, None])
+    keep[:, 0] = True
+    covered = (top_k > 0) | (probs.sum(dim=-1) >= top_p)
+    picks = _inverse_cdf(probs * keep, uniforms)
+    return ids.gather(1, picks[:, None])[:, 0], covered
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Index of the first column whose cumulative weight exceeds ``u`` times the row total."""
+    cdf = weights.cumsum(dim=-1)
+    targets = uniforms * cdf[:, -1]
+    picks = torch.searchsorted(cdf, targets[:, None].contiguous(), right=True)[:, 0]
+    return picks.clamp_(max=weights.shape[-1] - 1)

@@ -17,8 +17,16 @@ import torch
 from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow
 from app.models.gguf_file import GGUFFile, smollm2_gguf_path
 from app.models.gguf_tokenizer import GGUFTokenizer
-from app.models.llama import DTYPES, ForwardPlan, KVCache, LlamaModel, LlamaWeights, RowSpec
-from app.models.sampler import SampleRequest, Sampler
+from app.models.llama import (
+    DTYPES,
+    ForwardPlan,
+    KVCache,
+    LlamaModel,
+    LlamaWeights,
+    Quantization,
+    RowSpec,
+)
+from app.models.sampler import Sampler, SampleRequest
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +65,8 @@ class LlamaModelRunner:
         self._sampler = Sampler(max_num_seqs)
         self._slot_lengths = [0] * max_num_seqs
         dtype_name = str(model.dtype).removeprefix("torch.")
+        if model.quantization is not Quantization.NONE:
+            dtype_name += f"-{model.quantization.value}"
         self.capabilities = ModelCapabilities(
             name=name,
             backend=f"torch-{model.device.type}-{dtype_name}",
@@ -120,10 +130,9 @@ class LlamaModelRunner:
                 raise ValueError(f"slot {row.slot} appears twice in one step")
             seen.add(row.slot)
             count = len(row.token_ids)
-            if not 1 <= count <= self.capabilities.max_tokens_per_row:
-                raise ValueError(
-                    f"slot {row.slot}: {count} tokens, expected 1..{self.capabilities.max_tokens_per_row}"
-                )
+            most = self.capabilities.max_tokens_per_row
+            if not 1 <= count <= most:
+                raise ValueError(f"slot {row.slot}: {count} tokens, expected 1..{most}")
             if row.position not in (0, self._slot_lengths[row.slot]):
                 raise ValueError(
                     f"slot {row.slot}: position {row.position}, expected 0 or "
@@ -153,15 +162,17 @@ def load_smollm2(
         max_model_len: positions per slot; capped by the file's context length.
         dtype: ``"float32"`` or ``"bfloat16"`` (weights, activations and KV cache).
         device: a torch device string (``"cpu"``, ``"cuda"``, ...).
-        quantization: ``"none"``.
+        quantization: ``"none"`` or ``"int8"`` (weight-only int8 projections and LM head;
+            needs ``dtype="bfloat16"``).
 
     Raises:
-        ValueError: unknown dtype or non-positive sizes.
+        ValueError: unknown dtype or quantization, int8 without bfloat16, non-positive sizes.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if quantization != "none":
-        raise ValueError(f"quantization must be 'none', got {quantization!r}")
+    if quantization not in {q.value for q in Quantization}:
+        raise ValueError(f"quantization must be 'none' or 'int8', got {quantization!r}")
+    quantization_kind = Quantization(quantization)
     if max_num_seqs < 1 or max_model_len < 1:
         raise ValueError("max_num_seqs and max_model_len must be positive")
     started = time.perf_counter()
@@ -169,7 +180,9 @@ def load_smollm2(
     hparams = file.llama_hparams()
     max_model_len = min(max_model_len, hparams.context_length)
     torch_device = torch.device(device)
-    weights = LlamaWeights.from_gguf(file, hparams, dtype=DTYPES[dtype], device=torch_device)
+    weights = LlamaWeights.from_gguf(
+        file, hparams, dtype=DTYPES[dtype], device=torch_device, quantization=quantization_kind
+    )
     runner = LlamaModelRunner(
         name=MODEL_NAME,
         model=LlamaModel(hparams, weights, max_model_len=max_model_len),

@@ -1,0 +1,116 @@
+"""The batched forward: ragged single-token rows and prefill rows in one step equal each
+sequence run alone (tokens equal, logits close)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.models.llama import INT8_MAX_ROWS, ForwardPlan, Int8Linear, KVCache, LlamaModel, RowSpec
+from app.models.smollm2 import LlamaModelRunner
+
+DECODE_STEPS = 8
+PROMPT_LENGTHS = (3, 11, 17, 29)
+
+
+def _prompt(length: int, salt: int) -> list[int]:
+    return [(101 + 37 * i + 1009 * salt) % 40000 + 50 for i in range(length)]
+
+
+class Sequences:
+    """Greedy decoding of several sequences on a private cache, recording logits per step."""
+
+    def __init__(self, model: LlamaModel, max_num_seqs: int) -> None:
+        self.model = model
+        self.cache = KVCache(
+            model.hparams,
+            max_num_seqs=max_num_seqs,
+            max_model_len=128,
+            dtype=model.dtype,
+            device=model.device,
+        )
+        self.tokens: dict[int, list[int]] = {}
+        self.logits: dict[int, list[torch.Tensor]] = {}
+
+    def run(self, rows: list[RowSpec]) -> None:
+        plan = ForwardPlan.build(rows, group_size=self.model.hparams.group_size, cache=self.cache)
+        with torch.inference_mode():
+            logits = self.model.forward(plan, self.cache)
+        for row, row_logits in zip(rows, logits, strict=True):
+            self.logits.setdefault(row.slot, []).append(row_logits)
+            self.tokens.setdefault(row.slot, []).append(int(row_logits.argmax()))
+
+    def next_row(self, slot: int, prompt_length: int) -> RowSpec:
+        generated = self.tokens[slot]
+        return RowSpec(slot, [generated[-1]], prompt_length + len(generated) - 1, True)
+
+
+def _alone(model: LlamaModel, prompts: dict[int, list[int]]) -> Sequences:
+    sequences = Sequences(model, max_num_seqs=8)
+    for slot, prompt in prompts.items():
+        sequences.run([RowSpec(slot, prompt, 0, True)])
+        for _ in range(DECODE_STEPS):
+            sequences.run([sequences.next_row(slot, len(prompt))])
+    return sequences
+
+
+@pytest.mark.parametrize("slots", [(0, 1, 2, 3), (1, 3, 4, 7)], ids=["dense", "with-holes"])
+def test_ragged_batch_equals_one_sequence_at_a_time(
+    runner: LlamaModelRunner, slots: tuple[int, ...]
+) -> None:
+    prompts = {slot: _prompt(n, slot) for slot, n in zip(slots, PROMPT_LENGTHS, strict=True)}
+    expected = _alone(runner.model, prompts)
+
+    together = Sequences(runner.model, max_num_seqs=8)
+    *early, late = slots
+    together.run([RowSpec(slot, prompts[slot], 0, True) for slot in early])
+    # The last prompt joins one step later: its prefill row shares a step with decode rows.
+    together.run(
+        [together.next_row(slot, len(prompts[slot])) for slot in early]
+        + [RowSpec(late, prompts[late], 0, True)]
+    )
+    while len(together.tokens[late]) <= DECODE_STEPS:
+        together.run(
+            [
+                together.next_row(slot, len(prompts[slot]))
+                for slot in slots
+                if len(together.tokens[slot]) <= DECODE_STEPS
+            ]
+        )
+
+    worst = 0.0
+    for slot in slots:
+        assert together.tokens[slot] == expected.tokens[slot], f"slot {slot}"
+        for got, want in zip(together.logits[slot], expected.logits[slot], strict=True):
+            worst = max(worst, (got - want).abs().max().item())
+    print(f"max |logit difference| batched vs alone: {worst:.2e}")
+    assert worst < 2e-3
+
+
+def test_masked_positions_of_other_slots_are_never_read(runner: LlamaModelRunner) -> None:
+    """Poisoning everything outside a slot's valid positions changes nothing."""
+    model = runner.model
+    prompts = {0: _prompt(5, 0), 2: _prompt(9, 1)}
+    clean = _alone(model, prompts)
+
+    poisoned = Sequences(model, max_num_seqs=8)
+    poisoned.cache.keys.fill_(1e4)
+    poisoned.cache.values.fill_(1e4)
+    poisoned.run([RowSpec(slot, prompt, 0, True) for slot, prompt in prompts.items()])
+    for _ in range(DECODE_STEPS):
+        poisoned.run([poisoned.next_row(slot, len(p)) for slot, p in prompts.items()])
+    assert poisoned.tokens == clean.tokens
+
+
+def test_int8_linear_paths_agree_with_each_other_and_the_float_weight() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 64, generator=generator) * 0.05
+    x = torch.randn(INT8_MAX_ROWS + 3, 64, generator=generator).to(torch.bfloat16)
+    linear = Int8Linear.quantize(weight, torch.bfloat16)
+    assert linear.qweight.dtype == torch.int8
+    many = linear(x).float()  # dense path over the dequantised weight
+    few = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])]).float()  # int8 kernel
+    exact = x.float() @ weight.T
+    scale = exact.abs().max().item()
+    assert (few - many).abs().max().item() < 0.02 * scale
+    assert (many - exact).abs().max().item() < 0.03 * scale
