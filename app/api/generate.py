@@ -28,7 +28,6 @@ from app.api.schemas import (
 )
 from app.api.submission import (
     CLIENT_CLOSED_REQUEST,
-    SSE_PING_INTERVAL_S,
     check_context_length,
     check_max_tokens,
     encode_prompt,
@@ -86,7 +85,7 @@ async def generate(request: Request) -> Response:
     if body.stream:
         return EventSourceResponse(
             _sse_events(handle, resources),
-            ping=SSE_PING_INTERVAL_S,
+            ping=resources.config.sse_ping_interval,
             send_timeout=resources.config.sse_send_timeout,
             ping_message_factory=lambda: ServerSentEvent(comment="ping"),
             headers={"Cache-Control": "no-cache"},

@@ -65,7 +65,6 @@ from app.api.openai_schemas import (
 from app.api.resources import ServerResources, resources_of
 from app.api.submission import (
     CLIENT_CLOSED_REQUEST,
-    SSE_PING_INTERVAL_S,
     check_context_length,
     check_max_tokens,
     encode_prompt,
@@ -455,7 +454,7 @@ async def _answer(
     if body.stream:
         return EventSourceResponse(
             _sse_chunks(handle, resources, reply, include_usage=body.include_usage),
-            ping=SSE_PING_INTERVAL_S,
+            ping=resources.config.sse_ping_interval,
             sep=SSE_LINE_END,
             send_timeout=resources.config.sse_send_timeout,
             ping_message_factory=lambda: ServerSentEvent(comment="ping", sep=SSE_LINE_END),

@@ -20,7 +20,6 @@ from app.engine.request import FinalEvent, GenerationRequest
 
 logger = logging.getLogger(__name__)
 
-SSE_PING_INTERVAL_S = 15.0
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client closed the connection first"
 
 

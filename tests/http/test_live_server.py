@@ -104,3 +104,22 @@ async def test_first_event_arrives_before_generation_ends(live_server_factory):
                     first = loop.time() - started
                     break
         assert first < 0.5  # 50 steps x 20 ms = 1 s for the whole answer
+
+
+async def test_queued_stream_gets_pings(live_server_factory):
+    server = live_server_factory(mock_step_ms=20, max_num_seqs=1, sse_ping_interval=0.2)
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        blocker = asyncio.create_task(
+            client.post("/generate", json={"prompt": "blocker", "max_tokens": 40, "ignore_eos": True})
+        )
+        await asyncio.sleep(0.05)
+        lines = []
+        body = {"prompt": "queued", "max_tokens": 2, "stream": True}
+        async with client.stream("POST", "/generate", json=body) as response:
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if line.startswith("event: token"):
+                    break
+        await blocker
+        first_token = lines.index("event: token")
+        assert ": ping" in lines[:first_token]  # kept alive while it waited for the slot
