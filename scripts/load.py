@@ -27,12 +27,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from loadgen.config import Api, CancelMode, CancelPolicy, LengthDist, LoadConfig, WorkloadConfig
 from loadgen.report import ProgressDisplay, print_summary, write_json
 from loadgen.runner import LoadResult, run_load
 from loadgen.workload import read_prompts_file
+from rich.console import Console
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -1,0 +1,105 @@
+"""The benchmark driver (scripts/bench.py): its smallest run end to end on the mock, and the
+pure helpers its numbers rest on (bucket quantiles, the scheduling simulation)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+
+import bench
+import pytest
+from bench_servers import HistogramDelta
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def histogram(bounds: list[float], per_bucket: list[float], total: float) -> HistogramDelta:
+    cumulative, running = [], 0.0
+    for count in per_bucket:
+        running += count
+        cumulative.append(running)
+    return HistogramDelta(tuple(bounds), tuple(cumulative), total)
+
+
+def test_bucket_quantile_interpolates_like_prometheus() -> None:
+    h = histogram([0.01, 0.02, math.inf], [10, 10, 0], total=0.25)
+    assert h.count == 20
+    assert h.mean == pytest.approx(0.0125)
+    assert h.quantile(0.5) == pytest.approx(0.01)  # rank 10: the top of the first bucket
+    assert h.quantile(0.25) == pytest.approx(0.005)  # first bucket starts at 0
+    assert h.quantile(0.75) == pytest.approx(0.015)
+    assert h.bucket_counts() == [(0.01, 10), (0.02, 10), (math.inf, 0)]
+
+
+def test_bucket_quantile_in_the_inf_bucket_is_the_largest_finite_bound() -> None:
+    assert histogram([0.01, math.inf], [1, 9], 1.0).quantile(0.99) == 0.01
+    assert histogram([0.01, math.inf], [0, 0], 0.0).quantile(0.5) is None
+
+
+def test_predicted_model_calls_continuous_refills_static_waits_for_the_batch() -> None:
+    lengths = [10, 1, 1, 1]
+    # continuous, 2 slots: 10 runs throughout, the three 1s take a step each beside it
+    assert bench.predicted_model_calls(lengths, 2, "continuous") == 10
+    # static, 2 slots: batches (10, 1) then (1, 1)
+    assert bench.predicted_model_calls(lengths, 2, "static") == 11
+    assert bench.predicted_model_calls([], 4, "static") == 0
+
+
+def test_scenarios_flag_is_validated() -> None:
+    assert bench.parse_scenarios("5,1,1") == (1, 5)
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.parse_scenarios("6")
+
+
+@pytest.mark.slow
+def test_quick_run_writes_markdown_json_and_pngs(tmp_path) -> None:
+    assert bench.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+
+    markdown = (tmp_path / "BENCHMARKS.md").read_text()
+    results = json.loads((tmp_path / "bench_results.json").read_text())
+    assert results["schema"] == "slotserve-bench/1"
+    assert results["repeats"] == 1 and results["quick"] is True
+    assert results["machine_before"]["cpus"] >= 1
+    scenarios = results["scenarios"]
+    assert set(scenarios) == {"1", "2", "3", "4", "5"}
+
+    for number in "12345":
+        assert f"## {number}. " in markdown
+    assert markdown.count("**Reproduce:** `python scripts/bench.py --scenarios") == 5
+    # scenario 4 is SmolLM2 only: skipped with a note; scenario 3 notes its skipped half
+    assert scenarios["4"]["skipped"] and "Skipped" in markdown
+    assert any("SmolLM2" in note for note in scenarios["3"]["notes"])
+
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", markdown)
+    assert len(images) == 4  # one per scenario that ran
+    for image in images:
+        assert (tmp_path / image).read_bytes()[:8] == PNG_MAGIC
+
+    s1 = scenarios["1"]["medians"]
+    assert s1["ideal_tok_s"] == 6400
+    assert 0 < s1["delivered_over_ideal"] <= 1.05
+    assert 0 < s1["server_over_ideal"] <= 1.05
+    assert 0 < s1["mean_batch_size"] <= 64
+    assert s1["failed_requests"] == 0
+
+    s2 = scenarios["2"]["medians"]
+    for target in ("full", "sse", "bare"):
+        assert s2[f"{target}.tok_s"] > 0 and s2[f"{target}.failed_requests"] == 0
+    assert s2["full_over_bare"] == pytest.approx(s2["full.tok_s"] / s2["bare.tok_s"])
+
+    s3 = scenarios["3"]["medians"]
+    for policy in ("continuous", "static"):
+        # ignore_eos: every request generates exactly its drawn length
+        assert s3[f"mock.{policy}.generated_tokens"] == s3[f"mock.{policy}.requested_tokens"]
+        assert s3[f"mock.{policy}.failed_requests"] == 0
+    assert s3["mock.continuous.model_calls"] < s3["mock.static.model_calls"]
+    assert s3["mock.ratio.model_calls"] < 1
+
+    s5 = scenarios["5"]["medians"]
+    assert s5["cancelled_share"] > 0 and s5["server_cancels"] > 0
+    assert s5["cancel_to_free_count"] > 0 and s5["cancel_to_free_mean_ms"] > 0
+    assert 0 < s5["recovery"] <= 1.5
+    assert s5["failed_requests"] == 0
+    assert f"{s5['cancel_to_free_mean_ms']:.2f}" in markdown
