@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import httpx
 from render_nginx import ROOT, render_local
+from server_process import free_port
 
 NGINX_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
@@ -37,12 +37,6 @@ def find_nginx() -> str | None:
     if found:
         return found
     return next((p for p in NGINX_PATHS if Path(p).is_file()), None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

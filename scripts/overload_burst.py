@@ -17,43 +17,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
+import tempfile
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 
 import aiohttp
-import httpx
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from server_process import ServerSpec, running
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTSERVE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--model", "mock", "--port", str(port),
-         "--mock-step-ms", str(args.mock_step_ms), "--max-num-seqs", str(args.max_num_seqs),
-         "--max-queue", str(args.max_queue), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server did not start")
 
 
 async def burst(url: str, rate: float, duration_s: float, max_tokens: int, seed: int) -> list[tuple[int, float]]:
@@ -99,20 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
-    proc = None
-    url, capacity = args.url, args.capacity
-    if url is None:
-        proc, url = start_server(args)
-        capacity = args.max_num_seqs / (args.max_tokens * args.mock_step_ms / 1000.0)
-    if capacity is None:
-        parser.error("--capacity is required with --url")
-    rate = capacity * args.multiple
-    try:
+    with ExitStack() as stack:
+        url, capacity = args.url, args.capacity
+        if url is None:
+            spec = ServerSpec.app(
+                "burst-mock", "--model", "mock", "--mock-step-ms", str(args.mock_step_ms),
+                "--max-num-seqs", str(args.max_num_seqs), "--max-queue", str(args.max_queue),
+            )
+            url = stack.enter_context(running(spec, Path(tempfile.mkdtemp(prefix="burst-")))).url
+            capacity = args.max_num_seqs / (args.max_tokens * args.mock_step_ms / 1000.0)
+        if capacity is None:
+            parser.error("--capacity is required with --url")
+        rate = capacity * args.multiple
         results = asyncio.run(burst(url, rate, args.duration, args.max_tokens, args.seed))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
 
     statuses = Counter(status for status, _ in results)
     by_status = {

@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import socket
-import subprocess
+import tempfile
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,8 +38,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
+from server_process import ServerSpec, running
 
-ROOT = Path(__file__).resolve().parents[1]
 BAD_BODIES = (
     b'{"prompt": ""}',
     b'{"prompt": "x", "temperature": -1}',
@@ -131,6 +130,7 @@ async def one_request(
     edges.append(edges[-1] + config.non_stream_fraction)
     edges.append(edges[-1] + config.cancel_fraction)
     edges.append(edges[-1] + config.disconnect_fraction)
+    answered = False  # a status line came back: from here on a transport error is a real fault
     try:
         if roll < edges[0]:
             response = await client.post("/generate", content=rng.choice(BAD_BODIES), headers=headers)
@@ -141,6 +141,7 @@ async def one_request(
             return
         if roll < edges[1]:
             response = await client.post("/generate", json=body, headers=headers)
+            answered = True
             tally.outcomes[f"non_stream_{response.status_code}"] += 1
             if response.status_code == 200:
                 tally.accepted += 1
@@ -153,6 +154,7 @@ async def one_request(
             body["max_tokens"] = max(max_tokens, 200)  # long enough to still be running
         cut_after = rng.randint(1, 5)
         async with client.stream("POST", "/generate", json=body, headers=headers) as response:
+            answered = True
             if response.status_code != 200:
                 await response.aread()
                 tally.outcomes[f"stream_{response.status_code}"] += 1
@@ -185,37 +187,44 @@ async def one_request(
             name = {"delete": "stream_deleted", "disconnect": "stream_ended_before_cut"}.get(mode, "stream_full")
             tally.outcomes[name if (mode != "delete" or deleted) else "stream_delete_too_late"] += 1
     except httpx.TransportError as exc:
-        tally.outcomes["transport_error"] += 1
-        tally.problems.append(f"{request_id}: transport error {exc!r}")
+        if answered:
+            tally.outcomes["transport_error"] += 1
+            tally.problems.append(f"{request_id}: transport error mid-answer {exc!r}")
+        else:
+            # The request never got an answer (e.g. a keep-alive connection the server closed as
+            # it was reused): not a leak, and the server-side count below still has to match.
+            tally.outcomes["transport_error_before_answer"] += 1
 
 
-async def run_phase(client: httpx.AsyncClient, config: SoakConfig, count: int, offset: int, tally: SoakTally) -> None:
+async def run_phase(config: SoakConfig, count: int, offset: int, tally: SoakTally) -> None:
+    """``count`` requests over ``config.concurrency`` workers, each with its own connection
+    (one shared httpx pool costs more client CPU than the server spends on the request)."""
     rng = random.Random(config.seed * 1_000_003 + offset)
     next_index = offset
     end = offset + count
 
     async def worker() -> None:
         nonlocal next_index
-        while next_index < end:
-            index = next_index
-            next_index += 1
-            await one_request(client, index, config, rng, tally)
+        async with httpx.AsyncClient(base_url=config.url, timeout=60) as client:
+            while next_index < end:
+                index = next_index
+                next_index += 1
+                await one_request(client, index, config, rng, tally)
 
     await asyncio.gather(*(worker() for _ in range(config.concurrency)))
 
 
 async def soak(config: SoakConfig, console: Console) -> dict[str, object]:
-    limits = httpx.Limits(max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8)
-    async with httpx.AsyncClient(base_url=config.url, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=config.url, timeout=60) as client:
         warmup = min(500, max(config.num_requests // 10, 1))
         tally = SoakTally()
-        await run_phase(client, config, warmup, 0, tally)
+        await run_phase(config, warmup, 0, tally)
         await asyncio.sleep(0.5)
         rss_before = rss_bytes(config.server_pid)
         before = await scrape(client)
         tally = SoakTally()
         started = time.perf_counter()
-        await run_phase(client, config, config.num_requests, warmup, tally)
+        await run_phase(config, config.num_requests, warmup, tally)
         duration = time.perf_counter() - started
         after = await scrape(client)
         for _ in range(100):  # disconnected requests end at the next step; give it a moment
@@ -281,38 +290,18 @@ def print_report(result: dict[str, object], console: Console) -> None:
     console.print("[green]OK: nothing leaked[/green]" if result["ok"] else "[red]FAILED[/red]")
 
 
-def start_mock_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTSERVE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--model", "mock", "--port", str(port),
-         "--mock-step-ms", str(args.mock_step_ms), "--max-num-seqs", str(args.max_num_seqs),
-         "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the mock server did not start")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
-    proc = None
-    url, pid = args.url, args.server_pid
-    if url is None:
-        proc, url = start_mock_server(args)
-        pid = proc.pid
-    try:
+    with ExitStack() as stack:
+        url, pid = args.url, args.server_pid
+        if url is None:
+            spec = ServerSpec.app(
+                "soak-mock", "--model", "mock", "--mock-step-ms", str(args.mock_step_ms),
+                "--max-num-seqs", str(args.max_num_seqs),
+            )
+            server = stack.enter_context(running(spec, Path(tempfile.mkdtemp(prefix="soak-"))))
+            url, pid = server.url, server.pid
         config = SoakConfig(
             url=url, num_requests=args.num_requests, concurrency=args.concurrency,
             cancel_fraction=args.cancel_fraction, disconnect_fraction=args.disconnect_fraction,
@@ -321,10 +310,6 @@ def main(argv: list[str] | None = None) -> int:
             server_pid=pid,
         )
         result = asyncio.run(soak(config, console))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
     print_report(result, console)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))

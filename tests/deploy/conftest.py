@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
-
-from local_cluster import Cluster, find_nginx, local_cluster  # noqa: E402
+from local_cluster import Cluster, find_nginx, local_cluster
 
 MOCK_STEP_MS = 20
 REPLICA_IDS = ("rA", "rB")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from app.engine.engine import EngineState
 from app.models.mock import MockModelRunner
