@@ -230,13 +230,22 @@ class Context:
     def command(self, scenario: int) -> str:
         quick = " --quick" if self.plan.quick else ""
         smol = " --smollm2" if self.plan.quick and self.plan.smollm2 else ""
-        return f"python scripts/bench.py --scenarios {scenario} --repeats {self.plan.repeats}" \
+        return (
+            f"python scripts/bench.py --scenarios {scenario} --repeats {self.plan.repeats}"
             f"{quick}{smol}"
+        )
 
 
 def mock_flags(slots: int, step_ms: float, *extra: str) -> tuple[str, ...]:
-    return ("--model", "mock", "--mock-step-ms", f"{step_ms:g}", "--max-num-seqs", str(slots),
-            *extra)
+    return (
+        "--model",
+        "mock",
+        "--mock-step-ms",
+        f"{step_ms:g}",
+        "--max-num-seqs",
+        str(slots),
+        *extra,
+    )
 
 
 def smollm2_spec(name: str, slots: int, *extra: str) -> ServerSpec:
@@ -253,15 +262,15 @@ async def warm_up(server: Server) -> None:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(
-        " --- " if i == 0 else " ---: " for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(" --- " if i == 0 else " ---: " for i in range(len(header))) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def metric_rows(
-    section: Section, rows: Sequence[tuple[str, str, str]]
-) -> list[list[str]]:
+def metric_rows(section: Section, rows: Sequence[tuple[str, str, str]]) -> list[list[str]]:
     """(label, key, format) -> [label, median, min, max] (min and max only with repeats > 1)."""
     med, lo, hi = section.medians, section.lows, section.highs
     many = len(section.repeats) > 1
@@ -280,8 +289,10 @@ def median_header(section: Section, first: str = "metric") -> list[str]:
 
 def failures_note(section: Section, what: str, failures: float | None) -> None:
     if failures:
-        section.notes.append(f"{failures:.0f} request(s) of {what} failed (not ok, not "
-                             "cancelled by the client): see bench_results.json.")
+        section.notes.append(
+            f"{failures:.0f} request(s) of {what} failed (not ok, not "
+            "cancelled by the client): see bench_results.json."
+        )
 
 
 # --------------------------------------------------------------------------- 1. saturation
@@ -291,7 +302,8 @@ async def scenario_saturation(ctx: Context) -> Section:
     s = ctx.plan.s1
     ideal = s.slots * 1000.0 / s.step_ms
     section = Section(
-        1, "Saturation: delivered tokens/s against the ideal",
+        1,
+        "Saturation: delivered tokens/s against the ideal",
         f"Mock model with a {s.step_ms:g} ms step and {s.slots} slots, driven by a closed loop of "
         f"{2 * s.slots} streaming clients (so a queue refills every slot at once), "
         f"{s.output_len} output tokens each (ignore_eos). The ideal is slots / step = "
@@ -299,7 +311,8 @@ async def scenario_saturation(ctx: Context) -> Section:
         f"{s.duration_s:g} s, skipping the ramp-up and the drain): tokens the clients received, "
         "and the server's own view from /metrics (generated tokens, mean batch size, model "
         "calls and model step time from the histograms).",
-        ctx.command(1), config=asdict(s),
+        ctx.command(1),
+        config=asdict(s),
     )
     spec = ServerSpec.app("s1-mock", *mock_flags(s.slots, s.step_ms))
     series: list[float] = []
@@ -307,40 +320,76 @@ async def scenario_saturation(ctx: Context) -> Section:
         await warm_up(server)
         for repeat in range(ctx.plan.repeats):
             config = LoadConfig(
-                url=server.url, concurrency=2 * s.slots, duration_s=s.duration_s,
+                url=server.url,
+                concurrency=2 * s.slots,
+                duration_s=s.duration_s,
                 timeout_s=REQUEST_TIMEOUT_S,
-                workload=WorkloadConfig(prompt_len=s.prompt_len, output_len=s.output_len,
-                                        ignore_eos=True, temperature=0.0, seed=repeat),
+                workload=WorkloadConfig(
+                    prompt_len=s.prompt_len,
+                    output_len=s.output_len,
+                    ignore_eos=True,
+                    temperature=0.0,
+                    seed=repeat,
+                ),
             )
             run = await measure(server, config, (s.warmup_s, s.duration_s))
             numbers = saturation_numbers(run, ideal)
             section.repeats.append(numbers)
             series = series or tokens_per_second(run.result.records, s.bin_s)
-            ctx.say(f"  1: repeat {repeat + 1}: {numbers['delivered_tok_s']:.0f} tok/s delivered "
-                    f"({numbers['delivered_over_ideal']:.0%} of ideal)")
+            ctx.say(
+                f"  1: repeat {repeat + 1}: {numbers['delivered_tok_s']:.0f} tok/s delivered "
+                f"({numbers['delivered_over_ideal']:.0%} of ideal)"
+            )
     image = "bench_s1_saturation.png"
     bench_plots.saturation(
-        ctx.plan.out_dir / image, s.bin_s, series, ideal, (s.warmup_s, s.duration_s),
+        ctx.plan.out_dir / image,
+        s.bin_s,
+        series,
+        ideal,
+        (s.warmup_s, s.duration_s),
         f"Mock, {s.step_ms:g} ms step, {s.slots} slots, {2 * s.slots} clients (first repeat)",
     )
     section.images.append(image)
-    section.tables.append(table(median_header(section), metric_rows(section, [
-        ("ideal tok/s (slots / step)", "ideal_tok_s", ".0f"),
-        ("delivered tok/s (clients, steady window)", "delivered_tok_s", ".0f"),
-        ("**delivered / ideal**", "delivered_over_ideal", ".3f"),
-        ("server: generated tok/s (generated_tokens_total / duration)",
-         "server_generated_tok_s", ".0f"),
-        ("server: generated / ideal", "server_over_ideal", ".3f"),
-        ("server: mean batch size (batch_size histogram)", "mean_batch_size", ".1f"),
-        ("server: model calls/s (batch_size _count / duration)", "model_calls_per_s", ".1f"),
-        ("server: loop iteration (ms) (duration / model calls)", "loop_iteration_ms", ".2f"),
-        ("server: model step (ms) (model_step_seconds mean)", "model_step_ms", ".2f"),
-        ("server CPU (% of one core)", "server_cpu_pct", ".0f"),
-        ("client CPU (% of one core)", "client_cpu_pct", ".0f"),
-        ("server threads waiting for a CPU (% of the window)", "server_wait_pct", ".0f"),
-        ("client waiting for a CPU (% of the window)", "client_wait_pct", ".0f"),
-        ("whole run incl. ramp and drain: delivered tok/s", "run_output_tok_s", ".0f"),
-    ])))
+    section.tables.append(
+        table(
+            median_header(section),
+            metric_rows(
+                section,
+                [
+                    ("ideal tok/s (slots / step)", "ideal_tok_s", ".0f"),
+                    ("delivered tok/s (clients, steady window)", "delivered_tok_s", ".0f"),
+                    ("**delivered / ideal**", "delivered_over_ideal", ".3f"),
+                    (
+                        "server: generated tok/s (generated_tokens_total / duration)",
+                        "server_generated_tok_s",
+                        ".0f",
+                    ),
+                    ("server: generated / ideal", "server_over_ideal", ".3f"),
+                    ("server: mean batch size (batch_size histogram)", "mean_batch_size", ".1f"),
+                    (
+                        "server: model calls/s (batch_size _count / duration)",
+                        "model_calls_per_s",
+                        ".1f",
+                    ),
+                    (
+                        "server: loop iteration (ms) (duration / model calls)",
+                        "loop_iteration_ms",
+                        ".2f",
+                    ),
+                    ("server: model step (ms) (model_step_seconds mean)", "model_step_ms", ".2f"),
+                    ("server CPU (% of one core)", "server_cpu_pct", ".0f"),
+                    ("client CPU (% of one core)", "client_cpu_pct", ".0f"),
+                    (
+                        "server threads waiting for a CPU (% of the window)",
+                        "server_wait_pct",
+                        ".0f",
+                    ),
+                    ("client waiting for a CPU (% of the window)", "client_wait_pct", ".0f"),
+                    ("whole run incl. ramp and drain: delivered tok/s", "run_output_tok_s", ".0f"),
+                ],
+            ),
+        )
+    )
     med = section.medians
     fill = ratio(med["mean_batch_size"], s.slots)
     pace = ratio(s.step_ms, med["loop_iteration_ms"])
@@ -399,7 +448,8 @@ SSE_LABELS = {
 async def scenario_sse_ceiling(ctx: Context) -> Section:
     s = ctx.plan.s2
     section = Section(
-        2, "SSE throughput: the full stack against the HTTP layer's ceiling",
+        2,
+        "SSE throughput: the full stack against the HTTP layer's ceiling",
         f"Tokens/s streamed to {s.concurrency} concurrent clients ({s.output_len} tokens per "
         f"request, ignore_eos) by the mock server with a 0 ms step and {s.slots} slots, beside "
         "the same client against `scripts/bench_sse_ceiling.py`: a bare Starlette app on the "
@@ -410,7 +460,8 @@ async def scenario_sse_ceiling(ctx: Context) -> Section:
         "library's share). Steady window "
         f"{s.warmup_s:g} s to {s.duration_s:g} s; the three targets run back to back in a "
         "rotating order within each repeat.",
-        ctx.command(2), config=asdict(s),
+        ctx.command(2),
+        config=asdict(s),
     )
     specs = [ServerSpec.app("s2-mock", *mock_flags(s.slots, 0.0)), ServerSpec.ceiling("s2-ceil")]
     async with launched(specs, ctx.log_dir) as (server, ceiling):
@@ -421,26 +472,36 @@ async def scenario_sse_ceiling(ctx: Context) -> Section:
             "bare": (ceiling, ceiling.url),
         }
         for repeat in range(ctx.plan.repeats):
-            order = SSE_TARGETS[repeat % 3:] + SSE_TARGETS[:repeat % 3]
+            order = SSE_TARGETS[repeat % 3 :] + SSE_TARGETS[: repeat % 3]
             numbers: Numbers = {}
             for name in order:
                 target, url = targets[name]
                 config = LoadConfig(
-                    url=url, concurrency=s.concurrency, duration_s=s.duration_s,
+                    url=url,
+                    concurrency=s.concurrency,
+                    duration_s=s.duration_s,
                     timeout_s=REQUEST_TIMEOUT_S,
-                    workload=WorkloadConfig(prompt_len=s.prompt_len, output_len=s.output_len,
-                                            ignore_eos=True, temperature=0.0, seed=repeat),
+                    workload=WorkloadConfig(
+                        prompt_len=s.prompt_len,
+                        output_len=s.output_len,
+                        ignore_eos=True,
+                        temperature=0.0,
+                        seed=repeat,
+                    ),
                 )
                 run = await measure(target, config, (s.warmup_s, s.duration_s))
                 numbers |= sse_numbers(name, run, has_metrics=target is server)
             numbers["full_over_bare"] = ratio(numbers["full.tok_s"], numbers["bare.tok_s"])
             numbers["full_over_sse"] = ratio(numbers["full.tok_s"], numbers["sse.tok_s"])
             numbers["sse_over_bare"] = ratio(numbers["sse.tok_s"], numbers["bare.tok_s"])
-            numbers["full_over_bare_events"] = ratio(numbers["full.events_s"],
-                                                     numbers["bare.events_s"])
+            numbers["full_over_bare_events"] = ratio(
+                numbers["full.events_s"], numbers["bare.events_s"]
+            )
             section.repeats.append(numbers)
-            ctx.say(f"  2: repeat {repeat + 1}: full {numbers['full.tok_s']:.0f}, bare "
-                    f"{numbers['bare.tok_s']:.0f} tok/s ({numbers['full_over_bare']:.0%})")
+            ctx.say(
+                f"  2: repeat {repeat + 1}: full {numbers['full.tok_s']:.0f}, bare "
+                f"{numbers['bare.tok_s']:.0f} tok/s ({numbers['full_over_bare']:.0%})"
+            )
     med, lo, hi = section.medians, section.lows, section.highs
     rows = [
         ("tok/s received (steady window)", "tok_s", ".0f"),
@@ -453,25 +514,43 @@ async def scenario_sse_ceiling(ctx: Context) -> Section:
         ("server: generated tok/s (/metrics)", "generated_tok_s", ".0f"),
         ("failed requests", "failed_requests", ".0f"),
     ]
-    section.tables.append(table(
-        ["metric (median)", *(SSE_LABELS[t] for t in SSE_TARGETS)],
-        [[label, *(fmt(med.get(f"{t}.{key}"), spec) for t in SSE_TARGETS)]
-         for label, key, spec in rows],
-    ))
-    section.tables.append(table(median_header(section, "ratio (per repeat, then median)"),
-                                metric_rows(section, [
-        ("**full stack / bare Starlette**", "full_over_bare", ".3f"),
-        ("full stack / sse-starlette", "full_over_sse", ".3f"),
-        ("sse-starlette / bare Starlette", "sse_over_bare", ".3f"),
-        ("full stack / bare Starlette, in events/s", "full_over_bare_events", ".3f"),
-    ])))
+    section.tables.append(
+        table(
+            ["metric (median)", *(SSE_LABELS[t] for t in SSE_TARGETS)],
+            [
+                [label, *(fmt(med.get(f"{t}.{key}"), spec) for t in SSE_TARGETS)]
+                for label, key, spec in rows
+            ],
+        )
+    )
+    section.tables.append(
+        table(
+            median_header(section, "ratio (per repeat, then median)"),
+            metric_rows(
+                section,
+                [
+                    ("**full stack / bare Starlette**", "full_over_bare", ".3f"),
+                    ("full stack / sse-starlette", "full_over_sse", ".3f"),
+                    ("sse-starlette / bare Starlette", "sse_over_bare", ".3f"),
+                    ("full stack / bare Starlette, in events/s", "full_over_bare_events", ".3f"),
+                ],
+            ),
+        )
+    )
     image = "bench_s2_sse_ceiling.png"
     bench_plots.grouped_bars(
-        ctx.plan.out_dir / image, ["tokens/s", "events/s"],
-        {SSE_LABELS[t]: [(med[f"{t}.{k}"] or 0, lo[f"{t}.{k}"] or 0, hi[f"{t}.{k}"] or 0)
-                         for k in ("tok_s", "events_s")] for t in SSE_TARGETS},
+        ctx.plan.out_dir / image,
+        ["tokens/s", "events/s"],
+        {
+            SSE_LABELS[t]: [
+                (med[f"{t}.{k}"] or 0, lo[f"{t}.{k}"] or 0, hi[f"{t}.{k}"] or 0)
+                for k in ("tok_s", "events_s")
+            ]
+            for t in SSE_TARGETS
+        },
         f"SSE streaming, {s.concurrency} clients x {s.output_len} tokens: median, min-max "
-        f"over {len(section.repeats)} repeat(s)", "per second (steady window)",
+        f"over {len(section.repeats)} repeat(s)",
+        "per second (steady window)",
     )
     section.images.append(image)
     section.reading = (
@@ -482,8 +561,9 @@ async def scenario_sse_ceiling(ctx: Context) -> Section:
         f"the client itself used {fmt(med['bare.client_cpu_pct'], '.0f')}% of a core against "
         "the ceiling, so on 2 shared cores the ceiling is partly the client's."
     )
-    failures_note(section, "the runs", sum((med.get(f"{t}.failed_requests") or 0)
-                                           for t in SSE_TARGETS))
+    failures_note(
+        section, "the runs", sum((med.get(f"{t}.failed_requests") or 0) for t in SSE_TARGETS)
+    )
     return section
 
 
@@ -494,8 +574,9 @@ def sse_numbers(name: str, run: Run, *, has_metrics: bool) -> Numbers:
     events = window.events_received(records)
     server_cpu, client_cpu = window.cpu_percent()
     server_wait, client_wait = window.wait_percent()
-    generated = (window.counter("slotserve_generated_tokens_total") / window.seconds
-                 if has_metrics else None)
+    generated = (
+        window.counter("slotserve_generated_tokens_total") / window.seconds if has_metrics else None
+    )
     return {
         f"{name}.tok_s": tokens / window.seconds,
         f"{name}.events_s": events / window.seconds,
@@ -519,7 +600,8 @@ async def scenario_scheduling(ctx: Context) -> Section:
     plan = ctx.plan
     models = [plan.s3_mock] + ([plan.s3_smollm2] if plan.smollm2 else [])
     section = Section(
-        3, "Continuous vs static batching",
+        3,
+        "Continuous vs static batching",
         "The same requests (same seed: same prompts and output lengths) against two servers "
         "that differ only in `--scheduling continuous|static`. Output lengths are drawn from an "
         "exponential distribution and sent as max_tokens with ignore_eos, so every request "
@@ -588,28 +670,37 @@ async def scheduling_model(
             for policy in order:
                 server = by_policy[policy]
                 config = LoadConfig(
-                    url=server.url, concurrency=2 * sizes.slots,
-                    num_requests=sizes.num_requests, timeout_s=REQUEST_TIMEOUT_S,
+                    url=server.url,
+                    concurrency=2 * sizes.slots,
+                    num_requests=sizes.num_requests,
+                    timeout_s=REQUEST_TIMEOUT_S,
                     workload=WorkloadConfig(
-                        prompt_len=sizes.prompt_len, output_len=sizes.mean_output_len,
-                        output_len_dist=LengthDist.EXPONENTIAL, ignore_eos=True,
-                        temperature=0.0, seed=0,
+                        prompt_len=sizes.prompt_len,
+                        output_len=sizes.mean_output_len,
+                        output_len_dist=LengthDist.EXPONENTIAL,
+                        ignore_eos=True,
+                        temperature=0.0,
+                        seed=0,
                     ),
                 )
                 run = await measure(server, config)
                 numbers |= scheduling_numbers(f"{m}.{policy}", run, sizes.slots, policy)
-                ttfts[policy] += [r.ttft_s * 1000 for r in run.records(Outcome.OK)
-                                  if r.ttft_s is not None]
+                ttfts[policy] += [
+                    r.ttft_s * 1000 for r in run.records(Outcome.OK) if r.ttft_s is not None
+                ]
             for key in ("model_calls", "tok_s", "ttft_p50_ms", "ttft_p99_ms", "makespan_s"):
-                numbers[f"{m}.ratio.{key}"] = ratio(numbers[f"{m}.continuous.{key}"],
-                                                   numbers[f"{m}.static.{key}"])
+                numbers[f"{m}.ratio.{key}"] = ratio(
+                    numbers[f"{m}.continuous.{key}"], numbers[f"{m}.static.{key}"]
+                )
             if len(section.repeats) <= repeat:
                 section.repeats.append({})
             section.repeats[repeat] |= numbers
-            ctx.say(f"  3 ({m}): repeat {repeat + 1}: calls "
-                    f"{numbers[f'{m}.continuous.model_calls']:.0f} vs "
-                    f"{numbers[f'{m}.static.model_calls']:.0f}, tok/s x"
-                    f"{numbers[f'{m}.ratio.tok_s']:.2f}")
+            ctx.say(
+                f"  3 ({m}): repeat {repeat + 1}: calls "
+                f"{numbers[f'{m}.continuous.model_calls']:.0f} vs "
+                f"{numbers[f'{m}.static.model_calls']:.0f}, tok/s x"
+                f"{numbers[f'{m}.ratio.tok_s']:.2f}"
+            )
     return ttfts
 
 
@@ -685,16 +776,26 @@ def scheduling_table(section: Section, sizes: SchedulingSizes) -> str:
     body = []
     for label, key, spec in rows:
         if key is None:
-            cells = [f"{fmt(med[f'{m}.{p}.requested_tokens'], '.0f')} / "
-                     f"{fmt(med[f'{m}.{p}.generated_tokens'], '.0f')}" for p in POLICIES]
+            cells = [
+                f"{fmt(med[f'{m}.{p}.requested_tokens'], '.0f')} / "
+                f"{fmt(med[f'{m}.{p}.generated_tokens'], '.0f')}"
+                for p in POLICIES
+            ]
             body.append([label, *cells, ""])
             continue
         ratio_key = f"{m}.ratio.{key}"
-        body.append([label, *(fmt(med[f"{m}.{p}.{key}"], spec) for p in POLICIES),
-                     f"**{fmt(med[ratio_key], '.3f')}**" if ratio_key in med else ""])
-    title = (f"**{scheduling_title(sizes)}**: {sizes.num_requests} requests, exponential "
-             f"output lengths (mean {sizes.mean_output_len}), {2 * sizes.slots} clients "
-             "(medians)\n\n")
+        body.append(
+            [
+                label,
+                *(fmt(med[f"{m}.{p}.{key}"], spec) for p in POLICIES),
+                f"**{fmt(med[ratio_key], '.3f')}**" if ratio_key in med else "",
+            ]
+        )
+    title = (
+        f"**{scheduling_title(sizes)}**: {sizes.num_requests} requests, exponential "
+        f"output lengths (mean {sizes.mean_output_len}), {2 * sizes.slots} clients "
+        "(medians)\n\n"
+    )
     return title + table(["metric", "continuous", "static", "continuous / static"], body)
 
 
@@ -717,16 +818,22 @@ def check_predictions(section: Section, sizes: SchedulingSizes) -> None:
                 f"{sizes.slots} slots. The {2 * sizes.slots} first requests leave the client at "
                 "once but reach the server over a few milliseconds, in any order; the loop "
                 "starts a step as soon as the first one is there"
-                + (", and a static batch then runs to its longest member before anyone else "
-                   "is admitted: a short first batch costs a whole batch's worth of steps."
-                   if short_start else ".")
+                + (
+                    ", and a static batch then runs to its longest member before anyone else "
+                    "is admitted: a short first batch costs a whole batch's worth of steps."
+                    if short_start
+                    else "."
+                )
             )
         requested, generated = med[f"{key}.requested_tokens"], med[f"{key}.generated_tokens"]
         if requested is not None and generated is not None and requested != generated:
-            section.notes.append(f"{scheduling_title(sizes)}, {policy}: {generated:.0f} tokens "
-                                 f"generated for {requested:.0f} requested.")
-        failures_note(section, f"{scheduling_title(sizes)}, {policy}",
-                      med[f"{key}.failed_requests"])
+            section.notes.append(
+                f"{scheduling_title(sizes)}, {policy}: {generated:.0f} tokens "
+                f"generated for {requested:.0f} requested."
+            )
+        failures_note(
+            section, f"{scheduling_title(sizes)}, {policy}", med[f"{key}.failed_requests"]
+        )
 
 
 # --------------------------------------------------------------------------- 4. concurrency
@@ -735,14 +842,16 @@ def check_predictions(section: Section, sizes: SchedulingSizes) -> None:
 async def scenario_concurrency(ctx: Context) -> Section:
     s = ctx.plan.s4
     section = Section(
-        4, "SmolLM2 under concurrency",
+        4,
+        "SmolLM2 under concurrency",
         f"SmolLM2-135M-Instruct on this CPU ({s.slots} slots, float32), closed loop at "
         f"concurrency {', '.join(map(str, s.levels))} with "
         f"{', '.join(map(str, s.requests))} requests respectively, {s.output_len} output "
         f"tokens each (ignore_eos, temperature 0), {s.prompt_len}-word prompts. Tokens/s is "
         "output tokens over the run (first send to last end); TTFT and TPOT are the client's "
         "(TPOT = (E2E - TTFT) / (tokens - 1) per request).",
-        ctx.command(4), config=asdict(s),
+        ctx.command(4),
+        config=asdict(s),
     )
     if not ctx.plan.smollm2:
         section.skipped = "SmolLM2 scenarios are skipped under --quick (add --smollm2)."
@@ -753,33 +862,61 @@ async def scenario_concurrency(ctx: Context) -> Section:
             numbers: Numbers = {}
             for level, count in zip(s.levels, s.requests, strict=True):
                 config = LoadConfig(
-                    url=server.url, concurrency=level, num_requests=count,
+                    url=server.url,
+                    concurrency=level,
+                    num_requests=count,
                     timeout_s=REQUEST_TIMEOUT_S,
-                    workload=WorkloadConfig(prompt_len=s.prompt_len, output_len=s.output_len,
-                                            ignore_eos=True, temperature=0.0, seed=repeat),
+                    workload=WorkloadConfig(
+                        prompt_len=s.prompt_len,
+                        output_len=s.output_len,
+                        ignore_eos=True,
+                        temperature=0.0,
+                        seed=repeat,
+                    ),
                 )
                 run = await measure(server, config)
                 numbers |= concurrency_numbers(f"c{level}", run)
-                ctx.say(f"  4: repeat {repeat + 1}, concurrency {level}: "
-                        f"{numbers[f'c{level}.tok_s']:.1f} tok/s")
+                ctx.say(
+                    f"  4: repeat {repeat + 1}, concurrency {level}: "
+                    f"{numbers[f'c{level}.tok_s']:.1f} tok/s"
+                )
             section.repeats.append(numbers)
     med = section.medians
-    columns = [("output tok/s", "tok_s", ".1f"), ("TTFT p50", "ttft_p50_ms", ".0f"),
-               ("TTFT p99", "ttft_p99_ms", ".0f"), ("TPOT p50", "tpot_p50_ms", ".1f"),
-               ("TPOT p99", "tpot_p99_ms", ".1f"), ("mean batch", "mean_batch", ".1f"),
-               ("model step (ms)", "model_step_ms", ".1f"),
-               ("server CPU %", "server_cpu_pct", ".0f")]
-    section.tables.append(table(
-        ["concurrency", *(label + (" (ms)" if "TT" in label or "TP" in label else "")
-                          for label, _, _ in columns)],
-        [[str(level), *(fmt(med[f"c{level}.{key}"], spec) for _, key, spec in columns)]
-         for level in s.levels],
-    ))
+    columns = [
+        ("output tok/s", "tok_s", ".1f"),
+        ("TTFT p50", "ttft_p50_ms", ".0f"),
+        ("TTFT p99", "ttft_p99_ms", ".0f"),
+        ("TPOT p50", "tpot_p50_ms", ".1f"),
+        ("TPOT p99", "tpot_p99_ms", ".1f"),
+        ("mean batch", "mean_batch", ".1f"),
+        ("model step (ms)", "model_step_ms", ".1f"),
+        ("server CPU %", "server_cpu_pct", ".0f"),
+    ]
+    section.tables.append(
+        table(
+            [
+                "concurrency",
+                *(
+                    label + (" (ms)" if "TT" in label or "TP" in label else "")
+                    for label, _, _ in columns
+                ),
+            ],
+            [
+                [str(level), *(fmt(med[f"c{level}.{key}"], spec) for _, key, spec in columns)]
+                for level in s.levels
+            ],
+        )
+    )
     image = "bench_s4_concurrency.png"
     bench_plots.concurrency_sweep(
-        ctx.plan.out_dir / image, list(s.levels), [med[f"c{c}.tok_s"] or 0 for c in s.levels],
-        {f"{name} {q}": [med[f"c{c}.{name.lower()}_{q}_ms"] for c in s.levels]
-         for name in ("TTFT", "TPOT") for q in ("p50", "p99")},
+        ctx.plan.out_dir / image,
+        list(s.levels),
+        [med[f"c{c}.tok_s"] or 0 for c in s.levels],
+        {
+            f"{name} {q}": [med[f"c{c}.{name.lower()}_{q}_ms"] for c in s.levels]
+            for name in ("TTFT", "TPOT")
+            for q in ("p50", "p99")
+        },
         f"SmolLM2-135M on CPU, {s.output_len} output tokens (medians of "
         f"{len(section.repeats)} repeat(s))",
     )
@@ -825,7 +962,8 @@ def concurrency_numbers(prefix: str, run: Run) -> Numbers:
 async def scenario_cancel_storm(ctx: Context) -> Section:
     s = ctx.plan.s5
     section = Section(
-        5, "Cancellation storm",
+        5,
+        "Cancellation storm",
         f"Mock, {s.step_ms:g} ms step, {s.slots} slots, closed loop of {s.concurrency} "
         f"streaming clients, {s.output_len} output tokens (ignore_eos). In the storm run "
         f"{s.cancel_fraction:.0%} of the requests (seeded) are cancelled with "
@@ -836,7 +974,8 @@ async def scenario_cancel_storm(ctx: Context) -> Section:
         f"{s.warmup_s:g} s to {s.duration_s:g} s. 'Expected' is the baseline rate times the share "
         "of the storm's tokens that went to non-cancelled requests: what the non-cancelled "
         "requests would get if every freed slot were refilled at once.",
-        ctx.command(5), config=asdict(s),
+        ctx.command(5),
+        config=asdict(s),
     )
     spec = ServerSpec.app("s5-mock", *mock_flags(s.slots, s.step_ms))
     rates: dict[str, list[float]] = {}
@@ -849,63 +988,102 @@ async def scenario_cancel_storm(ctx: Context) -> Section:
             for name in order:
                 fraction = s.cancel_fraction if name == "storm" else 0.0
                 config = LoadConfig(
-                    url=server.url, concurrency=s.concurrency, duration_s=s.duration_s,
+                    url=server.url,
+                    concurrency=s.concurrency,
+                    duration_s=s.duration_s,
                     timeout_s=REQUEST_TIMEOUT_S,
                     workload=WorkloadConfig(
-                        prompt_len=s.prompt_len, output_len=s.output_len, ignore_eos=True,
-                        temperature=0.0, seed=repeat,
+                        prompt_len=s.prompt_len,
+                        output_len=s.output_len,
+                        ignore_eos=True,
+                        temperature=0.0,
+                        seed=repeat,
                         cancel=CancelPolicy(fraction, s.cancel_after_tokens, CancelMode.DELETE),
                     ),
                 )
                 runs[name] = await measure(server, config, (s.warmup_s, s.duration_s))
             numbers = cancel_numbers(runs["baseline"], runs["storm"], s)
             section.repeats.append(numbers)
-            for bound, count in runs["storm"].whole().histogram(
-                    "slotserve_cancel_to_slot_free_seconds").bucket_counts():
+            for bound, count in (
+                runs["storm"]
+                .whole()
+                .histogram("slotserve_cancel_to_slot_free_seconds")
+                .bucket_counts()
+            ):
                 buckets[bound] = buckets.get(bound, 0.0) + count
             if not rates:
                 storm = runs["storm"]
                 rates = {
-                    "baseline: all tokens": tokens_per_second(runs["baseline"].records(),
-                                                              s.bin_s),
+                    "baseline: all tokens": tokens_per_second(runs["baseline"].records(), s.bin_s),
                     "storm: all tokens": tokens_per_second(storm.records(), s.bin_s),
                     "storm: non-cancelled requests' tokens": tokens_per_second(
-                        storm.records(Outcome.OK), s.bin_s),
+                        storm.records(Outcome.OK), s.bin_s
+                    ),
                 }
-            ctx.say(f"  5: repeat {repeat + 1}: cancel->free mean "
-                    f"{fmt(numbers['cancel_to_free_mean_ms'], '.1f')} ms, recovery "
-                    f"{fmt(numbers['recovery'], '.0%')}")
-    section.tables.append(table(median_header(section), metric_rows(section, [
-        ("requests chosen for cancelling / sent", "chosen_share", ".3f"),
-        ("requests that ended cancelled / sent", "cancelled_share", ".3f"),
-        ("chosen, but finished before the DELETE landed (404)", "late_cancel_share", ".3f"),
-        ("cancels seen by the server (finished_total{cancelled})", "server_cancels", ".0f"),
-        ("tokens a cancelled request got (mean; k = "
-         f"{s.cancel_after_tokens})", "cancelled_mean_tokens", ".1f"),
-        ("**cancel -> slot free, mean (ms)**", "cancel_to_free_mean_ms", ".2f"),
-        ("cancel -> slot free, p50 (ms, from buckets)", "cancel_to_free_p50_ms", ".2f"),
-        ("cancel -> slot free, p99 (ms, from buckets)", "cancel_to_free_p99_ms", ".2f"),
-        ("storm: model step (ms, mean)", "storm_model_step_ms", ".1f"),
-        ("baseline: generated tok/s (server)", "baseline_generated_tok_s", ".0f"),
-        ("storm: generated tok/s (server)", "storm_generated_tok_s", ".0f"),
-        ("**recovery: storm / baseline generated tok/s**", "recovery", ".3f"),
-        ("baseline: mean batch size", "baseline_mean_batch", ".1f"),
-        ("storm: mean batch size", "storm_mean_batch", ".1f"),
-        ("baseline: loop iteration (ms per model call)", "baseline_loop_ms", ".1f"),
-        ("storm: loop iteration (ms per model call)", "storm_loop_ms", ".1f"),
-        ("baseline: tok/s received", "baseline_ok_tok_s", ".0f"),
-        ("storm: tok/s received by non-cancelled requests", "storm_ok_tok_s", ".0f"),
-        ("**non-cancelled: storm / baseline tok/s**", "ok_ratio", ".3f"),
-        ("expected if freed slots are refilled at once", "expected_ok_ratio", ".3f"),
-        ("storm: server threads waiting for a CPU (% of the window)",
-         "storm_server_wait_pct", ".0f"),
-        ("storm: client waiting for a CPU (% of the window)", "storm_client_wait_pct", ".0f"),
-    ])))
+            ctx.say(
+                f"  5: repeat {repeat + 1}: cancel->free mean "
+                f"{fmt(numbers['cancel_to_free_mean_ms'], '.1f')} ms, recovery "
+                f"{fmt(numbers['recovery'], '.0%')}"
+            )
+    section.tables.append(
+        table(
+            median_header(section),
+            metric_rows(
+                section,
+                [
+                    ("requests chosen for cancelling / sent", "chosen_share", ".3f"),
+                    ("requests that ended cancelled / sent", "cancelled_share", ".3f"),
+                    (
+                        "chosen, but finished before the DELETE landed (404)",
+                        "late_cancel_share",
+                        ".3f",
+                    ),
+                    (
+                        "cancels seen by the server (finished_total{cancelled})",
+                        "server_cancels",
+                        ".0f",
+                    ),
+                    (
+                        f"tokens a cancelled request got (mean; k = {s.cancel_after_tokens})",
+                        "cancelled_mean_tokens",
+                        ".1f",
+                    ),
+                    ("**cancel -> slot free, mean (ms)**", "cancel_to_free_mean_ms", ".2f"),
+                    ("cancel -> slot free, p50 (ms, from buckets)", "cancel_to_free_p50_ms", ".2f"),
+                    ("cancel -> slot free, p99 (ms, from buckets)", "cancel_to_free_p99_ms", ".2f"),
+                    ("storm: model step (ms, mean)", "storm_model_step_ms", ".1f"),
+                    ("baseline: generated tok/s (server)", "baseline_generated_tok_s", ".0f"),
+                    ("storm: generated tok/s (server)", "storm_generated_tok_s", ".0f"),
+                    ("**recovery: storm / baseline generated tok/s**", "recovery", ".3f"),
+                    ("baseline: mean batch size", "baseline_mean_batch", ".1f"),
+                    ("storm: mean batch size", "storm_mean_batch", ".1f"),
+                    ("baseline: loop iteration (ms per model call)", "baseline_loop_ms", ".1f"),
+                    ("storm: loop iteration (ms per model call)", "storm_loop_ms", ".1f"),
+                    ("baseline: tok/s received", "baseline_ok_tok_s", ".0f"),
+                    ("storm: tok/s received by non-cancelled requests", "storm_ok_tok_s", ".0f"),
+                    ("**non-cancelled: storm / baseline tok/s**", "ok_ratio", ".3f"),
+                    ("expected if freed slots are refilled at once", "expected_ok_ratio", ".3f"),
+                    (
+                        "storm: server threads waiting for a CPU (% of the window)",
+                        "storm_server_wait_pct",
+                        ".0f",
+                    ),
+                    (
+                        "storm: client waiting for a CPU (% of the window)",
+                        "storm_client_wait_pct",
+                        ".0f",
+                    ),
+                ],
+            ),
+        )
+    )
     image = "bench_s5_cancel_storm.png"
     bench_plots.cancel_storm(
-        ctx.plan.out_dir / image, s.bin_s, rates,
-        [(bound * 1000, count) for bound, count in sorted(buckets.items()) if bound <= 0.1
-         or count] or [(0.0, 0.0)],
+        ctx.plan.out_dir / image,
+        s.bin_s,
+        rates,
+        [(bound * 1000, count) for bound, count in sorted(buckets.items()) if bound <= 0.1 or count]
+        or [(0.0, 0.0)],
         f"Cancellation storm: mock {s.step_ms:g} ms, {s.slots} slots, {s.cancel_fraction:.0%} "
         f"cancelled after {s.cancel_after_tokens} tokens (rates: first repeat; "
         "histogram: all repeats)",
@@ -968,10 +1146,12 @@ def cancel_numbers(baseline: Run, storm: Run, s: CancelSizes) -> Numbers:
         "chosen_share": len(chosen) / max(1, len(storm.result.records)),
         "cancelled_share": len(cancelled) / max(1, len(storm.result.records)),
         "late_cancel_share": len(late) / max(1, len(chosen)),
-        "server_cancels": storm.whole().counter("slotserve_requests_finished_total",
-                                                finish_reason="cancelled"),
-        "cancelled_mean_tokens": (statistics.mean(r.output_tokens for r in cancelled)
-                                  if cancelled else None),
+        "server_cancels": storm.whole().counter(
+            "slotserve_requests_finished_total", finish_reason="cancelled"
+        ),
+        "cancelled_mean_tokens": (
+            statistics.mean(r.output_tokens for r in cancelled) if cancelled else None
+        ),
         "cancel_to_free_count": to_free.count,
         "cancel_to_free_mean_ms": ms(to_free.mean),
         "cancel_to_free_p50_ms": ms(to_free.quantile(0.50)),
@@ -1051,8 +1231,14 @@ def render_markdown(plan: Plan, sections: Sequence[Section], info: dict[str, obj
 
 
 def render_section(section: Section) -> list[str]:
-    lines = [f"## {section.number}. {section.title}", "", f"**Measures.** {section.measures}",
-             "", f"**Reproduce:** `{section.command}`", ""]
+    lines = [
+        f"## {section.number}. {section.title}",
+        "",
+        f"**Measures.** {section.measures}",
+        "",
+        f"**Reproduce:** `{section.command}`",
+        "",
+    ]
     if section.skipped:
         return lines + [f"*Skipped: {section.skipped}*", ""]
     for block in section.tables:
@@ -1111,8 +1297,13 @@ async def run_all(plan: Plan, console: Console) -> int:
             except Exception as exc:  # one broken scenario must not lose the others' numbers
                 console.print_exception()
                 failed = True
-                section = Section(number, f"Scenario {number}", "", ctx.command(number),
-                                  skipped=f"failed: {type(exc).__name__}: {exc}")
+                section = Section(
+                    number,
+                    f"Scenario {number}",
+                    "",
+                    ctx.command(number),
+                    skipped=f"failed: {type(exc).__name__}: {exc}",
+                )
             section.seconds = time.perf_counter() - began
             sections.append(section)
             ctx.say(f"scenario {number}: {section.skipped or section.reading}")
@@ -1142,17 +1333,33 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="1 repeat, small sizes, no SmolLM2 (unless --smollm2)")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="runs per measurement; the report gives medians (default 3, "
-                        "1 with --quick)")
-    parser.add_argument("--scenarios", type=parse_scenarios, default=tuple(SCENARIOS),
-                        help="comma-separated scenario numbers (default: 1,2,3,4,5)")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "docs",
-                        help="where BENCHMARKS.md, bench_results.json and the PNGs go")
-    parser.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=None,
-                        help="run the SmolLM2 parts (default: yes, except under --quick)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 repeat, small sizes, no SmolLM2 (unless --smollm2)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs per measurement; the report gives medians (default 3, 1 with --quick)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=parse_scenarios,
+        default=tuple(SCENARIOS),
+        help="comma-separated scenario numbers (default: 1,2,3,4,5)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=ROOT / "docs",
+        help="where BENCHMARKS.md, bench_results.json and the PNGs go",
+    )
+    parser.add_argument(
+        "--smollm2",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the SmolLM2 parts (default: yes, except under --quick)",
+    )
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")

@@ -35,8 +35,15 @@ def saturation(
     """Scenario 1: delivered tokens/s over time against the ideal, steady window shaded."""
     figure, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
     starts = [index * bin_s for index in range(len(tok_s))]
-    ax.bar(starts, tok_s, width=bin_s, align="edge", color="tab:blue", alpha=0.8,
-           label=f"delivered to clients ({bin_s:g} s bins)")
+    ax.bar(
+        starts,
+        tok_s,
+        width=bin_s,
+        align="edge",
+        color="tab:blue",
+        alpha=0.8,
+        label=f"delivered to clients ({bin_s:g} s bins)",
+    )
     ax.axhline(ideal_tok_s, color="tab:red", linestyle="--", label=f"ideal {ideal_tok_s:.0f} tok/s")
     ax.axvspan(*window, color="tab:green", alpha=0.1, label="steady window (measured)")
     ax.set(title=title, xlabel="time since the run's start (s)", ylabel="output tokens/s")
@@ -70,12 +77,11 @@ def grouped_bars(
     save(figure, path)
 
 
-def ttft_cdfs(
-    path: Path, panels: Mapping[str, Mapping[str, Sequence[float]]], title: str
-) -> None:
+def ttft_cdfs(path: Path, panels: Mapping[str, Mapping[str, Sequence[float]]], title: str) -> None:
     """Scenario 3: one panel per model, one empirical TTFT CDF per scheduling policy."""
-    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5),
-                                layout="constrained", squeeze=False)
+    figure, axes = plt.subplots(
+        1, len(panels), figsize=(6 * len(panels), 4.5), layout="constrained", squeeze=False
+    )
     for ax, (panel, curves) in zip(axes[0], panels.items(), strict=True):
         for label, values_ms in curves.items():
             draw_cdf(ax, values_ms, label)
@@ -106,18 +112,33 @@ def concurrency_sweep(
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     left.plot(levels, tok_s, marker="o")
     for level, value in zip(levels, tok_s, strict=True):
-        left.annotate(f"{value:.0f}", (level, value), textcoords="offset points", xytext=(0, 6),
-                      ha="center", fontsize=8)
-    left.set(title="output tokens/s", xlabel="concurrency (requests in flight)",
-             ylabel="output tokens/s", xscale="log")
+        left.annotate(
+            f"{value:.0f}",
+            (level, value),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=8,
+        )
+    left.set(
+        title="output tokens/s",
+        xlabel="concurrency (requests in flight)",
+        ylabel="output tokens/s",
+        xscale="log",
+    )
     left.set_xticks(levels, [str(level) for level in levels])
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3)
     for label, values in latencies_ms.items():
         points = [(x, y) for x, y in zip(levels, values, strict=True) if y is not None]
         right.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
-    right.set(title="latency", xlabel="concurrency (requests in flight)", ylabel="ms (log)",
-              xscale="log", yscale="log")
+    right.set(
+        title="latency",
+        xlabel="concurrency (requests in flight)",
+        ylabel="ms (log)",
+        xscale="log",
+        yscale="log",
+    )
     right.set_xticks(levels, [str(level) for level in levels])
     right.grid(alpha=0.3, which="both")
     right.legend()
@@ -137,8 +158,11 @@ def cancel_storm(
     for label, series in rates.items():
         times = [(index + 0.5) * bin_s for index in range(len(series))]
         left.plot(times, series, marker=".", label=label)
-    left.set(title=f"tokens/s received ({bin_s:g} s bins)", xlabel="time since start (s)",
-             ylabel="output tokens/s")
+    left.set(
+        title=f"tokens/s received ({bin_s:g} s bins)",
+        xlabel="time since start (s)",
+        ylabel="output tokens/s",
+    )
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3)
     left.legend(loc="lower center")
@@ -149,8 +173,9 @@ def cancel_storm(
         lower = upper
     right.bar(range(len(counts)), counts)
     right.set_xticks(range(len(counts)), labels, rotation=45, ha="right")
-    right.set(title="cancel -> slot free (server histogram)", xlabel="bucket (ms)",
-              ylabel="cancels")
+    right.set(
+        title="cancel -> slot free (server histogram)", xlabel="bucket (ms)", ylabel="cancels"
+    )
     right.grid(axis="y", alpha=0.3)
     figure.suptitle(title)
     save(figure, path)

@@ -19,8 +19,6 @@ from loadgen import LoadConfig, LoadResult, Outcome, RequestRecord, run_load
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import ROOT, SCRIPTS, Server, ServerSpec, launched, runqueue_wait_s  # noqa: F401
 
-
-
 # --------------------------------------------------------------------------- /metrics
 
 

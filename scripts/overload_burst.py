@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import sys
+import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
@@ -31,8 +31,9 @@ from rich.table import Table
 from server_process import ServerSpec, running
 
 
-
-async def burst(url: str, rate: float, duration_s: float, max_tokens: int, seed: int) -> list[tuple[int, float]]:
+async def burst(
+    url: str, rate: float, duration_s: float, max_tokens: int, seed: int
+) -> list[tuple[int, float]]:
     rng = np.random.default_rng(seed)
     connector = aiohttp.TCPConnector(limit=0)
     results: list[tuple[int, float]] = []
@@ -61,7 +62,9 @@ async def burst(url: str, rate: float, duration_s: float, max_tokens: int, seed:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", help="server to hit (give --capacity); default: start a mock")
     parser.add_argument("--capacity", type=float, help="requests/s --url's server completes")
     parser.add_argument("--multiple", type=float, default=10.0, help="offered rate / capacity")
@@ -79,8 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         url, capacity = args.url, args.capacity
         if url is None:
             spec = ServerSpec.app(
-                "burst-mock", "--model", "mock", "--mock-step-ms", str(args.mock_step_ms),
-                "--max-num-seqs", str(args.max_num_seqs), "--max-queue", str(args.max_queue),
+                "burst-mock",
+                "--model",
+                "mock",
+                "--mock-step-ms",
+                str(args.mock_step_ms),
+                "--max-num-seqs",
+                str(args.max_num_seqs),
+                "--max-queue",
+                str(args.max_queue),
             )
             url = stack.enter_context(running(spec, Path(tempfile.mkdtemp(prefix="burst-")))).url
             capacity = args.max_num_seqs / (args.max_tokens * args.mock_step_ms / 1000.0)
@@ -90,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(burst(url, rate, args.duration, args.max_tokens, args.seed))
 
     statuses = Counter(status for status, _ in results)
-    by_status = {
-        status: np.array([ms for s, ms in results if s == status]) for status in statuses
-    }
+    by_status = {status: np.array([ms for s, ms in results if s == status]) for status in statuses}
     count = len(results)
     table = Table(
         title=f"overload: {count} requests at {rate:.0f}/s = {args.multiple:g} x capacity "
@@ -104,11 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     for status, values in sorted(by_status.items()):
         p50, p90, p99 = np.percentile(values, [50, 90, 99])
         summary[str(status)] = {
-            "count": len(values), "p50_ms": p50, "p90_ms": p90, "p99_ms": p99,
+            "count": len(values),
+            "p50_ms": p50,
+            "p90_ms": p90,
+            "p99_ms": p99,
             "max_ms": float(values.max()),
         }
-        table.add_row(str(status), str(len(values)), f"{p50:.2f}", f"{p90:.2f}", f"{p99:.2f}",
-                      f"{values.max():.2f}")
+        table.add_row(
+            str(status),
+            str(len(values)),
+            f"{p50:.2f}",
+            f"{p90:.2f}",
+            f"{p99:.2f}",
+            f"{values.max():.2f}",
+        )
     Console().print(table)
     problems = [f"unexpected status {s}" for s in statuses if s not in (200, 429)]
     p99_429 = summary.get("429", {}).get("p99_ms")
@@ -119,8 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         Console().print(f"[red]{problem}[/red]")
     if args.out:
-        args.out.write_text(json.dumps({"count": count, "capacity_rps": capacity, "rate_rps": rate,
-                                        "by_status": summary, "problems": problems}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "count": count,
+                    "capacity_rps": capacity,
+                    "rate_rps": rate,
+                    "by_status": summary,
+                    "problems": problems,
+                },
+                indent=2,
+            )
+        )
     return 1 if problems else 0
 
 

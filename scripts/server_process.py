@@ -28,7 +28,6 @@ SCRIPTS = ROOT / "scripts"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-
 @dataclass(frozen=True, slots=True)
 class ServerSpec:
     """What to start: ``argv`` gets ``--port N`` appended; `ceiling` servers have no /metrics."""
@@ -41,8 +40,17 @@ class ServerSpec:
     @classmethod
     def app(cls, name: str, *flags: str, ready_timeout_s: float = 60.0) -> ServerSpec:
         argv = (
-            sys.executable, "-m", "app", "serve", "--host", "127.0.0.1",
-            "--log-level", "warning", "--shutdown-timeout", "5", *flags,
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+            "--shutdown-timeout",
+            "5",
+            *flags,
         )
         return cls(name, argv, has_metrics=True, ready_timeout_s=ready_timeout_s)
 
@@ -67,7 +75,10 @@ class Server:
         with self.log_path.open("wb") as log:
             self._process = subprocess.Popen(
                 [*self.spec.argv, "--port", str(self.port)],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
 
     async def wait_ready(self) -> None:

@@ -26,8 +26,8 @@ import argparse
 import asyncio
 import json
 import random
-import tempfile
 import sys
+import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
@@ -76,7 +76,9 @@ class SoakTally:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", help="server to soak; default: start a mock server on 127.0.0.1")
     parser.add_argument("--server-pid", type=int, help="pid of --url's server, for RSS")
     parser.add_argument("--num-requests", type=int, default=10_000)
@@ -85,7 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--disconnect-fraction", type=float, default=0.15, help="client leaves")
     parser.add_argument("--bad-fraction", type=float, default=0.05, help="invalid bodies")
     parser.add_argument("--non-stream-fraction", type=float, default=0.2)
-    parser.add_argument("--max-tokens", type=int, default=24, help="mean max_tokens (uniform 1..2x)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=24, help="mean max_tokens (uniform 1..2x)"
+    )
     parser.add_argument("--mock-step-ms", type=float, default=1.0, help="for the started server")
     parser.add_argument("--max-num-seqs", type=int, default=32, help="for the started server")
     parser.add_argument("--max-rss-growth", type=float, default=0.10, help="fraction, e.g. 0.10")
@@ -133,8 +137,14 @@ async def one_request(
     answered = False  # a status line came back: from here on a transport error is a real fault
     try:
         if roll < edges[0]:
-            response = await client.post("/generate", content=rng.choice(BAD_BODIES), headers=headers)
-            outcome = "bad_body_422" if response.status_code == 422 else f"bad_body_{response.status_code}"
+            response = await client.post(
+                "/generate", content=rng.choice(BAD_BODIES), headers=headers
+            )
+            outcome = (
+                "bad_body_422"
+                if response.status_code == 422
+                else f"bad_body_{response.status_code}"
+            )
             if response.status_code != 422:
                 tally.problems.append(f"{request_id}: bad body answered {response.status_code}")
             tally.outcomes[outcome] += 1
@@ -176,7 +186,9 @@ async def one_request(
                             tally.outcomes["stream_disconnected"] += 1
                             return  # leaving the `async with` closes the connection
                         if tokens == cut_after and mode == "delete":
-                            deleted = (await client.delete(f"/generate/{request_id}")).status_code == 200
+                            deleted = (
+                                await client.delete(f"/generate/{request_id}")
+                            ).status_code == 200
                     else:
                         finals.append(json.loads(line[5:]).get("finish_reason", event))
                     event = ""
@@ -184,7 +196,9 @@ async def one_request(
                 tally.problems.append(f"{request_id}: {len(finals)} final events")
             elif deleted and finals[0] != "cancelled":
                 tally.problems.append(f"{request_id}: DELETE answered 200 but ended {finals[0]}")
-            name = {"delete": "stream_deleted", "disconnect": "stream_ended_before_cut"}.get(mode, "stream_full")
+            name = {"delete": "stream_deleted", "disconnect": "stream_ended_before_cut"}.get(
+                mode, "stream_full"
+            )
             tally.outcomes[name if (mode != "delete" or deleted) else "stream_delete_too_late"] += 1
     except httpx.TransportError as exc:
         if answered:
@@ -228,7 +242,10 @@ async def soak(config: SoakConfig, console: Console) -> dict[str, object]:
         duration = time.perf_counter() - started
         after = await scrape(client)
         for _ in range(100):  # disconnected requests end at the next step; give it a moment
-            if after.get("slotserve_requests_running", 0) == 0 and after.get("slotserve_requests_waiting", 0) == 0:
+            if (
+                after.get("slotserve_requests_running", 0) == 0
+                and after.get("slotserve_requests_waiting", 0) == 0
+            ):
                 break
             await asyncio.sleep(0.05)
             after = await scrape(client)
@@ -236,19 +253,27 @@ async def soak(config: SoakConfig, console: Console) -> dict[str, object]:
         after = await scrape(client)
         rss_after = rss_bytes(config.server_pid)
 
-    finished = after.get("slotserve_requests_finished_total", 0) - before.get("slotserve_requests_finished_total", 0)
+    finished = after.get("slotserve_requests_finished_total", 0) - before.get(
+        "slotserve_requests_finished_total", 0
+    )
     if after.get("slotserve_requests_running", 0) != 0:
         tally.problems.append(f"running gauge is {after['slotserve_requests_running']}, not 0")
     if after.get("slotserve_requests_waiting", 0) != 0:
         tally.problems.append(f"waiting gauge is {after['slotserve_requests_waiting']}, not 0")
     if int(finished) != tally.accepted:
-        tally.problems.append(f"server finished {int(finished)} requests, {tally.accepted} were accepted")
+        tally.problems.append(
+            f"server finished {int(finished)} requests, {tally.accepted} were accepted"
+        )
     growth = None
     if rss_before and rss_after:
         growth = (rss_after - rss_before) / rss_before
         if growth > config.max_rss_growth:
             tally.problems.append(f"RSS grew {growth:.1%} (limit {config.max_rss_growth:.0%})")
-    by_reason = {k.split(":", 1)[1]: after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("finished:")}
+    by_reason = {
+        k.split(":", 1)[1]: after.get(k, 0) - before.get(k, 0)
+        for k in after
+        if k.startswith("finished:")
+    }
     return {
         "config": asdict(config),
         "duration_s": duration,
@@ -273,14 +298,20 @@ def print_report(result: dict[str, object], console: Console) -> None:
         table.add_row(name, str(count))
     console.print(table)
     summary = Table(title="soak: checks", show_header=False)
-    summary.add_row("requests / duration", f"{result['config']['num_requests']} in {result['duration_s']:.1f} s "  # type: ignore[index]
-                    f"({result['requests_per_s']:.0f} req/s)")
-    summary.add_row("accepted / finished on server", f"{result['accepted']} / {result['server_finished']}")
+    summary.add_row(
+        "requests / duration",
+        f"{result['config']['num_requests']} in {result['duration_s']:.1f} s "  # type: ignore[index]
+        f"({result['requests_per_s']:.0f} req/s)",
+    )
+    summary.add_row(
+        "accepted / finished on server", f"{result['accepted']} / {result['server_finished']}"
+    )
     summary.add_row("server finish reasons", json.dumps(result["server_finished_by_reason"]))
     if result["rss_before_bytes"]:
         summary.add_row(
             "server RSS before / after",
-            f"{result['rss_before_bytes'] / 2**20:.1f} MiB / {result['rss_after_bytes'] / 2**20:.1f} MiB "  # type: ignore[operator]
+            f"{result['rss_before_bytes'] / 2**20:.1f} MiB / "  # type: ignore[operator]
+            f"{result['rss_after_bytes'] / 2**20:.1f} MiB "  # type: ignore[operator]
             f"({result['rss_growth']:+.1%})",
         )
     summary.add_row("problems", str(len(result["problems"])))  # type: ignore[arg-type]
@@ -297,16 +328,27 @@ def main(argv: list[str] | None = None) -> int:
         url, pid = args.url, args.server_pid
         if url is None:
             spec = ServerSpec.app(
-                "soak-mock", "--model", "mock", "--mock-step-ms", str(args.mock_step_ms),
-                "--max-num-seqs", str(args.max_num_seqs),
+                "soak-mock",
+                "--model",
+                "mock",
+                "--mock-step-ms",
+                str(args.mock_step_ms),
+                "--max-num-seqs",
+                str(args.max_num_seqs),
             )
             server = stack.enter_context(running(spec, Path(tempfile.mkdtemp(prefix="soak-"))))
             url, pid = server.url, server.pid
         config = SoakConfig(
-            url=url, num_requests=args.num_requests, concurrency=args.concurrency,
-            cancel_fraction=args.cancel_fraction, disconnect_fraction=args.disconnect_fraction,
-            bad_fraction=args.bad_fraction, non_stream_fraction=args.non_stream_fraction,
-            max_tokens=args.max_tokens, seed=args.seed, max_rss_growth=args.max_rss_growth,
+            url=url,
+            num_requests=args.num_requests,
+            concurrency=args.concurrency,
+            cancel_fraction=args.cancel_fraction,
+            disconnect_fraction=args.disconnect_fraction,
+            bad_fraction=args.bad_fraction,
+            non_stream_fraction=args.non_stream_fraction,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            max_rss_growth=args.max_rss_growth,
             server_pid=pid,
         )
         result = asyncio.run(soak(config, console))

@@ -8,7 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci_lines = [
-        line for line in (ROOT / ".ci/run").read_text().splitlines()
+        line
+        for line in (ROOT / ".ci/run").read_text().splitlines()
         if line and not line.startswith(("#", "set ", "cd "))
     ]
     test_command = ci_lines[-1]

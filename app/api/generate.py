@@ -65,9 +65,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {
-                "application/json": {"schema": GenerateRequestBody.model_json_schema()}
-            },
+            "content": {"application/json": {"schema": GenerateRequestBody.model_json_schema()}},
         }
     },
 )
@@ -98,9 +96,7 @@ async def generate(request: Request) -> Response:
     return JSONResponse(_response_body(handle.request_id, final).model_dump())
 
 
-@router.delete(
-    "/generate/{request_id}", response_model=CancelResponse, responses=_ERROR_RESPONSES
-)
+@router.delete("/generate/{request_id}", response_model=CancelResponse, responses=_ERROR_RESPONSES)
 async def cancel_generation(request_id: str, request: Request) -> CancelResponse:
     """Cancels a waiting or running request; 404 if unknown, finished or already cancelled."""
     resources = resources_of(request)
@@ -190,7 +186,11 @@ async def _sse_events(handle: RequestHandle, resources: ServerResources):  # noq
     try:
         async for event in handle.events():
             if isinstance(event, TokenEvent):
-                data = {"id": handle.request_id, "text": event.text, "token_ids": list(event.token_ids)}
+                data = {
+                    "id": handle.request_id,
+                    "text": event.text,
+                    "token_ids": list(event.token_ids),
+                }
                 yield ServerSentEvent(data=json.dumps(data, ensure_ascii=False), event="token")
             elif event.finish_reason is FinishReason.ERROR:
                 body = error_body("internal", event.error or "the model failed on this request")

@@ -143,7 +143,9 @@ class AsyncEngine:
 
     @property
     def is_alive(self) -> bool:
-        return self.state is EngineState.RUNNING and self._task is not None and not self._task.done()
+        return (
+            self.state is EngineState.RUNNING and self._task is not None and not self._task.done()
+        )
 
     @property
     def num_in_flight(self) -> int:

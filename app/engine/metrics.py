@@ -12,8 +12,25 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 # Buckets in seconds, chosen to resolve both the mock (sub-ms steps) and a CPU model (tens of ms).
 _LATENCY_BUCKETS_S = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
 )
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 

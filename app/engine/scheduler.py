@@ -199,7 +199,7 @@ class Scheduler:
         now = self._clock()
         errors = output.row_errors or (None,) * len(step.sequences)
         for seq, row, token, error in zip(
-            step.sequences, step.batch.rows, output.next_token_ids, errors
+            step.sequences, step.batch.rows, output.next_token_ids, errors, strict=True
         ):
             if self.slots[row.slot] is not seq:
                 continue
@@ -217,7 +217,7 @@ class Scheduler:
 
     def fail(self, step: ScheduledStep, message: str) -> None:
         """Ends every sequence of a failed step (still in its slot) with an ERROR."""
-        for seq, row in zip(step.sequences, step.batch.rows):
+        for seq, row in zip(step.sequences, step.batch.rows, strict=True):
             if self.slots[row.slot] is seq:
                 self.finish(seq, FinishReason.ERROR, error=message)
 
@@ -289,9 +289,7 @@ class Scheduler:
 
     def _prefill_row(self, seq: Sequence, budget: int) -> StepRow:
         start = seq.num_computed_tokens
-        length = min(
-            seq.num_prompt_tokens - start, budget, self.capabilities.max_tokens_per_row
-        )
+        length = min(seq.num_prompt_tokens - start, budget, self.capabilities.max_tokens_per_row)
         return StepRow(
             slot=_slot_of(seq),
             token_ids=seq.request.prompt_token_ids[start : start + length],

@@ -10,9 +10,10 @@ split over several tokens), 256 is EOS.
 
 The mock "speaks" characters of a small alphabet that includes 2-, 3- and 4-byte UTF-8
 characters. For a prefix whose last character is incomplete it emits that character's next byte;
-otherwise it hashes the prefix (CRC-32 of its length and last 32 tokens) and either ends (EOS, 1 chance in ``eos_one_in``) or
-starts the alphabet character the hash picks. So outputs are deterministic per prompt, their
-lengths are uneven (geometric), and different prompts give different text.
+otherwise it hashes the prefix (CRC-32 of its length and last 32 tokens) and either ends (EOS,
+1 chance in ``eos_one_in``) or starts the alphabet character the hash picks. So outputs are
+deterministic per prompt, their lengths are uneven (geometric), and different prompts give
+different text.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ class MockModelRunner:
             prefixes = [self._prefixes[batch.rows[i].slot] for i in sampled]  # read-only
             tokens = self.model.next_tokens(prefixes) if prefixes else []
             result: list[int | None] = [None] * len(batch.rows)
-            for index, token in zip(sampled, tokens):
+            for index, token in zip(sampled, tokens, strict=True):
                 result[index] = token
             return StepOutput(tuple(result), errors if any(errors) else None)
 

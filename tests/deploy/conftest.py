@@ -7,7 +7,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-
 from local_cluster import Cluster, find_nginx, local_cluster
 
 MOCK_STEP_MS = 20

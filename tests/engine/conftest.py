@@ -13,10 +13,12 @@ from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.request import (
     FinalEvent,
     GenerationRequest,
-    Sequence as EngineSequence,
     StopCriteria,
     StreamEvent,
     TokenEvent,
+)
+from app.engine.request import (
+    Sequence as EngineSequence,
 )
 from app.engine.scheduler import Scheduler
 from app.models.base import ModelCapabilities, SamplingParams, StepBatch, StepOutput
@@ -128,7 +130,9 @@ def make_request(
 
 def make_sequence(request: GenerationRequest) -> tuple[EngineSequence, Collected]:
     sink = Collected()
-    return EngineSequence(request=request, emit=sink, text=TextAssembler(request.stop.stop_strings)), sink
+    return EngineSequence(
+        request=request, emit=sink, text=TextAssembler(request.stop.stop_strings)
+    ), sink
 
 
 def make_scheduler(
@@ -141,7 +145,8 @@ def make_scheduler(
         policy=policy or ContinuousBatching(),
         metrics=EngineMetrics(),
         release_slot=model.release,
-        max_num_batched_tokens=max_num_batched_tokens or max(caps.max_num_seqs, caps.max_tokens_per_row),
+        max_num_batched_tokens=max_num_batched_tokens
+        or max(caps.max_num_seqs, caps.max_tokens_per_row),
     )
 
 

@@ -96,7 +96,7 @@ def test_more_requests_than_slots_fifo_each_once_and_no_idle_slot():
         step = scheduler.schedule()
         scheduler.apply(step, model.step(step.batch))
     assert admitted == [key.decode() for key in order]  # FIFO
-    for key, sink in zip(order, sinks):
+    for key, sink in zip(order, sinks, strict=True):
         assert sink.final.text == bytes(prompts[key]).decode()  # served exactly once, right output
     assert all(len(batch.rows) <= 3 for batch in model.steps)
 
@@ -227,7 +227,9 @@ def test_chunked_prefill_keeps_decodes_running():
     assert long_sink.final.text == "y" and short_sink.final.text == "x" * 10
     for batch in model.steps:
         assert batch.num_tokens <= 9
-    prefill_rows = [r for batch in model.steps for r in batch.rows if r.slot == long_seq_slot(model)]
+    prefill_rows = [
+        r for batch in model.steps for r in batch.rows if r.slot == long_seq_slot(model)
+    ]
     assert len([r for r in prefill_rows if len(r.token_ids) > 1]) >= 5  # 40 tokens in chunks
     # the short request decoded in every step while the long prompt was being prefilled
     steps_with_chunk = [b for b in model.steps if any(len(r.token_ids) > 1 for r in b.rows)]

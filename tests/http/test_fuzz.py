@@ -51,7 +51,9 @@ def _cheap(body):
     if isinstance(body, dict):
         body = dict(body)
         if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
-            body["max_tokens"] = min(body["max_tokens"], 4) if body["max_tokens"] >= 0 else body["max_tokens"]
+            body["max_tokens"] = (
+                min(body["max_tokens"], 4) if body["max_tokens"] >= 0 else body["max_tokens"]
+            )
         if body.get("stream") is True:
             body["stream"] = False
     return body
@@ -74,10 +76,16 @@ def test_fuzz_operation(method, path, mode):
     cases = operation.as_strategy(generation_mode=mode)
     raw_bodies = st.one_of(st.none(), st.binary(max_size=48))
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
     @given(case=cases, junk=raw_bodies, use_junk=st.booleans())
     def run(case, junk, use_junk):
-        url = case.formatted_path if hasattr(case, "formatted_path") else path.format(**(case.path_parameters or {}))
+        url = (
+            case.formatted_path
+            if hasattr(case, "formatted_path")
+            else path.format(**(case.path_parameters or {}))
+        )
         if method in ("POST", "PUT", "PATCH") and use_junk and junk is not None:
             raw = junk
         elif isinstance(case.body, bytes):

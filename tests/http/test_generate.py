@@ -52,7 +52,15 @@ async def test_response_shape_and_request_id(client):
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "my.id-1"
     body = response.json()
-    assert set(body) == {"id", "text", "token_ids", "finish_reason", "stop_reason", "usage", "timings"}
+    assert set(body) == {
+        "id",
+        "text",
+        "token_ids",
+        "finish_reason",
+        "stop_reason",
+        "usage",
+        "timings",
+    }
     assert body["id"] == "my.id-1"
     assert body["usage"]["prompt_tokens"] == 3
     assert body["usage"]["completion_tokens"] == len(body["token_ids"]) <= 5
@@ -131,11 +139,19 @@ async def test_validation_errors_are_422_with_the_error_shape(client, body, para
 
 @pytest.mark.parametrize(
     "raw",
-    [b'{"prompt": "a", "temperature": NaN}', b'{"prompt": "a", "temperature": Infinity}',
-     b"{not json", b"", b"[1, 2]", b'"just a string"'],
+    [
+        b'{"prompt": "a", "temperature": NaN}',
+        b'{"prompt": "a", "temperature": Infinity}',
+        b"{not json",
+        b"",
+        b"[1, 2]",
+        b'"just a string"',
+    ],
 )
 async def test_bad_json_is_422(client, raw):
-    response = await client.post("/generate", content=raw, headers={"Content-Type": "application/json"})
+    response = await client.post(
+        "/generate", content=raw, headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 422
     assert response.json()["error"]["type"] == "invalid_request"
 
@@ -150,7 +166,9 @@ async def test_context_length_exceeded_is_400():
 
 
 async def test_invalid_client_request_id_is_422(client):
-    response = await client.post("/generate", json={"prompt": "a"}, headers={"X-Request-Id": "bad id!"})
+    response = await client.post(
+        "/generate", json={"prompt": "a"}, headers={"X-Request-Id": "bad id!"}
+    )
     assert response.status_code == 422
     assert response.json()["error"]["param"] == "X-Request-Id"
     assert response.headers["x-request-id"] != "bad id!"
@@ -167,7 +185,11 @@ async def test_duplicate_in_flight_id_is_409_and_reuse_after_finish_works():
     async with app_client(mock_config(mock_step_ms=20)) as client:
         headers = {"X-Request-Id": "dup-1"}
         first = asyncio.create_task(
-            client.post("/generate", json={"prompt": "a", "max_tokens": 20, "ignore_eos": True}, headers=headers)
+            client.post(
+                "/generate",
+                json={"prompt": "a", "max_tokens": 20, "ignore_eos": True},
+                headers=headers,
+            )
         )
         await asyncio.sleep(0.1)
         second = await client.post("/generate", json={"prompt": "b"}, headers=headers)
@@ -175,7 +197,9 @@ async def test_duplicate_in_flight_id_is_409_and_reuse_after_finish_works():
         assert second.json()["error"]["type"] == "conflict"
         assert second.headers["x-request-id"] == "dup-1"
         assert (await first).status_code == 200
-        again = await client.post("/generate", json={"prompt": "b", "max_tokens": 2}, headers=headers)
+        again = await client.post(
+            "/generate", json={"prompt": "b", "max_tokens": 2}, headers=headers
+        )
         assert again.status_code == 200
 
 
@@ -189,7 +213,9 @@ async def test_delete_running_request_then_reuse_id():
         assert deleted.status_code == 200
         assert deleted.json() == {"id": "job-7", "status": "cancelled"}
         assert (await client.delete("/generate/job-7")).status_code == 404  # second DELETE
-        reused = await client.post("/generate", json={"prompt": "x", "max_tokens": 3}, headers=headers)
+        reused = await client.post(
+            "/generate", json={"prompt": "x", "max_tokens": 3}, headers=headers
+        )
         assert reused.status_code == 200
         result = (await task).json()
         assert result["finish_reason"] == "cancelled"
@@ -201,7 +227,9 @@ async def test_delete_running_request_then_reuse_id():
 async def test_delete_waiting_request_never_runs():
     async with app_client(mock_config(max_num_seqs=1, mock_step_ms=10)) as client:
         blocker = asyncio.create_task(
-            client.post("/generate", json={"prompt": "blocker", "max_tokens": 30, "ignore_eos": True})
+            client.post(
+                "/generate", json={"prompt": "blocker", "max_tokens": 30, "ignore_eos": True}
+            )
         )
         await asyncio.sleep(0.05)
         queued = asyncio.create_task(
@@ -217,7 +245,9 @@ async def test_delete_waiting_request_never_runs():
 
 async def test_delete_unknown_and_finished_are_404(client):
     assert (await client.delete("/generate/nobody")).status_code == 404
-    await client.post("/generate", json={"prompt": "a", "max_tokens": 2}, headers={"X-Request-Id": "done1"})
+    await client.post(
+        "/generate", json={"prompt": "a", "max_tokens": 2}, headers={"X-Request-Id": "done1"}
+    )
     response = await client.delete("/generate/done1")
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "not_found"
@@ -231,10 +261,14 @@ async def test_health_info_metrics(client):
     await generate(client, prompt="count me", max_tokens=4)
     text = (await client.get("/metrics")).text
     for name in [
-        "slotserve_requests_waiting", "slotserve_requests_running",
-        "slotserve_requests_finished_total", "slotserve_prompt_tokens_total",
-        "slotserve_generated_tokens_total", "slotserve_time_to_first_token_seconds_bucket",
-        "slotserve_inter_token_latency_seconds_bucket", "slotserve_request_latency_seconds_bucket",
+        "slotserve_requests_waiting",
+        "slotserve_requests_running",
+        "slotserve_requests_finished_total",
+        "slotserve_prompt_tokens_total",
+        "slotserve_generated_tokens_total",
+        "slotserve_time_to_first_token_seconds_bucket",
+        "slotserve_inter_token_latency_seconds_bucket",
+        "slotserve_request_latency_seconds_bucket",
         "slotserve_batch_size_bucket",
     ]:
         assert name in text, name

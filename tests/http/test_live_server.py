@@ -24,6 +24,7 @@ async def test_stream_disconnect_after_three_events_frees_the_slot(live_server_f
                     seen += 1
                     if seen == 3:
                         break
+
         # the connection is closed here, mid-stream
         async def running_is_zero() -> bool:
             return await metric_value(client, "slotserve_requests_running") == 0
@@ -46,7 +47,9 @@ async def test_non_stream_client_timeout_frees_the_slot(live_server_factory):
 
         async def slot_freed() -> bool:
             return (
-                await metric_value(client, "slotserve_requests_finished_total", finish_reason="cancelled")
+                await metric_value(
+                    client, "slotserve_requests_finished_total", finish_reason="cancelled"
+                )
                 == 1
                 and await metric_value(client, "slotserve_requests_running") == 0
             )
@@ -58,14 +61,19 @@ async def test_queued_request_whose_client_left_never_runs(live_server_factory):
     server = live_server_factory(mock_step_ms=20, max_num_seqs=1)
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         blocker = asyncio.create_task(
-            client.post("/generate", json={"prompt": "blocker", "max_tokens": 40, "ignore_eos": True})
+            client.post(
+                "/generate", json={"prompt": "blocker", "max_tokens": 40, "ignore_eos": True}
+            )
         )
         await asyncio.sleep(0.1)
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/generate", json={"prompt": "impatient"}, timeout=0.2)
         with pytest.raises(httpx.ReadTimeout):
             async with client.stream(
-                "POST", "/generate", json={"prompt": "impatient stream", "stream": True}, timeout=0.2
+                "POST",
+                "/generate",
+                json={"prompt": "impatient stream", "stream": True},
+                timeout=0.2,
             ) as response:
                 async for _ in response.aiter_lines():
                     pass
@@ -80,7 +88,9 @@ async def test_delete_ends_a_long_stream_with_cancelled(live_server_factory):
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         body = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True, "stream": True}
         events = []
-        async with client.stream("POST", "/generate", json=body, headers={"X-Request-Id": "s1"}) as response:
+        async with client.stream(
+            "POST", "/generate", json=body, headers={"X-Request-Id": "s1"}
+        ) as response:
             async for line in response.aiter_lines():
                 if line.startswith("event:"):
                     events.append(line)
@@ -110,7 +120,9 @@ async def test_queued_stream_gets_pings(live_server_factory):
     server = live_server_factory(mock_step_ms=20, max_num_seqs=1, sse_ping_interval=0.2)
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         blocker = asyncio.create_task(
-            client.post("/generate", json={"prompt": "blocker", "max_tokens": 40, "ignore_eos": True})
+            client.post(
+                "/generate", json={"prompt": "blocker", "max_tokens": 40, "ignore_eos": True}
+            )
         )
         await asyncio.sleep(0.05)
         lines = []

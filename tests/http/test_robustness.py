@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from app.engine.engine import EngineState
 from app.models.mock import MockModelRunner
 from tests.http.conftest import app_client, metric_value, mock_config, parse_sse
@@ -23,7 +22,9 @@ async def test_full_queue_answers_429_at_once_with_retry_after():
         assert rejected.status_code == 429
         assert rejected.headers["retry-after"] == "1"
         assert rejected.json()["error"]["type"] == "overloaded"
-        assert await metric_value(client, "slotserve_requests_rejected_total", type="overloaded") == 1
+        assert (
+            await metric_value(client, "slotserve_requests_rejected_total", type="overloaded") == 1
+        )
         # cancel the waiting ones so the test ends fast; then the queue has room again
         for task in tasks:
             task.cancel()
@@ -56,7 +57,9 @@ async def test_body_over_the_limit_is_413():
 
         streamed = await client.post("/generate", content=chunks())
         assert streamed.status_code == 413
-        assert (await client.post("/generate", json={"prompt": "ok", "max_tokens": 1})).status_code == 200
+        assert (
+            await client.post("/generate", json={"prompt": "ok", "max_tokens": 1})
+        ).status_code == 200
 
 
 async def test_prompt_and_max_tokens_caps():
@@ -70,8 +73,12 @@ async def test_prompt_and_max_tokens_caps():
 async def test_api_key_required_everywhere_but_health():
     async with app_client(mock_config(api_key="k1,k2")) as client:
         assert (await client.get("/health")).status_code == 200
-        for method, path in [("GET", "/info"), ("GET", "/metrics"), ("POST", "/generate"),
-                             ("DELETE", "/generate/x")]:
+        for method, path in [
+            ("GET", "/info"),
+            ("GET", "/metrics"),
+            ("POST", "/generate"),
+            ("DELETE", "/generate/x"),
+        ]:
             response = await client.request(method, path, json={"prompt": "a"})
             assert response.status_code == 401, path
             assert response.json()["error"]["type"] == "unauthorized"
@@ -85,7 +92,9 @@ async def test_api_key_required_everywhere_but_health():
 async def test_delete_only_with_the_same_key():
     async with app_client(mock_config(api_key="alice,bob", mock_step_ms=10)) as client:
         alice = {"Authorization": "Bearer alice", "X-Request-Id": "a-job"}
-        task = asyncio.create_task(client.post("/generate", json={"prompt": "a", **LONG}, headers=alice))
+        task = asyncio.create_task(
+            client.post("/generate", json={"prompt": "a", **LONG}, headers=alice)
+        )
         await asyncio.sleep(0.05)
         by_bob = await client.delete("/generate/a-job", headers={"Authorization": "Bearer bob"})
         assert by_bob.status_code == 404  # not 403: do not confirm it exists
@@ -97,7 +106,9 @@ async def test_delete_only_with_the_same_key():
 async def test_failing_row_fails_only_its_request():
     async with app_client(mock_config(mock_step_ms=5)) as client:
         good = [
-            asyncio.create_task(client.post("/generate", json={"prompt": f"good {i}", "max_tokens": 30}))
+            asyncio.create_task(
+                client.post("/generate", json={"prompt": f"good {i}", "max_tokens": 30})
+            )
             for i in range(3)
         ]
         bad = await client.post("/generate", json={"prompt": "bad <<fail>>", "max_tokens": 30})
@@ -110,15 +121,22 @@ async def test_failing_row_fails_only_its_request():
         assert events[0][1]["error"]["type"] == "internal"
         for task in good:
             assert (await task).status_code == 200
-        assert await metric_value(client, "slotserve_requests_finished_total", finish_reason="error") == 2
+        assert (
+            await metric_value(client, "slotserve_requests_finished_total", finish_reason="error")
+            == 2
+        )
 
 
 async def test_failing_step_fails_its_rows_and_the_loop_goes_on():
     model = MockModelRunner(max_num_seqs=4, fail_every=3)
     async with app_client(mock_config(), model=model) as client:
         results = await asyncio.gather(
-            *[client.post("/generate", json={"prompt": f"p{i}", "max_tokens": 10, "ignore_eos": True})
-              for i in range(4)]
+            *[
+                client.post(
+                    "/generate", json={"prompt": f"p{i}", "max_tokens": 10, "ignore_eos": True}
+                )
+                for i in range(4)
+            ]
         )
         assert {r.status_code for r in results} <= {200, 500}
         assert any(r.status_code == 500 for r in results)
@@ -150,7 +168,9 @@ async def test_delete_racing_admission_finish_and_reuse():
     async with app_client(mock_config(mock_step_ms=2)) as client:
         # DELETE in the same tick as the submit: the request never produces a token
         headers = {"X-Request-Id": "race-1"}
-        post = asyncio.create_task(client.post("/generate", json={"prompt": "a", **LONG}, headers=headers))
+        post = asyncio.create_task(
+            client.post("/generate", json={"prompt": "a", **LONG}, headers=headers)
+        )
         for _ in range(100):
             deleted = await client.delete("/generate/race-1")
             if deleted.status_code == 200:
@@ -163,7 +183,11 @@ async def test_delete_racing_admission_finish_and_reuse():
         for i in range(20):
             rid = {"X-Request-Id": f"fin-{i}"}
             post = asyncio.create_task(
-                client.post("/generate", json={"prompt": "b", "max_tokens": 3, "ignore_eos": True}, headers=rid)
+                client.post(
+                    "/generate",
+                    json={"prompt": "b", "max_tokens": 3, "ignore_eos": True},
+                    headers=rid,
+                )
             )
             await asyncio.sleep(0.004 * (i % 5))
             deleted = await client.delete(f"/generate/fin-{i}")
@@ -174,10 +198,14 @@ async def test_delete_racing_admission_finish_and_reuse():
                 assert deleted.status_code == 404 and body["finish_reason"] == "length"
 
         # id reused right after DELETE: the new request is independent of the old one
-        post = asyncio.create_task(client.post("/generate", json={"prompt": "c", **LONG}, headers=headers))
+        post = asyncio.create_task(
+            client.post("/generate", json={"prompt": "c", **LONG}, headers=headers)
+        )
         await asyncio.sleep(0.02)
         assert (await client.delete("/generate/race-1")).status_code == 200
-        reused = await client.post("/generate", json={"prompt": "d", "max_tokens": 4, "ignore_eos": True}, headers=headers)
+        reused = await client.post(
+            "/generate", json={"prompt": "d", "max_tokens": 4, "ignore_eos": True}, headers=headers
+        )
         assert reused.status_code == 200 and reused.json()["usage"]["completion_tokens"] == 4
         assert (await post).json()["finish_reason"] == "cancelled"
         assert await metric_value(client, "slotserve_requests_running") == 0

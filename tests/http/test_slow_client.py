@@ -17,7 +17,9 @@ async def test_stalled_reader_is_cancelled_and_others_keep_going():
     config = mock_config(mock_step_ms=5, sse_send_timeout=0.3)
     async with app_client(config) as client:
         app = client.app
-        body = json.dumps({"prompt": "stall", "max_tokens": 5000, "ignore_eos": True, "stream": True})
+        body = json.dumps(
+            {"prompt": "stall", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+        )
         body_sent = False
         blocked = asyncio.Event()
 
@@ -34,19 +36,34 @@ async def test_stalled_reader_is_cancelled_and_others_keep_going():
                 await asyncio.Event().wait()  # the socket buffer is full: never drains
 
         scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": "/generate", "raw_path": b"/generate", "query_string": b"",
-            "root_path": "", "headers": [(b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/generate",
+            "raw_path": b"/generate",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80),
         }
         stalled = asyncio.create_task(app(scope, receive, send))
         await asyncio.wait_for(blocked.wait(), 5)
 
-        neighbour = await client.post("/generate", json={"prompt": "neighbour", "max_tokens": 40, "ignore_eos": True})
+        neighbour = await client.post(
+            "/generate", json={"prompt": "neighbour", "max_tokens": 40, "ignore_eos": True}
+        )
         assert neighbour.status_code == 200  # the batch went on while the stalled send waited
 
         async def cancelled() -> bool:
-            return await metric_value(client, "slotserve_requests_finished_total", finish_reason="cancelled") == 1
+            return (
+                await metric_value(
+                    client, "slotserve_requests_finished_total", finish_reason="cancelled"
+                )
+                == 1
+            )
 
         await wait_for(cancelled, timeout=5)
         assert await metric_value(client, "slotserve_requests_running") == 0

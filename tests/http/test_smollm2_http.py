@@ -28,15 +28,26 @@ async def test_greedy_answer_mentions_paris(smollm2_runner):
 
 
 async def test_seeded_request_alone_equals_in_a_crowd_of_ten(smollm2_runner):
-    seeded = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9,
-              "top_p": 0.95, "seed": 1234, "ignore_eos": True}
+    seeded = {
+        "prompt": "Once upon a time",
+        "max_tokens": 12,
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     async with app_client(mock_config(max_num_seqs=11), model=smollm2_runner) as client:
         alone = (await client.post("/generate", json=seeded)).json()
-        crowd_prompts = [f"Tell me about topic number {i} and why it matters" * (1 + i % 3)
-                         for i in range(10)]
+        crowd_prompts = [
+            f"Tell me about topic number {i} and why it matters" * (1 + i % 3) for i in range(10)
+        ]
         crowd = [
-            asyncio.create_task(client.post("/generate", json={
-                "prompt": p, "max_tokens": 16, "temperature": 1.0, "ignore_eos": True}))
+            asyncio.create_task(
+                client.post(
+                    "/generate",
+                    json={"prompt": p, "max_tokens": 16, "temperature": 1.0, "ignore_eos": True},
+                )
+            )
             for p in crowd_prompts
         ]
         await asyncio.sleep(0)
@@ -47,8 +58,11 @@ async def test_seeded_request_alone_equals_in_a_crowd_of_ten(smollm2_runner):
 
 
 async def test_stream_equals_non_stream_on_multibyte_text(smollm2_runner):
-    body = {"prompt": "Translate to Japanese and add emoji: good morning", "max_tokens": 24,
-            "temperature": 0}
+    body = {
+        "prompt": "Translate to Japanese and add emoji: good morning",
+        "max_tokens": 24,
+        "temperature": 0,
+    }
     async with app_client(mock_config(max_num_seqs=11), model=smollm2_runner) as client:
         plain = (await client.post("/generate", json=body)).json()
         response = await client.post("/generate", json={**body, "stream": True})

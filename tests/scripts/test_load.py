@@ -18,14 +18,9 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import load
 import pytest
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-
-import load
 from loadgen import (
     Api,
     CancelMode,
@@ -47,6 +42,10 @@ from loadgen.workload import (
     read_prompts_file,
     request_specs,
 )
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 # ---------------------------------------------------------------------------------------------
 # The fake server
