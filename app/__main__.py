@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand
 
 from app.api.server import create_app, drain_app
@@ -18,36 +19,50 @@ logger = logging.getLogger("app")
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT drains the app before the server stops.
+    """uvicorn, but a SIGTERM/SIGINT drains the app before the server stops.
 
     uvicorn alone would stop listening and wait for open connections without telling the app,
     so streams could outlive the grace period and new requests would be refused at the socket.
-    Here, the first signal starts ``drain`` (health 503, new requests 503, in-flight requests
-    finish or are cancelled with a final event), then uvicorn exits normally (status 0).
-    A second signal exits at once.
+    Here:
+
+    1. the first signal starts ``drain(timeout)``: health 503, new requests 503, in-flight
+       requests run to the end or, after the timeout, end as cancelled with a final event;
+    2. a second signal cuts the wait short: every request ends as cancelled now, still with its
+       final event;
+    3. a third exits at once.
+
+    After 1 or 2 the server exits normally (status 0) once the final events are sent.
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Callable[[float | None], Awaitable[None]],
+    ) -> None:
         super().__init__(config)
         self._drain = drain
-        self._drain_task: asyncio.Task[None] | None = None
+        self._signals = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._drain_task is not None:
+        self._signals += 1
+        if self._signals >= 3:
             self.force_exit = True
             super().handle_exit(sig, frame)
             return
+        timeout_s = None if self._signals == 1 else 0.0
         loop = asyncio.get_event_loop()
-        loop.call_soon_threadsafe(self._start_drain, loop)
+        loop.call_soon_threadsafe(self._start_drain, loop, timeout_s)
 
-    def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._drain_task is None:
-            logger.info("signal received: draining before exit")
-            self._drain_task = loop.create_task(self._drain_then_exit())
+    def _start_drain(self, loop: asyncio.AbstractEventLoop, timeout_s: float | None) -> None:
+        logger.info(
+            "signal received: %s",
+            "draining before exit" if timeout_s is None else "cancelling every request now",
+        )
+        loop.create_task(self._drain_then_exit(timeout_s))
 
-    async def _drain_then_exit(self) -> None:
+    async def _drain_then_exit(self, timeout_s: float | None) -> None:
         try:
-            await self._drain()
+            await self._drain(timeout_s)
         except Exception:
             logger.exception("drain failed")
         finally:
@@ -72,7 +87,9 @@ class Serve(ServerConfig):
                 log_level=config.log_level,
                 timeout_graceful_shutdown=5,
             ),
-            drain=lambda: drain_app(app, config.shutdown_timeout),
+            drain=lambda timeout_s: drain_app(
+                app, config.shutdown_timeout if timeout_s is None else timeout_s
+            ),
         )
         server.run()
 
@@ -87,7 +104,15 @@ class Cli(BaseSettings, cli_prog_name="python -m app", cli_kebab_case=True):
 
 
 def main(argv: list[str] | None = None) -> None:
-    CliApp.run(Cli, cli_args=sys.argv[1:] if argv is None else argv)
+    """Runs the CLI; a bad flag or env value prints one line per problem and exits 2."""
+    try:
+        CliApp.run(Cli, cli_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = "-".join(str(part) for part in error["loc"][1:]).replace("_", "-")
+            prefix = f"--{where}: " if where else ""
+            print(f"python -m app serve: error: {prefix}{error['msg']}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -74,8 +74,8 @@ async def generate(request: Request) -> Response:
     arrived_at = time.perf_counter()
     resources = resources_of(request)
     owner = resources.guard.owner_of(request)
-    refuse_if_overloaded(resources)
     body = _parse_body(await read_body(request, resources.config.max_body_bytes))
+    refuse_if_overloaded(resources, max_tokens=body.max_tokens)
     generation = _to_generation_request(
         body, resources, request_id=request.state.request_id, owner=owner, arrived_at=arrived_at
     )

@@ -68,18 +68,29 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
                 config.max_prompt_tokens or caps.context_length, caps.context_length
             ),
         )
-        logger.info("serving %s with %d slots", caps.name, caps.max_num_seqs)
+        logger.info(
+            "serving %s with %d slots; API key %s",
+            caps.name,
+            caps.max_num_seqs,
+            "required" if app.state.resources.guard.enabled else "not required",
+        )
         try:
             yield
         finally:
             await engine.drain(config.shutdown_timeout)
             await engine.stop()
 
+    # With API keys on, the schema and docs pages are off too: every endpoint but /health
+    # needs the key, and these pages cannot check one.
+    keyed = bool(ApiKeyGuard.from_setting(config.api_key).enabled)
     app = FastAPI(
         title="slotserve",
         version=__version__,
         summary="Text generation with continuous batching",
         lifespan=lifespan,
+        openapi_url=None if keyed else "/openapi.json",
+        docs_url=None if keyed else "/docs",
+        redoc_url=None if keyed else "/redoc",
     )
     app.add_middleware(RequestIdMiddleware, replica_id=config.replica_id)
     install_error_handlers(app)

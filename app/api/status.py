@@ -14,7 +14,12 @@ from app.api.schemas import ErrorResponse, HealthResponse, InfoResponse
 router = APIRouter()
 
 
-@router.get("/health", response_model=HealthResponse, responses={503: {"model": ErrorResponse}})
+@router.api_route(
+    "/health",
+    methods=["GET", "HEAD"],
+    response_model=HealthResponse,
+    responses={503: {"model": ErrorResponse}},
+)
 async def health(request: Request) -> Response:
     """200 while the model is loaded and the scheduler loop runs; 503 otherwise. No key needed."""
     resources = getattr(request.app.state, "resources", None)

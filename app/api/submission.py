@@ -112,13 +112,16 @@ def check_context_length(
         )
 
 
-def refuse_if_overloaded(resources: ServerResources) -> None:
-    """Answers 429/503 before any work (body, validation, tokenizing) when the request could
-    not be queued anyway; ``submit`` checks again with the real prompt size.
+def refuse_if_overloaded(resources: ServerResources, *, max_tokens: int | None = None) -> None:
+    """Answers 429/503 before the expensive work (tokenizing, the engine) when the request could
+    not be queued anyway; ``submit`` checks again with the real prompt size. A request with
+    ``max_tokens == 0`` never waits for a slot, so it is never refused as overloaded.
 
     Raises:
         APIError: 429 (queue full, ``Retry-After`` set), 503 (not serving).
     """
+    if max_tokens == 0 and resources.engine.is_alive:
+        return
     try:
         if not resources.engine.is_alive:
             raise EngineUnavailable(resources.engine.state.value)

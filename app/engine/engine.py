@@ -189,7 +189,8 @@ class AsyncEngine:
             raise EngineUnavailable(f"engine is {self.state.value}")
         if request.request_id in self._in_flight:
             raise DuplicateRequestId(request.request_id)
-        self.check_admission(len(request.prompt_token_ids))
+        if request.max_tokens > 0:  # max_tokens 0 finishes at once and never waits
+            self.check_admission(len(request.prompt_token_ids))
         handle = RequestHandle(request, on_final=self._forget)
         self._in_flight[request.request_id] = handle
         self._inbox_requests += 1
@@ -207,10 +208,13 @@ class AsyncEngine:
         waiting = self._inbox_requests + self.scheduler.num_waiting
         would_wait = waiting + 1 - self.scheduler.num_free_slots
         if would_wait > self.limits.max_queue:
-            raise Overloaded(f"{waiting} requests are already waiting for a slot")
+            raise Overloaded(f"the waiting queue is full ({self.limits.max_queue} requests)")
         queued_tokens = self._inbox_prompt_tokens + self.scheduler.waiting_prompt_tokens
         if would_wait > 0 and queued_tokens + prompt_tokens > self.limits.max_queued_tokens:
-            raise Overloaded(f"{queued_tokens} prompt tokens are already waiting for a slot")
+            raise Overloaded(
+                f"the waiting queue is full ({queued_tokens} of "
+                f"{self.limits.max_queued_tokens} prompt tokens)"
+            )
 
     def cancel(self, request_id: str, *, owner: str | None = None) -> bool:
         """Cancels the in-flight request ``request_id`` made by ``owner``.

@@ -219,12 +219,20 @@ async def test_prompt_longer_than_the_context_is_400_not_422():
         assert response.json()["error"]["type"] == "context_length_exceeded"
 
 
-async def test_overload_is_refused_before_the_body_is_read():
+async def test_max_tokens_zero_is_answered_even_when_the_queue_is_full():
     async with app_client(mock_config(max_num_seqs=1, max_queue=0, mock_step_ms=10)) as client:
         running = asyncio.create_task(client.post("/generate", json={"prompt": "r", **LONG}))
         await asyncio.sleep(0.05)
-        # an invalid body: a 429 (not a 422) shows the refusal came before validation
-        refused = await client.post("/generate", content=b"{not even json")
+        refused = await client.post("/generate", json={"prompt": "waits", "max_tokens": 5})
         assert refused.status_code == 429
+        zero = await client.post("/generate", json={"prompt": "abc", "max_tokens": 0})
+        assert zero.status_code == 200 and zero.json()["finish_reason"] == "length"
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_api_key_also_hides_the_schema_pages():
+    async with app_client(mock_config(api_key="k")) as client:
+        for path in ("/openapi.json", "/docs"):
+            assert (await client.get(path)).status_code in (401, 404)
+        assert (await client.head("/health")).status_code == 200

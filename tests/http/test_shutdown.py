@@ -52,3 +52,30 @@ async def test_sigterm_drains_open_streams_and_exits_zero(server_process):
             assert finals[0][1]["finish_reason"] == "cancelled"
             assert finals[0][1]["usage"]["completion_tokens"] > 0
     assert await asyncio.to_thread(proc.wait, 15) == 0, proc.log_tail()
+
+
+async def test_second_signal_cancels_now_but_still_sends_final_events(tmp_path):
+    spec = ServerSpec.app("drain2", "--model", "mock", "--mock-step-ms", "20",
+                          "--shutdown-timeout", "60")
+    with running(spec, tmp_path) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            body = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+            stream = asyncio.create_task(client.post("/generate", json=body))
+            await asyncio.sleep(0.3)
+            server.signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            server.signal(signal.SIGTERM)  # do not wait the 60 s drain
+            events = parse_sse((await stream).text)
+        assert events[-1][0] == "done" and events[-1][1]["finish_reason"] == "cancelled"
+        assert await asyncio.to_thread(server.wait, 15) == 0, server.log_tail()
+
+
+def test_bad_flag_is_one_line_and_exit_2():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--port", "abc"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "--port" in result.stderr and "Traceback" not in result.stderr
