@@ -31,7 +31,9 @@ class ServerConfig(BaseSettings):
     )
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body (bytes)")
     max_prompt_tokens: int | None = Field(
-        None, ge=1, description="largest prompt (tokens) a request may send (default: context)"
+        None,
+        ge=1,
+        description="largest prompt (tokens) a request may send; unset: the context length",
     )
     sse_send_timeout: float = Field(
         30.0,
@@ -39,20 +41,35 @@ class ServerConfig(BaseSettings):
         description="seconds one SSE send may block on a client that stopped reading, "
         "after which the request is cancelled",
     )
-    api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
+    api_key: str = Field(
+        "",
+        description="require 'Authorization: Bearer KEY' on every endpoint but /health; "
+        "several keys separated by commas; empty: no key",
+    )
     max_model_len: int = Field(
         2048, ge=16, description="context length per sequence (tokens); sizes the KV cache"
     )
     max_num_batched_tokens: int | None = Field(
         None,
         ge=1,
-        description="most tokens per model step (decodes + prompt chunks); default: chunk size",
+        description="most tokens per model step (decodes + prompt chunks); "
+        "unset: the prefill chunk size",
     )
     max_tokens_cap: int | None = Field(
-        None, ge=0, description="largest max_tokens a request may ask (default: context length)"
+        None, ge=0, description="largest max_tokens a request may ask; unset: the context length"
     )
     dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="weights and KV cache dtype of the real model"
+        "bfloat16",
+        description="weights and KV cache dtype of the real model (bfloat16: ~2x the decode "
+        "throughput of float32, greedy tokens 98% the same; see docs/MODEL_PERF.md)",
+    )
+    quantization: Literal["none", "int8"] = Field(
+        "none",
+        description="real model: int8 stores the projections as weight-only int8 (needs "
+        "--dtype bfloat16); faster for steps of at most 2 rows (one or two streams)",
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads for the real model; unset: torch's choice"
     )
     device: str = Field("auto", description="torch device of the real model: auto, cpu, cuda")
     scheduling: Literal["continuous", "static"] = Field(
@@ -79,6 +96,7 @@ class ServerConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _check_budget(self) -> ServerConfig:
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+        budget = self.max_num_batched_tokens
+        if budget is not None and budget < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         return self

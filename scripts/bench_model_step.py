@@ -1,14 +1,28 @@
-"""Benchmark the real model's ``step``: load time, RSS, decode tokens/s per batch size.
+"""Benchmark the real model's ``step`` (no HTTP): decode tok/s against the memory-bandwidth
+limit, mixed vs alternating prefill, threads, agreement with float32, and RSS.
 
-Each dtype is measured in its own subprocess so that its RSS is its own. For every batch size
-``B``: ``B`` slots are prefilled with a prompt of ``--prompt-len`` tokens (one step per slot),
-then ``--steps`` decode steps run with all ``B`` rows in one batch; decode tokens/s is
-``B * steps / seconds`` over those steps (greedy unless ``--temperature`` > 0), best of
-``--trials`` runs (the median is kept too: on a shared machine other processes steal cores, and
-two OpenMP threads suffer badly when one of them is descheduled).
+    python scripts/bench_model_step.py                   # everything, ~5 minutes
+    python scripts/bench_model_step.py --parts decode --batches 1,16,64 --trials 7
 
-    python scripts/bench_model_step.py --dtypes float32,bfloat16 --batches 1,8,16,64 \\
-        --json out/bench_model_step.json
+Parts (``--parts``, comma-separated):
+
+* ``bandwidth``: GB/s of reading a 1 GiB tensor (``sum``) and of copying it, with 1 and 2
+  threads; the decode limit of each configuration is that GB/s over the bytes one decode step
+  must read (every projection weight once, plus each row's KV cache).
+* ``decode``: every configuration (``--configs``) loaded in this one process; for each batch
+  size, ``--trials`` rounds, each running ``--steps`` decode steps of every configuration in
+  turn (order alternating), so a noisy neighbour hits them all alike. Reports the median and
+  best tok/s and the ratio to the bandwidth limit.
+* ``threads``: the same with 1 and 2 torch threads interleaved (first configuration).
+* ``mixed``: 15 decode rows and one 100-token prompt chunk in one step ("mixed", what the
+  scheduler builds when ``--max-num-batched-tokens`` >= 115) against a decode step followed by
+  the chunk alone ("alternating").
+* ``agreement``: teacher-forced greedy agreement of each configuration with float32 on a fixed
+  prompt set (at every position both have seen the float32 tokens), and the largest logit
+  difference.
+* ``rss``: each configuration in its own subprocess with 16 slots x 2048 positions: RSS after
+  loading, after a 16-row prefill, and with the whole cache written (every position of every
+  slot touched, as 16 full-length sequences would).
 """
 
 from __future__ import annotations
@@ -16,149 +30,389 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.models.base import SamplingParams, StepBatch, StepRow  # noqa: E402
+from app.models.llama import DenseLinear, Int8Linear, PackedLinear  # noqa: E402
+from app.models.smollm2 import LlamaModelRunner, load_smollm2  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+AGREEMENT_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colours are",
+    "<|im_start|>user\nWrite a haiku about autumn.<|im_end|>\n<|im_start|>assistant\n",
+    "import numpy as np\n\ndef normalize(x):",
+    "Water boils at a temperature of",
+)
 
 
-def _rss_mib() -> float:
+@dataclass(frozen=True, slots=True)
+class Config:
+    dtype: str
+    quantization: str
+
+    @property
+    def name(self) -> str:
+        return self.dtype + ("" if self.quantization == "none" else "+int8")
+
+
+def rss_mib() -> float:
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+                return round(int(line.split()[1]) / 1024, 1)
     return float("nan")
 
 
-def _measure_one(args: argparse.Namespace) -> dict:
-    import torch
+def prompt_ids(length: int, salt: int = 0) -> tuple[int, ...]:
+    return tuple((17 + 31 * i + 1009 * salt) % 40000 + 100 for i in range(length))
 
-    from app.models.smollm2 import load_smollm2
 
-    batches = [int(b) for b in args.batches.split(",")]
-    started = time.perf_counter()
-    runner = load_smollm2(
-        max_num_seqs=max(batches),
-        max_model_len=args.max_model_len,
-        dtype=args.dtype,
-        device=args.device,
-        quantization=args.quantization,
-    )
-    load_s = time.perf_counter() - started
-    result = {
-        "dtype": args.dtype,
-        "quantization": args.quantization,
-        "backend": runner.capabilities.backend,
-        "threads": torch.get_num_threads(),
-        "load_s": round(load_s, 2),
-        "rss_after_load_mib": round(_rss_mib(), 1),
-        "kv_bytes_per_slot": runner.cache.bytes_per_slot,
-        "max_model_len": args.max_model_len,
-        "prompt_len": args.prompt_len,
-        "load_average_at_start": os.getloadavg()[0],
-        "decode": [],
-    }
-    sampling = SamplingParams(temperature=args.temperature, top_p=0.95, seed=1)
-    prompt = tuple((17 + 31 * i) % 40000 + 100 for i in range(args.prompt_len))
-    for batch in batches:
-        next_tokens = []
-        for slot in range(batch):
-            out = runner.step(StepBatch((StepRow(slot, prompt, 0, True, sampling),)))
-            next_tokens.append(out.next_token_ids[0])
-        position = args.prompt_len
-        for _ in range(args.warmup):
-            rows = tuple(
-                StepRow(s, (next_tokens[s],), position, True, sampling) for s in range(batch)
-            )
-            next_tokens = list(runner.step(StepBatch(rows)).next_token_ids)
-            position += 1
-        trial_seconds = []
-        for _ in range(args.trials):
+# --------------------------------------------------------------------------- bandwidth
+
+
+def measure_bandwidth() -> dict[str, float]:
+    """Best-of-7 GB/s of a 1 GiB float32 read (sum) and copy, with 1 and 2 threads."""
+    result = {}
+    source = torch.ones(2**28)
+    target = torch.empty_like(source)
+    before = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        reads, copies = [], []
+        for _ in range(7):
             started = time.perf_counter()
-            for _ in range(args.steps):
-                rows = tuple(
-                    StepRow(s, (next_tokens[s],), position, True, sampling) for s in range(batch)
-                )
-                next_tokens = list(runner.step(StepBatch(rows)).next_token_ids)
-                position += 1
-            trial_seconds.append(time.perf_counter() - started)
-        best, median = min(trial_seconds), sorted(trial_seconds)[len(trial_seconds) // 2]
-        result["decode"].append(
-            {
-                "batch": batch,
-                "tokens_per_s": round(batch * args.steps / best, 1),
-                "tokens_per_s_median": round(batch * args.steps / median, 1),
-                "ms_per_step": round(1000 * best / args.steps, 2),
-            }
-        )
-        for slot in range(batch):
-            runner.release(slot)
-    result["rss_end_mib"] = round(_rss_mib(), 1)
+            source.sum()
+            reads.append(source.nbytes / (time.perf_counter() - started) / 1e9)
+            started = time.perf_counter()
+            target.copy_(source)
+            copies.append(2 * source.nbytes / (time.perf_counter() - started) / 1e9)
+        result[f"read_gb_s_{threads}_threads"] = round(max(reads), 1)
+        result[f"copy_gb_s_{threads}_threads"] = round(max(copies), 1)
+    torch.set_num_threads(before)
     return result
 
 
-def _print_table(results: list[dict]) -> None:
-    print(
-        f"{'dtype':<10} {'quant':<6} {'load s':>7} {'RSS MiB':>8} {'KV/slot MiB':>11} "
-        f"{'batch':>5} {'tok/s':>8} {'median':>8} {'ms/step':>8}"
-    )
-    for r in results:
-        for d in r["decode"]:
-            print(
-                f"{r['dtype']:<10} {r['quantization']:<6} {r['load_s']:>7} "
-                f"{r['rss_after_load_mib']:>8} {r['kv_bytes_per_slot'] / 2**20:>11.2f} "
-                f"{d['batch']:>5} {d['tokens_per_s']:>8} {d['tokens_per_s_median']:>8} "
-                f"{d['ms_per_step']:>8}"
+def weight_bytes_per_step(runner: LlamaModelRunner, rows: int) -> int:
+    """Bytes of projection weights one step of ``rows`` decode rows reads (each matrix once)."""
+
+    def size(linear) -> int:
+        if isinstance(linear, Int8Linear):
+            if rows <= 2:  # INT8_MAX_ROWS: the int8 kernel
+                return linear.qweight.nbytes + linear.scales.nbytes
+            linear = linear.wide
+        if isinstance(linear, PackedLinear):
+            return linear.packed.numel() * linear.packed.element_size()
+        assert isinstance(linear, DenseLinear)
+        return linear.weight.nbytes
+
+    weights = runner.model.weights
+    total = size(weights.lm_head)
+    for layer in weights.layers:
+        total += sum(size(m) for m in (layer.qkv, layer.attn_output, layer.gate_up, layer.down))
+    return total
+
+
+def kv_bytes_per_position(runner: LlamaModelRunner) -> int:
+    return runner.cache.bytes_per_slot // runner.cache.keys.shape[3]
+
+
+# --------------------------------------------------------------------------- decode
+
+
+class DecodeLoop:
+    """``batch`` slots prefilled with a prompt, then greedy decode steps of all of them."""
+
+    def __init__(self, runner: LlamaModelRunner, batch: int, prompt_len: int) -> None:
+        self.runner, self.batch = runner, batch
+        for slot in range(batch):
+            runner.release(slot)
+        self.tokens = [
+            runner.step(
+                StepBatch((StepRow(s, prompt_ids(prompt_len, s), 0, True, GREEDY),))
+            ).next_token_ids[0]
+            for s in range(batch)
+        ]
+        self.position = prompt_len
+
+    def run(self, steps: int) -> float:
+        """Seconds for ``steps`` decode steps."""
+        started = time.perf_counter()
+        for _ in range(steps):
+            rows = tuple(
+                StepRow(s, (self.tokens[s],), self.position, True, GREEDY)
+                for s in range(self.batch)
             )
+            self.tokens = list(self.runner.step(StepBatch(rows)).next_token_ids)
+            self.position += 1
+        return time.perf_counter() - started
+
+
+def measure_decode(
+    runners: dict[str, LlamaModelRunner], args: argparse.Namespace, bandwidth_gb_s: float | None
+) -> list[dict]:
+    results = []
+    for batch in args.batches:
+        loops = {name: DecodeLoop(r, batch, args.prompt_len) for name, r in runners.items()}
+        seconds: dict[str, list[float]] = {name: [] for name in runners}
+        for loop in loops.values():
+            loop.run(args.warmup)
+        for trial in range(args.trials):
+            order = list(loops.items())
+            for name, loop in order if trial % 2 == 0 else reversed(order):
+                seconds[name].append(loop.run(args.steps))
+        for name, runner in runners.items():
+            median, best = statistics.median(seconds[name]), min(seconds[name])
+            entry = {
+                "config": name,
+                "batch": batch,
+                "tokens_per_s_median": round(batch * args.steps / median, 1),
+                "tokens_per_s_best": round(batch * args.steps / best, 1),
+                "ms_per_step_median": round(1000 * median / args.steps, 2),
+            }
+            if bandwidth_gb_s:
+                context = args.prompt_len + args.warmup + args.trials * args.steps // 2
+                step_bytes = weight_bytes_per_step(runner, batch) + batch * context * (
+                    kv_bytes_per_position(runner)
+                )
+                limit = batch * bandwidth_gb_s * 1e9 / step_bytes
+                entry["bandwidth_limit_tokens_per_s"] = round(limit, 1)
+                entry["share_of_limit_median"] = round(entry["tokens_per_s_median"] / limit, 2)
+            results.append(entry)
+            print(json.dumps(entry), flush=True)
+    return results
+
+
+def measure_threads(runner: LlamaModelRunner, args: argparse.Namespace) -> list[dict]:
+    results = []
+    before = torch.get_num_threads()
+    for batch in args.batches:
+        loop = DecodeLoop(runner, batch, args.prompt_len)
+        seconds: dict[int, list[float]] = {1: [], 2: []}
+        for trial in range(args.trials):
+            for threads in (1, 2) if trial % 2 == 0 else (2, 1):
+                torch.set_num_threads(threads)
+                loop.run(1)
+                seconds[threads].append(loop.run(args.steps))
+        for threads, values in seconds.items():
+            entry = {
+                "batch": batch,
+                "threads": threads,
+                "tokens_per_s_median": round(batch * args.steps / statistics.median(values), 1),
+                "tokens_per_s_best": round(batch * args.steps / min(values), 1),
+            }
+            results.append(entry)
+            print(json.dumps(entry), flush=True)
+    torch.set_num_threads(before)
+    return results
+
+
+# --------------------------------------------------------------------------- mixed vs alternating
+
+
+def measure_mixed(runner: LlamaModelRunner, args: argparse.Namespace) -> dict:
+    """15 decode rows + a 100-token chunk: one mixed step vs two steps."""
+    decoders, chunk_slot, chunk = 15, 15, prompt_ids(100, 99)
+    loop = DecodeLoop(runner, decoders, args.prompt_len)
+
+    def decode_rows() -> tuple[StepRow, ...]:
+        return tuple(
+            StepRow(s, (loop.tokens[s],), loop.position, True, GREEDY) for s in range(decoders)
+        )
+
+    def advance(output_tokens) -> None:
+        loop.tokens = list(output_tokens[:decoders])
+        loop.position += 1
+
+    mixed, alternating = [], []
+    for trial in range(args.trials * 2):
+        for kind in ("mixed", "alternating") if trial % 2 == 0 else ("alternating", "mixed"):
+            runner.release(chunk_slot)
+            chunk_row = StepRow(chunk_slot, chunk, 0, True, GREEDY)
+            started = time.perf_counter()
+            if kind == "mixed":
+                output = runner.step(StepBatch((*decode_rows(), chunk_row)))
+                advance(output.next_token_ids)
+                mixed.append(time.perf_counter() - started)
+            else:
+                output = runner.step(StepBatch(decode_rows()))
+                runner.step(StepBatch((chunk_row,)))
+                advance(output.next_token_ids)
+                alternating.append(time.perf_counter() - started)
+    decode_only = []
+    for _ in range(args.trials):
+        started = time.perf_counter()
+        advance(runner.step(StepBatch(decode_rows())).next_token_ids)
+        decode_only.append(time.perf_counter() - started)
+    result = {
+        "mixed_ms": round(1000 * statistics.median(mixed), 1),
+        "alternating_ms": round(1000 * statistics.median(alternating), 1),
+        "decode_step_ms": round(1000 * statistics.median(decode_only), 1),
+    }
+    result["alternating_over_mixed"] = round(result["alternating_ms"] / result["mixed_ms"], 2)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def measure_agreement(
+    reference: LlamaModelRunner, candidate: LlamaModelRunner, num_tokens: int
+) -> dict:
+    """Teacher-forced greedy agreement and the largest |logit difference| (with the float32
+    logit range for scale), over ``AGREEMENT_PROMPTS``."""
+    agreed = total = 0
+    worst = spread = 0.0
+    for text in AGREEMENT_PROMPTS:
+        ids = tuple(reference.tokenizer.encode(text))
+        rows = [StepRow(0, ids, 0, True, GREEDY)]
+        for position in range(len(ids), len(ids) + num_tokens):
+            ref_logits = _logits(reference, rows[-1])
+            cand_logits = _logits(candidate, rows[-1])
+            want, got = int(ref_logits.argmax()), int(cand_logits.argmax())
+            agreed, total = agreed + (want == got), total + 1
+            worst = max(worst, (ref_logits - cand_logits).abs().max().item())
+            spread = max(spread, (ref_logits.max() - ref_logits.min()).item())
+            rows.append(StepRow(0, (want,), position, True, GREEDY))
+        reference.release(0)
+        candidate.release(0)
+    return {
+        "greedy_agreement": round(agreed / total, 3),
+        "positions": total,
+        "max_abs_logit_difference": round(worst, 3),
+        "float32_logit_range": round(spread, 1),
+    }
+
+
+def _logits(runner: LlamaModelRunner, row: StepRow) -> torch.Tensor:
+    """The float32 logits of one row (a step through the runner's model and cache)."""
+    from app.models.llama import ForwardPlan, RowSpec
+
+    plan = ForwardPlan.build(
+        [RowSpec(row.slot, row.token_ids, row.position, True)], cache=runner.cache
+    )
+    with torch.inference_mode():
+        return runner.model.forward(plan, runner.cache)[0].float()
+
+
+# --------------------------------------------------------------------------- RSS
+
+
+def measure_rss_child(config: Config) -> dict:
+    """In a fresh process: RSS after loading 16 slots x 2048, after a 16-row prefill in
+    512-token chunks, and with every cache position written."""
+    import app.api.server  # noqa: F401  (the server's own imports, for a like-for-like RSS)
+
+    runner = load_smollm2(
+        max_num_seqs=16, max_model_len=2048, dtype=config.dtype, quantization=config.quantization
+    )
+    result = {"config": config.name, "after_load_mib": rss_mib()}
+    for slot in range(16):
+        ids = prompt_ids(512, slot)
+        runner.step(StepBatch((StepRow(slot, ids, 0, True, GREEDY),)))
+    result["after_16_prompts_of_512_mib"] = rss_mib()
+    runner.cache.keys.fill_(0)  # what 16 sequences of 2048 positions leave resident
+    runner.cache.values.fill_(0)
+    result["every_position_written_mib"] = rss_mib()
+    result["kv_cache_mib"] = round(runner.cache.total_bytes / 2**20, 1)
+    result["kv_per_slot_mib"] = round(runner.cache.bytes_per_slot / 2**20, 2)
+    return result
+
+
+def measure_rss(configs: list[Config]) -> list[dict]:
+    results = []
+    for config in configs:
+        child = [sys.executable, __file__, "--rss-child", f"{config.dtype}:{config.quantization}"]
+        done = subprocess.run(child, capture_output=True, text=True, env=os.environ)
+        if done.returncode != 0:
+            raise SystemExit(f"RSS of {config.name} failed:\n{done.stderr}")
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+# --------------------------------------------------------------------------- main
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--quantizations", default="none")
-    parser.add_argument("--batches", default="1,8,16")
+    parser.add_argument(
+        "--parts", default="bandwidth,decode,threads,mixed,agreement,rss", help="what to measure"
+    )
+    parser.add_argument("--configs", default="float32:none,bfloat16:none,bfloat16:int8")
+    parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--max-model-len", type=int, default=512)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--agreement-tokens", type=int, default=24)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=Path("out/bench_model_step.json"))
-    parser.add_argument("--dtype", help=argparse.SUPPRESS)  # child mode: one configuration
-    parser.add_argument("--quantization", default="none", help=argparse.SUPPRESS)
+    parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    if args.dtype:
-        print(json.dumps(_measure_one(args)))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.rss_child:
+        print(json.dumps(measure_rss_child(Config(*args.rss_child.split(":")))))
         return
-
-    results = []
-    for dtype in args.dtypes.split(","):
-        for quantization in args.quantizations.split(","):
-            child = [sys.executable, __file__, "--dtype", dtype, "--quantization", quantization]
-            for name in (
-                "batches",
-                "prompt_len",
-                "steps",
-                "warmup",
-                "max_model_len",
-                "temperature",
-                "device",
-            ):
-                child += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-            done = subprocess.run(child, capture_output=True, text=True, env=os.environ)
-            if done.returncode != 0:
-                print(done.stderr, file=sys.stderr)
-                raise SystemExit(f"{dtype}/{quantization} failed")
-            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    _print_table(results)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    parts = set(args.parts.split(","))
+    configs = [Config(*c.split(":")) for c in args.configs.split(",")]
+    report: dict = {
+        "load_average_at_start": os.getloadavg(),
+        "threads": torch.get_num_threads(),
+        "prompt_len": args.prompt_len,
+    }
+    if "bandwidth" in parts:
+        report["bandwidth"] = measure_bandwidth()
+        print(json.dumps(report["bandwidth"]), flush=True)
+    runners = {}
+    if parts & {"decode", "threads", "mixed", "agreement"}:
+        max_slots = max(max(args.batches), 16)
+        runners = {
+            c.name: load_smollm2(
+                max_num_seqs=max_slots,
+                max_model_len=512,
+                dtype=c.dtype,
+                quantization=c.quantization,
+            )
+            for c in configs
+        }
+    if "decode" in parts:
+        bandwidth = report.get("bandwidth", {}).get(f"read_gb_s_{torch.get_num_threads()}_threads")
+        report["decode"] = measure_decode(runners, args, bandwidth)
+    if "threads" in parts:
+        report["threads_1_vs_2"] = measure_threads(runners[configs[0].name], args)
+    if "mixed" in parts:
+        report["mixed_vs_alternating"] = {
+            name: measure_mixed(runner, args) for name, runner in runners.items()
+        }
+    if "agreement" in parts:
+        reference = runners.get("float32") or load_smollm2(max_num_seqs=1, max_model_len=512)
+        report["agreement_with_float32"] = {
+            name: measure_agreement(reference, runner, args.agreement_tokens)
+            for name, runner in runners.items()
+            if name != "float32"
+        }
+        print(json.dumps(report["agreement_with_float32"]), flush=True)
+    runners.clear()
+    if "rss" in parts:
+        report["rss_16_slots_x_2048"] = measure_rss(configs)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    args.json.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.json}")
 
 

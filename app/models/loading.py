@@ -33,13 +33,18 @@ def load_model(config: ServerConfig) -> Model:
             fail_every=config.mock_fail_every,
         )
     else:
-        from app.models.smollm2 import load_smollm2  # local: torch is heavy to import
+        import torch  # local: the mock server must not need torch loaded
 
+        from app.models.smollm2 import load_smollm2
+
+        if config.torch_threads is not None:
+            torch.set_num_threads(config.torch_threads)
         model = load_smollm2(
             max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len,
             dtype=config.dtype,
             device=resolve_device(config.device),
+            quantization=config.quantization,
         )
     logger.info(
         "loaded %s (%s) in %.2f s",

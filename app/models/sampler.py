@@ -9,7 +9,8 @@ batched matmul may introduce in its logits).
 
 Per row, all rows of the step at once:
 
-1. greedy rows (temperature 0) take the argmax; when every row is greedy nothing else runs;
+1. greedy rows (temperature 0) take the argmax (:func:`argmax_rows`); when every row is greedy
+   nothing else runs;
 2. logits are divided by the temperature;
 3. *unfiltered* rows (``top_k == 0`` and ``top_p >= 1``) pick by inverse CDF over the whole
    vocabulary in token-id order: the first token whose cumulative probability exceeds ``u``;
@@ -35,6 +36,8 @@ from app.models.base import SamplingParams
 
 # Tokens examined per filtered row before falling back to a full sort.
 CANDIDATES = 256
+# Columns per block of the two-level argmax (see argmax_rows).
+ARGMAX_BLOCK = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +59,18 @@ class Sampler:
         self._generators[slot].manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
-        """Token ids for ``logits [R, vocab]`` (float32), one per request, in order."""
+        """Token ids for ``logits [R, vocab]``, one per request, in order.
+
+        ``logits`` may be bfloat16 (a bfloat16 model's LM head output): greedy rows take the
+        argmax as they are (a cast to float32 is exact, so it would not change it); rows that
+        sample are cast to float32 first.
+        """
         random_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
-        tokens = logits.argmax(dim=-1)
+        tokens = argmax_rows(logits)
         if not random_rows:
             return tokens.tolist()
         chosen = [requests[i] for i in random_rows]
-        tokens[random_rows] = self._sample_random(logits[random_rows], chosen)
+        tokens[random_rows] = self._sample_random(logits[random_rows].float(), chosen)
         return tokens.tolist()
 
     def _sample_random(
@@ -98,6 +106,24 @@ class Sampler:
                 )
                 tokens[redo] = full
         return tokens
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` (the first index of each row's maximum), ~7x faster on the CPU.
+
+    torch's CPU argmax over the last dimension is a scalar loop (~2.4 ns per element: 15 ms for
+    64 rows of a 49k vocabulary in bfloat16), while ``amax`` is vectorised. So: the maximum of
+    each block of ``ARGMAX_BLOCK`` columns (vectorised), the first block holding the row's
+    maximum, then the argmax inside that one block. Ties resolve as ``argmax`` does: the first
+    block with the maximum, the first column in it.
+    """
+    rows, vocab = logits.shape
+    if vocab % ARGMAX_BLOCK or logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
+    blocks = logits.view(rows, vocab // ARGMAX_BLOCK, ARGMAX_BLOCK)
+    best_block = blocks.amax(dim=-1).argmax(dim=-1)
+    inside = blocks[torch.arange(rows), best_block].argmax(dim=-1)
+    return best_block * ARGMAX_BLOCK + inside
 
 
 def _pick_filtered(

@@ -33,7 +33,7 @@ class Sequences:
         self.logits: dict[int, list[torch.Tensor]] = {}
 
     def run(self, rows: list[RowSpec]) -> None:
-        plan = ForwardPlan.build(rows, group_size=self.model.hparams.group_size, cache=self.cache)
+        plan = ForwardPlan.build(rows, cache=self.cache)
         with torch.inference_mode():
             logits = self.model.forward(plan, self.cache)
         for row, row_logits in zip(rows, logits, strict=True):

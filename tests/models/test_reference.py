@@ -31,7 +31,7 @@ def _last_logits(runner: LlamaModelRunner, ids: list[int]) -> torch.Tensor:
     cache = KVCache(
         model.hparams, max_num_seqs=1, max_model_len=64, dtype=model.dtype, device=model.device
     )
-    plan = ForwardPlan.build([RowSpec(0, ids, 0, True)], group_size=3, cache=cache)
+    plan = ForwardPlan.build([RowSpec(0, ids, 0, True)], cache=cache)
     with torch.inference_mode():
         return model.forward(plan, cache)[0]
 
