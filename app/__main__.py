@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from types import FrameType
@@ -42,6 +44,14 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._drain = drain
         self._signals = 0
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        # What is alive now (imports, the model, the engine) lives as long as the server. Out of
+        # the collector's generations, a full collection no longer walks it: with the mock alone
+        # that walk is ~25 ms, during which the event loop answers nothing (a 429 p99 spike).
+        gc.collect()
+        gc.freeze()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._signals += 1

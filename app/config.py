@@ -63,10 +63,11 @@ class ServerConfig(BaseSettings):
         description="weights and KV cache dtype of the real model (bfloat16: ~2x the decode "
         "throughput of float32, greedy tokens 98% the same; see docs/MODEL_PERF.md)",
     )
-    quantization: Literal["none", "int8"] = Field(
+    quantization: Literal["none", "int8", "int4"] = Field(
         "none",
-        description="real model: int8 stores the projections as weight-only int8 (needs "
-        "--dtype bfloat16); faster for steps of at most 2 rows (one or two streams)",
+        description="real model, needs --dtype bfloat16: int4 computes with the GGUF's own "
+        "4-bit codes (CPU only), int8 re-quantises to weight-only int8; both are faster for "
+        "steps of a few rows (int4 <= 4, int8 <= 2: a few streams) and the same above",
     )
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads for the real model; unset: torch's choice"
@@ -81,8 +82,10 @@ class ServerConfig(BaseSettings):
     mock_step_ms: float = Field(0.0, ge=0, description="mock model: delay per step (ms)")
     mock_context_length: int = Field(8192, ge=16, description="mock model: context length")
     mock_fail_every: int = Field(
-        0, ge=0, description="mock model: every Nth step raises (0: never); a prompt containing "
-        "'<<fail>>' fails only its own row"
+        0,
+        ge=0,
+        description="mock model: every Nth step raises (0: never); a prompt containing "
+        "'<<fail>>' fails only its own row",
     )
     shutdown_timeout: float = Field(
         30.0, ge=0, description="seconds to let in-flight requests finish on SIGTERM"

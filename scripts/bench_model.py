@@ -296,7 +296,9 @@ class ServerConfig:
 
     @property
     def name(self) -> str:
-        name = f"slotserve {self.dtype}" + ("" if self.quantization == "none" else "+int8")
+        name = f"slotserve {self.dtype}" + (
+            "" if self.quantization == "none" else f"+{self.quantization}"
+        )
         return name + (f" {self.threads}T" if self.threads else "")
 
     def command(

@@ -74,7 +74,7 @@ async def generate(request: Request) -> Response:
     arrived_at = time.perf_counter()
     resources = resources_of(request)
     owner = resources.guard.owner_of(request)
-    body = _parse_body(await read_body(request, resources.config.max_body_bytes))
+    body = parse_body(await read_body(request, resources.config.max_body_bytes))
     refuse_if_overloaded(resources, max_tokens=body.max_tokens)
     generation = _to_generation_request(
         body, resources, request_id=request.state.request_id, owner=owner, arrived_at=arrived_at
@@ -109,7 +109,8 @@ async def cancel_generation(request_id: str, request: Request) -> CancelResponse
 # --------------------------------------------------------------------------- validation
 
 
-def _parse_body(raw: bytes) -> GenerateRequestBody:
+def parse_body(raw: bytes) -> GenerateRequestBody:
+    """The validated body (JSON whatever the Content-Type); raises APIError 422 otherwise."""
     try:
         return GenerateRequestBody.model_validate_json(raw or b"null")
     except ValidationError as exc:
@@ -151,6 +152,7 @@ def _to_generation_request(
             top_p=body.top_p,
             top_k=body.top_k,
             seed=body.seed if body.seed is not None else secrets.randbits(63),
+            batch_invariant=body.seed is not None,
         ),
         stop=StopCriteria(
             stop_strings=tuple(body.stop),

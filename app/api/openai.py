@@ -329,6 +329,7 @@ def _generation_request(
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
             seed=body.seed if body.seed is not None else secrets.randbits(63),
+            batch_invariant=body.seed is not None,
         ),
         stop=StopCriteria(stop_strings=tuple(body.stop), ignore_eos=bool(body.ignore_eos)),
         owner=owner,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import Request
+from starlette.datastructures import State
 
 from app.api.auth import ApiKeyGuard
 from app.api.errors import APIError
@@ -29,9 +30,14 @@ class ServerResources:
     max_prompt_tokens: int
 
 
+def loaded_resources(state: State) -> ServerResources | None:
+    """The app's resources (``app.state``), or None while the model is still loading."""
+    return getattr(state, "resources", None)
+
+
 def resources_of(request: Request) -> ServerResources:
     """Raises APIError 503 while the model is still loading or after shutdown began."""
-    resources: ServerResources | None = getattr(request.app.state, "resources", None)
+    resources = loaded_resources(request.app.state)
     if resources is None:
         raise APIError(503, "unavailable", "the model is loading")
     return resources

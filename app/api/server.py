@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.api import generate, openai, status
+from app.api.admission_gate import AdmissionGate
 from app.api.auth import ApiKeyGuard
 from app.api.errors import install_error_handlers
 from app.api.request_id import RequestIdMiddleware
@@ -92,6 +93,8 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
         docs_url=None if keyed else "/docs",
         redoc_url=None if keyed else "/redoc",
     )
+    # the last added runs first: the request id, then the gate (its answers carry the id)
+    app.add_middleware(AdmissionGate, state=app.state)
     app.add_middleware(RequestIdMiddleware, replica_id=config.replica_id)
     install_error_handlers(app)
     openai.install_error_handlers(app)  # under /v1: OpenAI's error shape

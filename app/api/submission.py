@@ -112,22 +112,34 @@ def check_context_length(
         )
 
 
+def admission_refusal(
+    resources: ServerResources, *, max_tokens: int | None = None
+) -> Overloaded | EngineUnavailable | None:
+    """Why a generating request would be refused now, before any expensive work (tokenizing,
+    the engine), or None when it would be taken; ``submit`` checks again with the real prompt
+    size. A request with ``max_tokens == 0`` never waits for a slot, so it is never refused as
+    overloaded. Counts nothing: ``refusal_error`` does, once the refusal is answered.
+    """
+    if not resources.engine.is_alive:
+        return EngineUnavailable(resources.engine.state.value)
+    if max_tokens == 0:
+        return None
+    try:
+        resources.engine.check_admission(prompt_tokens=0)
+    except Overloaded as exc:
+        return exc
+    return None
+
+
 def refuse_if_overloaded(resources: ServerResources, *, max_tokens: int | None = None) -> None:
-    """Answers 429/503 before the expensive work (tokenizing, the engine) when the request could
-    not be queued anyway; ``submit`` checks again with the real prompt size. A request with
-    ``max_tokens == 0`` never waits for a slot, so it is never refused as overloaded.
+    """Raises the refusal of ``admission_refusal``, if any.
 
     Raises:
         APIError: 429 (queue full, ``Retry-After`` set), 503 (not serving).
     """
-    if max_tokens == 0 and resources.engine.is_alive:
-        return
-    try:
-        if not resources.engine.is_alive:
-            raise EngineUnavailable(resources.engine.state.value)
-        resources.engine.check_admission(prompt_tokens=0)
-    except (Overloaded, EngineUnavailable) as exc:
-        raise _refusal(resources, exc) from None
+    refusal = admission_refusal(resources, max_tokens=max_tokens)
+    if refusal is not None:
+        raise refusal_error(resources, refusal)
 
 
 def submit(resources: ServerResources, generation: GenerationRequest) -> RequestHandle:
@@ -146,10 +158,12 @@ def submit(resources: ServerResources, generation: GenerationRequest) -> Request
             param="X-Request-Id",
         ) from None
     except (Overloaded, EngineUnavailable) as exc:
-        raise _refusal(resources, exc) from None
+        raise refusal_error(resources, exc) from None
 
 
-def _refusal(resources: ServerResources, exc: Overloaded | EngineUnavailable) -> APIError:
+def refusal_error(resources: ServerResources, exc: Overloaded | EngineUnavailable) -> APIError:
+    """The answer to a refusal (429 with ``Retry-After``, or 503), counted in the rejected
+    requests metric."""
     if isinstance(exc, Overloaded):
         resources.engine.metrics.requests_rejected.labels(type="overloaded").inc()
         return APIError(

@@ -28,12 +28,16 @@ class SamplingParams:
         seed: seeds the request's own random generator, so its tokens do not depend on what
             else is in the batch. The engine always fills it (a random one when the client
             sent none).
+        batch_invariant: the client chose the seed, so API.md promises the same tokens
+            whatever else is in the batch: a model whose kernels round a row differently with
+            the batch's shape must compute this request's rows the slower, exact way.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    batch_invariant: bool = False
 
     @property
     def is_greedy(self) -> bool:

@@ -167,3 +167,60 @@ def read_llama_tensor(file: GGUFFile, name: str, hparams: LlamaHParams) -> np.nd
     if name.endswith(".attn_k.weight"):
         return unpermute_rope_rows(array, hparams.head_count_kv)
     return array
+
+
+Q4_1_BLOCK = 32  # weights per Q4_1 block (one d, one m)
+
+
+@dataclass(frozen=True, slots=True)
+class Q4_1Codes:
+    """A GGML Q4_1 matrix as stored: ``w[r, c] == d[r, c // 32] * codes[r, c] + m[r, c // 32]``.
+
+    Attributes:
+        codes: uint8 ``[out, in]``, each in ``0..15``.
+        d: float32 ``[out, in / 32]``, the block scales (fp16 values in the file, exact here).
+        m: float32 ``[out, in / 32]``, the block minima (fp16 values in the file, exact here).
+    """
+
+    codes: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+
+    def dequantize(self) -> np.ndarray:
+        """float32 ``[out, in]``: ``d * codes + m`` per block, as ``gguf.quants.dequantize``."""
+        out_features, in_features = self.codes.shape
+        blocks = self.codes.reshape(out_features, -1, Q4_1_BLOCK).astype(np.float32)
+        weight = self.d[:, :, None] * blocks + self.m[:, :, None]
+        return weight.reshape(out_features, in_features)
+
+
+def read_llama_q4_1(file: GGUFFile, name: str, hparams: LlamaHParams) -> Q4_1Codes:
+    """The raw Q4_1 codes, scales and minima of a llama GGUF matrix, in Hugging Face layout.
+
+    A block is 20 bytes: fp16 ``d``, fp16 ``m``, then 16 bytes whose low nibbles are elements
+    ``0..15`` of the block and high nibbles elements ``16..31``. Rows of ``attn_q``/``attn_k`` are
+    un-permuted as :func:`read_llama_tensor` does (a row permutation: blocks stay whole), so
+    ``read_llama_q4_1(...).dequantize()`` equals ``read_llama_tensor(...)`` exactly.
+
+    Raises:
+        ValueError: the tensor is not Q4_1.
+    """
+    tensor = file._tensors[name]
+    if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_1:
+        raise ValueError(f"{name} is {tensor.tensor_type.name}, not Q4_1")
+    in_features, out_features = (int(n) for n in tensor.shape)
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_1]
+    assert (block_size, block_bytes) == (Q4_1_BLOCK, 4 + Q4_1_BLOCK // 2)
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(out_features, -1, block_bytes)
+    d = raw[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    m = raw[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    packed = raw[:, :, 4:]
+    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(out_features, in_features)
+    if name.endswith(".attn_q.weight") or name.endswith(".attn_k.weight"):
+        heads = hparams.head_count if name.endswith(".attn_q.weight") else hparams.head_count_kv
+        codes = unpermute_rope_rows(codes, heads)
+        d = unpermute_rope_rows(d, heads)
+        m = unpermute_rope_rows(m, heads)
+    return Q4_1Codes(
+        codes=np.ascontiguousarray(codes), d=np.ascontiguousarray(d), m=np.ascontiguousarray(m)
+    )

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from app.models.gguf_file import GGUFFile, LlamaHParams, read_llama_tensor
+from app.models.int4 import Int4Linear, int4_kernel_status
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class Quantization(Enum):
 
     NONE = "none"
     INT8 = "int8"
+    INT4 = "int4"  # the GGUF's own Q4_1 codes, torch's CPU int4 kernel (app.models.int4)
 
 
 class LinearKernel(Enum):
@@ -81,6 +83,34 @@ class LinearKernel(Enum):
 # weights: the int8 kernel is a GEMV at heart and loses to bfloat16 GEMM from 2-4 rows on
 # (docs/MODEL_PERF.md).
 INT8_MAX_ROWS = 2
+
+# Batch invariance (API.md: a seeded request gets the same tokens whatever else is in the batch).
+# Measured on the 2-core CPU (torch 2.13, docs/MODEL_PERF.md, "Batch invariance"):
+# * a bfloat16 matmul (oneDNN, packed or not, with or without the fused add) computes each row of
+#   a call of at most 32 rows exactly as it computes that row alone; from 33 rows on, some rows
+#   come out one rounding different. ``EXACT_ROWS_ONEDNN_BF16`` rows per call keep a row exact.
+# * SDPA's CPU kernel gives a query row the same result whatever the batch and however long the
+#   padded key axis, *provided* the key axis is a multiple of 16: a row whose real keys end in a
+#   partial vector of 16 is reduced differently. Key lengths are padded to ``KEY_ALIGN`` (16:
+#   AVX-512's float32 lanes, a multiple of AVX2's 8), which makes prefill chunk boundaries
+#   invisible too and gives a one-token row the same result as the same position inside a
+#   prompt chunk.
+EXACT_ROWS_ONEDNN_BF16 = 32
+KEY_ALIGN = 16
+
+
+def align_keys(length: int) -> int:
+    """``length`` (positions) rounded up to a multiple of ``KEY_ALIGN``."""
+    return -(-length // KEY_ALIGN) * KEY_ALIGN
+
+
+def exact_rows_per_call(device: torch.device, dtype: torch.dtype) -> int:
+    """Most rows one dense matmul call may hold so that every row's result equals the result
+    of that row alone: 32 for bfloat16 on the CPU (measured), else 1 (float32 on the CPU takes
+    a GEMV for one row and a GEMM, with other roundings, for more; other devices unmeasured)."""
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        return EXACT_ROWS_ONEDNN_BF16
+    return 1
 
 
 def select_linear_kernel(device: torch.device, dtype: torch.dtype) -> tuple[LinearKernel, str]:
@@ -104,9 +134,12 @@ def select_linear_kernel(device: torch.device, dtype: torch.dtype) -> tuple[Line
 
 @dataclass(frozen=True, slots=True)
 class DenseLinear:
-    """``y = x @ weight.T`` with ``weight [out, in]`` in the model dtype."""
+    """``y = x @ weight.T`` with ``weight [out, in]`` in the model dtype.
+
+    ``exact_rows``: see :func:`exact_rows_per_call`."""
 
     weight: torch.Tensor
+    exact_rows: int = 1
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -124,6 +157,7 @@ class PackedLinear:
     """
 
     packed: torch.Tensor
+    exact_rows = EXACT_ROWS_ONEDNN_BF16
 
     @classmethod
     def pack(cls, weight: torch.Tensor) -> PackedLinear:
@@ -156,6 +190,9 @@ class Int8Linear:
     qweight: torch.Tensor  # int8 [out, in]
     scales: torch.Tensor  # [out], model dtype
     wide: WideLinear
+    # The int8 kernel computes a row the same in calls of 1..8 rows (measured), so rows that
+    # must be batch-invariant always take it, in calls of at most INT8_MAX_ROWS.
+    exact_rows = INT8_MAX_ROWS
 
     @classmethod
     def quantize(
@@ -179,14 +216,14 @@ class Int8Linear:
         return self.wide.add_to(residual, x)
 
 
-Linear = DenseLinear | PackedLinear | Int8Linear
+Linear = DenseLinear | PackedLinear | Int8Linear | Int4Linear
 
 
 def _wide_linear(weight: torch.Tensor, kernel: LinearKernel) -> WideLinear:
     """A dense projection of ``weight`` (already in the model dtype and on its device)."""
     if kernel is LinearKernel.ONEDNN:
         return PackedLinear.pack(weight)
-    return DenseLinear(weight.contiguous())
+    return DenseLinear(weight.contiguous(), exact_rows_per_call(weight.device, weight.dtype))
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +263,17 @@ class LayerWeights:
         gate_up: gate and up projections stacked, ``ffn_norm``'s weight folded in:
             ``[2 * ffn, hidden]``.
         down: ``[hidden, ffn]``.
+        attn_norm, ffn_norm: ``[hidden]`` model dtype, the RMSNorm weights when they could not
+            be folded (int4: a per-column factor would break the 32-column groups of the
+            codes); None when folded.
     """
 
     qkv: Linear
     attn_output: Linear
     gate_up: Linear
     down: Linear
+    attn_norm: torch.Tensor | None = None
+    ffn_norm: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +315,14 @@ class LlamaWeights:
         """
         if not hparams.tied_embeddings:
             raise ValueError("only tied embeddings (no output.weight) are supported")
-        if quantization is Quantization.INT8 and dtype != torch.bfloat16:
-            raise ValueError("int8 weights need dtype bfloat16 (the int8 kernel's activations)")
+        if quantization is not Quantization.NONE and dtype != torch.bfloat16:
+            raise ValueError(
+                f"{quantization.value} weights need dtype bfloat16 (the kernel's activations)"
+            )
+        if quantization is Quantization.INT4:
+            available, reason = int4_kernel_status()
+            if device.type != "cpu" or not available:
+                raise ValueError(f"int4 needs torch's CPU int4 kernel: {reason} on {device}")
         if kernel is LinearKernel.ONEDNN and (device.type != "cpu" or dtype != torch.bfloat16):
             raise ValueError("the oneDNN packed kernel needs bfloat16 on the CPU")
 
@@ -290,26 +338,33 @@ class LlamaWeights:
         def normed_linear(norm: str, *names: str) -> Linear:
             return linear(read(*names) * read(norm)[None, :])
 
-        layers = tuple(
-            LayerWeights(
-                qkv=normed_linear(
-                    f"blk.{i}.attn_norm.weight",
-                    f"blk.{i}.attn_q.weight",
-                    f"blk.{i}.attn_k.weight",
-                    f"blk.{i}.attn_v.weight",
-                ),
-                attn_output=linear(read(f"blk.{i}.attn_output.weight")),
-                gate_up=normed_linear(
-                    f"blk.{i}.ffn_norm.weight", f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"
-                ),
-                down=linear(read(f"blk.{i}.ffn_down.weight")),
+        if quantization is Quantization.INT4:
+            layers = tuple(
+                _int4_layer(file, hparams, i, dtype, kernel) for i in range(hparams.block_count)
             )
-            for i in range(hparams.block_count)
-        )
+        else:
+            layers = tuple(
+                LayerWeights(
+                    qkv=normed_linear(
+                        f"blk.{i}.attn_norm.weight",
+                        f"blk.{i}.attn_q.weight",
+                        f"blk.{i}.attn_k.weight",
+                        f"blk.{i}.attn_v.weight",
+                    ),
+                    attn_output=linear(read(f"blk.{i}.attn_output.weight")),
+                    gate_up=normed_linear(
+                        f"blk.{i}.ffn_norm.weight",
+                        f"blk.{i}.ffn_gate.weight",
+                        f"blk.{i}.ffn_up.weight",
+                    ),
+                    down=linear(read(f"blk.{i}.ffn_down.weight")),
+                )
+                for i in range(hparams.block_count)
+            )
         embedding_f32 = read("token_embd.weight")
         embedding: Embedding
         lm_head: Linear
-        if quantization is Quantization.INT8:
+        if quantization is not Quantization.NONE:  # int4 too: the LM head is Q8_0 in the file
             lm_head = Int8Linear.quantize(embedding_f32.to(device), dtype, kernel)
             embedding = Int8Embedding(lm_head.qweight, lm_head.scales)
         else:
@@ -318,7 +373,7 @@ class LlamaWeights:
             # spare under 1.5 GiB (docs/MODEL_PERF.md).
             dense = embedding_f32.to(device=device, dtype=dtype).contiguous()
             embedding = DenseEmbedding(dense)
-            lm_head = DenseLinear(dense)
+            lm_head = DenseLinear(dense, exact_rows_per_call(dense.device, dense.dtype))
         return cls(
             embedding=embedding,
             lm_head=lm_head,
@@ -327,6 +382,30 @@ class LlamaWeights:
             kernel=kernel,
             quantization=quantization,
         )
+
+
+def _int4_layer(
+    file: GGUFFile, hparams: LlamaHParams, index: int, dtype: torch.dtype, kernel: LinearKernel
+) -> LayerWeights:
+    """Layer ``index`` with Q4_1 int4 projections and its RMSNorm weights kept apart."""
+
+    def int4(*names: str) -> Int4Linear:
+        return Int4Linear.from_gguf(
+            file, hparams, [f"blk.{index}.{n}.weight" for n in names], kernel=kernel
+        )
+
+    def norm(name: str) -> torch.Tensor:
+        weight = read_llama_tensor(file, f"blk.{index}.{name}.weight", hparams)
+        return torch.from_numpy(weight).to(dtype).contiguous()
+
+    return LayerWeights(
+        qkv=int4("attn_q", "attn_k", "attn_v"),
+        attn_output=int4("attn_output"),
+        gate_up=int4("ffn_gate", "ffn_up"),
+        down=int4("ffn_down"),
+        attn_norm=norm("attn_norm"),
+        ffn_norm=norm("ffn_norm"),
+    )
 
 
 def _lazily_zeroed(
@@ -351,7 +430,7 @@ def _lazily_zeroed(
 class KVCache:
     """Keys and values of every slot, preallocated once.
 
-    ``keys`` and ``values`` are ``[num_layers, max_num_seqs, n_kv_heads, max_model_len,
+    ``keys`` and ``values`` are ``[num_layers, max_num_seqs, n_kv_heads, align_keys(max_model_len),
     head_dim]`` tensors of the model dtype on the model device, so one slot's one head is a
     contiguous ``[max_model_len, head_dim]`` block (what attention reads). Bytes per slot:
     ``2 * num_layers * n_kv_heads * max_model_len * head_dim * itemsize`` (SmolLM2, 2048
@@ -377,7 +456,7 @@ class KVCache:
             hparams.block_count,
             max_num_seqs,
             hparams.head_count_kv,
-            max_model_len,
+            align_keys(max_model_len),  # attention reads whole KEY_ALIGN blocks
             hparams.head_dim,
         )
         self.keys = _lazily_zeroed(shape, dtype, device)
@@ -420,22 +499,26 @@ class RowSpec:
     token_ids: Sequence[int]
     position: int
     want_logits: bool
+    # True: compute this row exactly as it would be computed in any other batch (a seeded
+    # request, API.md); costs extra matmul calls once a step has more rows than a call may hold
+    # exactly (see exact_rows_per_call).
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillGroup:
     """Attention work of one multi-token row: packed tokens ``[start, stop)`` of ``slot``.
 
-    ``mask`` is ``[1, 1, T, position + T]``, additive (see :func:`_additive_mask`): query ``i``
-    sees keys ``<= position + i``. None for a chunk at position 0, whose mask is SDPA's own
-    ``is_causal``.
+    ``mask`` is ``[1, 1, T, key_length]``, additive (see :func:`_additive_mask`): query ``i``
+    sees keys ``<= position + i``; ``key_length`` is ``position + T`` padded to ``KEY_ALIGN``
+    (SDPA's own ``is_causal`` would tie the result to the chunk's length).
     """
 
     slot: int
     start: int
     stop: int
     key_length: int
-    mask: torch.Tensor | None
+    mask: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +528,8 @@ class DecodeGroup:
     Attributes:
         slot_start, slot_stop: the span of slots read as one view of the cache.
         row_offsets: ``[count]`` int64, ``slot - slot_start`` of each packed token.
-        key_length: longest ``position + 1`` among the rows (keys read per slot).
+        key_length: longest ``position + 1`` among the rows, padded to ``KEY_ALIGN`` (keys
+            read per slot).
         mask: ``[slot_stop - slot_start, 1, 1, key_length]``, additive; a slot of the
             span with no row may attend only to position 0, so its (discarded) output is finite.
             None when no position needs hiding (every slot of the span has a row of length
@@ -482,6 +566,10 @@ class ForwardPlan:
         prefills: one group per multi-token row.
         logits_index: ``[R]`` int64, packed index of the last token of each row that wants
             logits, in the order of the rows given to :meth:`build`.
+        exact_tokens: int64 packed indices of the tokens of ``batch_invariant`` rows, or None
+            when there are none.
+        exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
+            want logits, or None when there are none.
     """
 
     token_ids: torch.Tensor
@@ -490,6 +578,8 @@ class ForwardPlan:
     decode: DecodeGroup | None
     prefills: tuple[PrefillGroup, ...]
     logits_index: torch.Tensor
+    exact_tokens: torch.Tensor | None = None
+    exact_logits: torch.Tensor | None = None
 
     @classmethod
     def build(cls, rows: Sequence[RowSpec], *, cache: KVCache) -> ForwardPlan:
@@ -500,12 +590,17 @@ class ForwardPlan:
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        exact_tokens: list[int] = []
         last_index: dict[int, int] = {}
         for row in (*single, *multi):
+            if row.batch_invariant:
+                exact_tokens.extend(range(len(token_ids), len(token_ids) + len(row.token_ids)))
             token_ids.extend(row.token_ids)
             positions.extend(range(row.position, row.position + len(row.token_ids)))
             slots.extend([row.slot] * len(row.token_ids))
             last_index[row.slot] = len(token_ids) - 1
+        logit_rows = [r for r in rows if r.want_logits]
+        exact_logits = [i for i, r in enumerate(logit_rows) if r.batch_invariant]
 
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
@@ -523,7 +618,9 @@ class ForwardPlan:
             cache_index=cache.write_index(as_tensor(slots), position_tensor),
             decode=_plan_decode(single, dtype, device) if single else None,
             prefills=tuple(prefills),
-            logits_index=as_tensor([last_index[r.slot] for r in rows if r.want_logits]),
+            logits_index=as_tensor([last_index[r.slot] for r in logit_rows]),
+            exact_tokens=as_tensor(exact_tokens) if exact_tokens else None,
+            exact_logits=as_tensor(exact_logits) if exact_logits else None,
         )
 
 
@@ -537,7 +634,7 @@ def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.devi
 def _plan_decode(rows: Sequence[RowSpec], dtype: torch.dtype, device: torch.device) -> DecodeGroup:
     slot_start, slot_stop = rows[0].slot, rows[-1].slot + 1
     row_lengths = [row.position + 1 for row in rows]
-    key_length = max(row_lengths)
+    key_length = align_keys(max(row_lengths))
     offsets = [row.slot - slot_start for row in rows]
     dense = len(rows) == slot_stop - slot_start
     mask = None
@@ -561,12 +658,10 @@ def _plan_decode(rows: Sequence[RowSpec], dtype: torch.dtype, device: torch.devi
 def _plan_prefill(
     row: RowSpec, start: int, stop: int, dtype: torch.dtype, device: torch.device
 ) -> PrefillGroup:
-    key_length = row.position + stop - start
-    mask = None
-    if row.position > 0:
-        query_positions = torch.arange(row.position, key_length)
-        allowed = torch.arange(key_length)[None, :] <= query_positions[:, None]
-        mask = _additive_mask(allowed[None, None], dtype, device)
+    key_length = align_keys(row.position + stop - start)
+    query_positions = torch.arange(row.position, row.position + stop - start)
+    allowed = torch.arange(key_length)[None, :] <= query_positions[:, None]
+    mask = _additive_mask(allowed[None, None], dtype, device)
     return PrefillGroup(slot=row.slot, start=start, stop=stop, key_length=key_length, mask=mask)
 
 
@@ -608,23 +703,31 @@ class LlamaModel:
         qk_width = q_width + hp.head_count_kv * hp.head_dim
         ffn = hp.feed_forward_length
         num_tokens = hidden.shape[0]
+        exact = plan.exact_tokens
         for index, layer in enumerate(w.layers):
-            qkv = layer.qkv(hidden * self._inv_rms(hidden))
+            qkv = _project(layer.qkv, self._normed(hidden, layer.attn_norm), exact)
             qk = _apply_rope(qkv[:, :qk_width].view(num_tokens, -1, hp.head_dim), cos, sin)
             queries = qk[:, : hp.head_count]
             keys = qk[:, hp.head_count :]
             values = qkv[:, qk_width:].view(num_tokens, hp.head_count_kv, hp.head_dim)
             cache.write(index, plan.cache_index, keys, values)
             attended = self._attention(index, queries, plan, cache)
-            hidden = layer.attn_output.add_to(hidden, attended)
-            gate_up = layer.gate_up(hidden * self._inv_rms(hidden))
-            hidden = layer.down.add_to(hidden, F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:]))
+            hidden = _project(layer.attn_output, attended, exact, residual=hidden)
+            gate_up = _project(layer.gate_up, self._normed(hidden, layer.ffn_norm), exact)
+            activated = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
+            hidden = _project(layer.down, activated, exact, residual=hidden)
         if plan.logits_index.numel() == 0:  # only prompt chunks that sample nothing
             return hidden.new_empty((0, hp.vocab_size))
         last = F.rms_norm(
             hidden[plan.logits_index], w.output_norm.shape, w.output_norm, hp.rms_norm_eps
         )
-        return w.lm_head(last)
+        return _project(w.lm_head, last, plan.exact_logits)
+
+    def _normed(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """RMSNorm of ``x [N, hidden]``: ``x / rms(x)``, times ``weight`` unless it was folded
+        into the next projection (``weight`` None)."""
+        normed = x * self._inv_rms(x)
+        return normed if weight is None else normed.mul_(weight)
 
     def _inv_rms(self, x: torch.Tensor) -> torch.Tensor:
         """``1 / sqrt(mean(x ** 2) + eps)`` per row, ``[N, 1]`` in the dtype of ``x``.
@@ -683,10 +786,46 @@ class LlamaModel:
             keys,
             values,
             attn_mask=group.mask,
-            is_causal=group.mask is None,
             enable_gqa=True,
         )
         return out[0].transpose(0, 1).reshape(length, -1)  # [T, n_heads * D]
+
+
+def _project(
+    linear: Linear,
+    x: torch.Tensor,
+    exact: torch.Tensor | None,
+    *,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ W.T`` (plus ``residual`` when given) for ``x [N, in]``, with the rows listed in
+    ``exact`` computed in calls of at most ``linear.exact_rows`` rows, so that each comes out
+    as it would alone (batch invariance; see ``exact_rows_per_call``). The other rows take one
+    call over all ``N`` (their results there are overwritten for the exact rows)."""
+
+    def call(rows_x: torch.Tensor, rows_residual: torch.Tensor | None) -> torch.Tensor:
+        if rows_residual is None:
+            return linear(rows_x)
+        return linear.add_to(rows_residual, rows_x)
+
+    rows = x.shape[0]
+    if exact is None or rows <= linear.exact_rows:
+        return call(x, residual)
+    if exact.numel() == rows:  # every row is exact: no call over all of them
+        return torch.cat(
+            [
+                call(
+                    x[i : i + linear.exact_rows],
+                    None if residual is None else residual[i : i + linear.exact_rows],
+                )
+                for i in range(0, rows, linear.exact_rows)
+            ]
+        )
+    out = call(x, residual)
+    for chunk in exact.split(linear.exact_rows):
+        chunk_residual = None if residual is None else residual.index_select(0, chunk)
+        out.index_copy_(0, chunk, call(x.index_select(0, chunk), chunk_residual))
+    return out
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -16,21 +16,23 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.server import create_app
 from app.config import ServerConfig
-from app.models.base import StepBatch, StepOutput
+from app.models.base import SamplingParams, StepBatch, StepOutput
 from app.models.mock import MockModelRunner
 
 
 class RecordingMock(MockModelRunner):
-    """The mock model, remembering the prompt of every sequence it started."""
+    """The mock model, remembering the prompt and sampling of every sequence it started."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.started_prompts: list[bytes] = []
+        self.started_sampling: list[SamplingParams] = []
 
     def step(self, batch: StepBatch) -> StepOutput:
         for row in batch.rows:
             if row.position == 0:
                 self.started_prompts.append(bytes(t for t in row.token_ids if t < 256))
+                self.started_sampling.append(row.sampling)
         return super().step(batch)
 
 

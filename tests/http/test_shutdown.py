@@ -55,8 +55,9 @@ async def test_sigterm_drains_open_streams_and_exits_zero(server_process):
 
 
 async def test_second_signal_cancels_now_but_still_sends_final_events(tmp_path):
-    spec = ServerSpec.app("drain2", "--model", "mock", "--mock-step-ms", "20",
-                          "--shutdown-timeout", "60")
+    spec = ServerSpec.app(
+        "drain2", "--model", "mock", "--mock-step-ms", "20", "--shutdown-timeout", "60"
+    )
     with running(spec, tmp_path) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
             body = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True, "stream": True}

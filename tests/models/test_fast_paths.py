@@ -13,6 +13,7 @@ from app.models.base import SamplingParams, StepBatch, StepRow
 from app.models.gguf_file import GGUFFile, smollm2_gguf_path
 from app.models.llama import (
     INT8_MAX_ROWS,
+    KEY_ALIGN,
     DenseLinear,
     ForwardPlan,
     Int8Embedding,
@@ -163,7 +164,7 @@ def test_seeded_sampling_is_batch_invariant_in_float32_with_one_thread(
 ) -> None:
     """The float32 model keeps the API's seeded batch invariance on every path: with one torch
     thread, decode attention takes SDPA's own GQA layout instead of folded query heads.
-    (bfloat16 does not keep it: see docs/MODEL_PERF.md.)"""
+    (bfloat16 and int8, bit for bit: tests/models/test_batch_invariance.py.)"""
     tok = runner.tokenizer
     prompt = tok.encode("Write a short poem about the sea.")
     crowd_prompts = {
@@ -195,8 +196,15 @@ def test_seeded_sampling_is_batch_invariant_in_float32_with_one_thread(
 
 def test_kv_cache_is_zero_and_writable() -> None:
     hp = GGUFFile(smollm2_gguf_path()).llama_hparams()
-    cache = KVCache(hp, max_num_seqs=2, max_model_len=32, dtype=torch.bfloat16, device=CPU)
-    assert cache.keys.shape == (hp.block_count, 2, hp.head_count_kv, 32, hp.head_dim)
+    cache = KVCache(hp, max_num_seqs=2, max_model_len=30, dtype=torch.bfloat16, device=CPU)
+    # positions are padded to whole KEY_ALIGN blocks (attention reads whole blocks): 30 -> 32
+    assert cache.keys.shape == (
+        hp.block_count,
+        2,
+        hp.head_count_kv,
+        KEY_ALIGN * 2,
+        hp.head_dim,
+    )  # 30 -> 32
     assert cache.keys.dtype == torch.bfloat16
     assert not cache.keys.any() and not cache.values.any()
     index = cache.write_index(torch.tensor([1]), torch.tensor([31]))

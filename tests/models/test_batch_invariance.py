@@ -1,0 +1,140 @@
+"""Seeded requests are batch-invariant bit for bit (API.md, ``seed``), in bfloat16, int8, int4.
+
+A target sequence is teacher-forced through the same tokens twice: alone (one prompt chunk,
+then one-row decode steps) and in a crowd (its prompt cut into uneven chunks that share steps
+with other prompts, decode steps with more rows than one exact matmul call holds, other rows
+of every length). Its logits must be equal in every step, not just close.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.models.gguf_file import GGUFFile, smollm2_gguf_path
+from app.models.gguf_tokenizer import GGUFTokenizer
+from app.models.int4 import int4_kernel_status
+from app.models.llama import (
+    EXACT_ROWS_ONEDNN_BF16,
+    ForwardPlan,
+    KVCache,
+    LinearKernel,
+    LlamaModel,
+    LlamaWeights,
+    Quantization,
+    RowSpec,
+    select_linear_kernel,
+)
+
+pytestmark = pytest.mark.slow
+
+CPU = torch.device("cpu")
+CROWD = EXACT_ROWS_ONEDNN_BF16 + 8  # more rows than one exact call holds
+MAX_LEN = 256
+TARGET = 7  # the target's slot in the crowd
+
+
+def _model(dtype: torch.dtype, quantization: Quantization) -> LlamaModel:
+    file = GGUFFile(smollm2_gguf_path())
+    hparams = file.llama_hparams()
+    kernel, _ = select_linear_kernel(CPU, dtype)
+    weights = LlamaWeights.from_gguf(
+        file, hparams, dtype=dtype, device=CPU, quantization=quantization, kernel=kernel
+    )
+    return LlamaModel(hparams, weights, max_model_len=MAX_LEN)
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "int8", "int4"])
+def model(request: pytest.FixtureRequest) -> LlamaModel:
+    if request.param == "bfloat16":
+        return _model(torch.bfloat16, Quantization.NONE)
+    if request.param == "int4" and not int4_kernel_status()[0]:
+        pytest.skip(int4_kernel_status()[1])
+    return _model(torch.bfloat16, Quantization(request.param))
+
+
+def test_greedy_answer_is_paris(model: LlamaModel) -> None:
+    """A sanity check of each kind of weights: greedy decoding of a known prompt."""
+    tokenizer = GGUFTokenizer(GGUFFile(smollm2_gguf_path()))
+    prompt = tokenizer.encode("The capital of France is")
+    steps = [[RowSpec(0, prompt, 0, True)]]
+    cache = KVCache(model.hparams, max_num_seqs=1, max_model_len=64, dtype=model.dtype, device=CPU)
+    generated: list[int] = []
+    with torch.inference_mode():
+        for _ in range(3):
+            logits = model.forward(ForwardPlan.build(steps[-1], cache=cache), cache)
+            generated.append(int(logits[0].argmax()))
+            steps.append([RowSpec(0, [generated[-1]], len(prompt) + len(generated) - 1, True)])
+    assert tokenizer.decode_bytes(generated).startswith(b" Paris")
+
+
+def _target_logits(
+    model: LlamaModel, steps: list[list[RowSpec]], target_slot: int
+) -> list[torch.Tensor]:
+    """Run ``steps`` on a fresh cache; the target's logits of every step that asks for them."""
+    cache = KVCache(
+        model.hparams, max_num_seqs=CROWD + 1, max_model_len=MAX_LEN, dtype=model.dtype, device=CPU
+    )
+    found = []
+    with torch.inference_mode():
+        for rows in steps:
+            logits = model.forward(ForwardPlan.build(rows, cache=cache), cache)
+            wanting = [r.slot for r in rows if r.want_logits]
+            if target_slot in wanting:
+                found.append(logits[wanting.index(target_slot)].clone())
+    return found
+
+
+def test_a_seeded_row_computes_the_same_alone_and_in_any_crowd(model: LlamaModel) -> None:
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.hparams.vocab_size
+
+    def tokens(count: int) -> list[int]:
+        return torch.randint(0, vocab, (count,), generator=generator).tolist()
+
+    prompt, forced = tokens(150), tokens(6)  # the target's prompt and the tokens it is fed
+
+    def target(position: int, ids: list[int], slot: int, logits: bool = True) -> RowSpec:
+        return RowSpec(slot, ids, position, logits, batch_invariant=True)
+
+    alone = [[target(0, prompt, 0)]] + [
+        [target(len(prompt) + i, [token], 0)] for i, token in enumerate(forced)
+    ]
+
+    # The crowd: CROWD slots with prompts of assorted lengths (rows of every key length, some
+    # past the target's, some in another KEY_ALIGN block), one of them also seeded.
+    others = {slot: tokens(3 + 6 * slot) for slot in range(CROWD + 1)}
+    others.pop(TARGET)
+    crowd: list[list[RowSpec]] = [
+        [RowSpec(slot, ids, 0, False, batch_invariant=slot == 3) for slot, ids in others.items()],
+        # the target's prompt in three uneven chunks, sharing steps with others' decode rows
+        [target(0, prompt[:41], TARGET, False), *_decode_rows(others, 0)],
+        [target(41, prompt[41:42], TARGET, False)],  # a one-token chunk: decode-style attention
+        [target(42, prompt[42:], TARGET), *_decode_rows(others, 1)],
+    ]
+    sizes = [CROWD, 3, EXACT_ROWS_ONEDNN_BF16 + 1, 1, EXACT_ROWS_ONEDNN_BF16, 17]
+    for i, (token, size) in enumerate(zip(forced, sizes, strict=True)):
+        rows = [target(len(prompt) + i, [token], TARGET), *_decode_rows(others, 2 + i)]
+        crowd.append(rows[:size])  # a different crowd size every step
+
+    expected = _target_logits(model, alone, 0)
+    got = _target_logits(model, crowd, TARGET)
+    assert len(expected) == len(got) == 1 + len(forced)
+    for step, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max()}"
+
+
+def _decode_rows(prompts: dict[int, list[int]], step: int) -> list[RowSpec]:
+    """One decode row per slot (token 5), after its prompt and ``step`` earlier decodes."""
+    return [
+        RowSpec(slot, [5], len(ids) + step, True, batch_invariant=slot == 3)
+        for slot, ids in prompts.items()
+    ]
+
+
+def test_dense_bfloat16_kernel_is_what_the_crowd_test_exercises() -> None:
+    """The crowd test is about oneDNN's bfloat16 kernels: make sure this CPU picks them."""
+    kernel, reason = select_linear_kernel(CPU, torch.bfloat16)
+    if kernel is not LinearKernel.ONEDNN:
+        pytest.skip(reason)
+    assert kernel is LinearKernel.ONEDNN
