@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.models.base import SamplingParams, StepBatch, StepRow  # noqa: E402
+from app.models.int4 import INT4_MAX_ROWS, Int4Linear  # noqa: E402
 from app.models.llama import DenseLinear, Int8Linear, PackedLinear  # noqa: E402
 from app.models.smollm2 import LlamaModelRunner, load_smollm2  # noqa: E402
 
@@ -65,7 +66,7 @@ class Config:
 
     @property
     def name(self) -> str:
-        return self.dtype + ("" if self.quantization == "none" else "+int8")
+        return self.dtype + ("" if self.quantization == "none" else f"+{self.quantization}")
 
 
 def rss_mib() -> float:
@@ -109,6 +110,10 @@ def weight_bytes_per_step(runner: LlamaModelRunner, rows: int) -> int:
     """Bytes of projection weights one step of ``rows`` decode rows reads (each matrix once)."""
 
     def size(linear) -> int:
+        if isinstance(linear, Int4Linear):
+            if rows <= INT4_MAX_ROWS:
+                return linear.int4.packed.nbytes + linear.int4.scale_and_zeros.nbytes
+            linear = linear.wide
         if isinstance(linear, Int8Linear):
             if rows <= 2:  # INT8_MAX_ROWS: the int8 kernel
                 return linear.qweight.nbytes + linear.scales.nbytes
