@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import sys
 import tempfile
 import time
@@ -26,7 +27,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import aiohttp
+import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 from server_process import ServerSpec, running
@@ -60,6 +63,28 @@ async def burst(
             next_at += rng.exponential(1.0 / rate)
         await asyncio.gather(*tasks)
     return results
+
+
+def loop_lag_buckets(url: str) -> dict[float, float]:
+    """The server's cumulative ``slotserve_event_loop_lag_seconds`` buckets: upper bound (s) ->
+    samples at most that late."""
+    body = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        float(sample.labels["le"]): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "slotserve_event_loop_lag_seconds_bucket"
+    }
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The smallest bucket bound (s) holding a fraction ``q`` of the samples taken between the
+    two scrapes; ``inf`` when there were none."""
+    total = after.get(math.inf, 0.0) - before.get(math.inf, 0.0)
+    for bound in sorted(after):
+        if total > 0 and after[bound] - before.get(bound, 0.0) >= q * total:
+            return bound
+    return math.inf
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         # the client's own full collections (tens of ms) would count as server latency
         gc.collect()
         gc.freeze()
+        lag_before = loop_lag_buckets(url)
         results = asyncio.run(burst(url, rate, args.duration, args.max_tokens, args.seed))
+        lag_after = loop_lag_buckets(url)
 
     statuses = Counter(status for status, _ in results)
     by_status = {status: np.array([ms for s, ms in results if s == status]) for status in statuses}
@@ -131,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{values.max():.2f}",
         )
     Console().print(table)
+    loop_lag_p99 = bucket_quantile(lag_before, lag_after, 0.99)
+    Console().print(
+        f"server event-loop lag during the burst: p99 <= {loop_lag_p99 * 1000:g} ms "
+        "(slotserve_event_loop_lag_seconds; the rest of a 429's latency is the client and the OS)"
+    )
     problems = [f"unexpected status {s}" for s in statuses if s not in (200, 429)]
     p99_429 = summary.get("429", {}).get("p99_ms")
     if p99_429 is None:
@@ -147,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     "capacity_rps": capacity,
                     "rate_rps": rate,
                     "by_status": summary,
+                    "server_event_loop_lag_p99_ms_at_most": loop_lag_p99 * 1000,
                     "problems": problems,
                 },
                 indent=2,

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from prometheus_client import Histogram
 
 from app import __version__
 from app.api import generate, openai, status
@@ -18,6 +19,7 @@ from app.api.request_id import RequestIdMiddleware
 from app.api.resources import ServerResources
 from app.config import ServerConfig
 from app.engine.engine import AdmissionLimits, AsyncEngine
+from app.engine.metrics import EVENT_LOOP_LAG_INTERVAL_S
 from app.engine.policy import make_policy
 from app.models.base import Model
 from app.models.loading import load_model
@@ -37,6 +39,20 @@ async def drain_app(app: FastAPI, timeout_s: float) -> None:
     await resources.engine.drain(timeout_s)
     await resources.engine.stop()
     logger.info("drained")
+
+
+async def watch_event_loop_lag(
+    histogram: Histogram, interval_s: float = EVENT_LOOP_LAG_INTERVAL_S
+) -> None:
+    """Forever: sleep ``interval_s`` seconds and record how much later than asked the loop woke
+    us (seconds) in ``histogram``. Everything on the loop (routes, SSE sends, the scheduler's
+    bookkeeping between steps) delays every client by that much; the model step runs off the
+    loop and should not show here. Costs one timer wake-up per interval."""
+    clock = asyncio.get_running_loop().time
+    while True:
+        asked = clock() + interval_s
+        await asyncio.sleep(interval_s)
+        histogram.observe(max(0.0, clock() - asked))
 
 
 def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
@@ -75,11 +91,15 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
             caps.max_num_seqs,
             "required" if app.state.resources.guard.enabled else "not required",
         )
+        lag_watch = asyncio.create_task(
+            watch_event_loop_lag(engine.metrics.event_loop_lag), name="event-loop-lag"
+        )
         try:
             yield
         finally:
             await engine.drain(config.shutdown_timeout)
             await engine.stop()
+            lag_watch.cancel()
 
     # With API keys on, the schema and docs pages are off too: every endpoint but /health
     # needs the key, and these pages cannot check one.

@@ -32,6 +32,9 @@ _LATENCY_BUCKETS_S = (
     60.0,
     120.0,
 )
+_LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+# How often the event loop's lag is sampled (app.api.server.watch_event_loop_lag), in seconds.
+EVENT_LOOP_LAG_INTERVAL_S = 0.01
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 
 
@@ -99,6 +102,13 @@ class EngineMetrics:
             "slotserve_cancel_to_slot_free_seconds",
             "From a cancel command being issued to its slot being free.",
             buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.event_loop_lag = Histogram(
+            "slotserve_event_loop_lag_seconds",
+            "How late the event loop ran a timer it was asked to run every "
+            f"{EVENT_LOOP_LAG_INTERVAL_S * 1000:g} ms: time it could answer no client.",
+            buckets=_LOOP_LAG_BUCKETS_S,
             registry=r,
         )
 
