@@ -14,12 +14,7 @@ from app.api.schemas import ErrorResponse, HealthResponse, InfoResponse
 router = APIRouter()
 
 
-@router.api_route(
-    "/health",
-    methods=["GET", "HEAD"],
-    response_model=HealthResponse,
-    responses={503: {"model": ErrorResponse}},
-)
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": ErrorResponse}})
 async def health(request: Request) -> Response:
     """200 while the model is loaded and the scheduler loop runs; 503 otherwise. No key needed."""
     resources = getattr(request.app.state, "resources", None)
@@ -29,6 +24,11 @@ async def health(request: Request) -> Response:
             error_body("unavailable", f"the server is not serving ({state})"), status_code=503
         )
     return JSONResponse({"status": "ok"})
+
+
+# HEAD /health for probes that send HEAD (some load balancers); the same answer without a body.
+# Kept out of the schema: one operation per path and method there.
+router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
 
 @router.get("/info", response_model=InfoResponse, responses={503: {"model": ErrorResponse}})
