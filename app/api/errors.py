@@ -15,8 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client closed the connection first"
 
 _TYPE_BY_STATUS = {
     400: "invalid_request",
@@ -107,6 +111,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             APIError(exc.status_code, error_type, message, headers=exc.headers or None)
         )
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # The client closed the connection before its body arrived: nobody reads an answer,
+        # and it is not a server fault (nginx logs such requests as 499).
+        logger.info("%s %s: client left before sending its body", request.method, request.url.path)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app.api.errors import APIError, error_body, validation_error
+from app.api.errors import CLIENT_CLOSED_REQUEST, APIError, error_body, validation_error
 from app.api.resources import ServerResources, resources_of
 from app.api.schemas import (
     CancelResponse,
@@ -27,7 +27,6 @@ from app.api.schemas import (
     GenerateResponse,
 )
 from app.api.submission import (
-    CLIENT_CLOSED_REQUEST,
     check_context_length,
     check_max_tokens,
     encode_prompt,
@@ -76,7 +75,7 @@ async def generate(request: Request) -> Response:
     owner = resources.guard.owner_of(request)
     body = parse_body(await read_body(request, resources.config.max_body_bytes))
     refuse_if_overloaded(resources, max_tokens=body.max_tokens)
-    generation = _to_generation_request(
+    generation = await _to_generation_request(
         body, resources, request_id=request.state.request_id, owner=owner, arrived_at=arrived_at
     )
     handle = submit(resources, generation)
@@ -117,7 +116,7 @@ def parse_body(raw: bytes) -> GenerateRequestBody:
         raise validation_error(exc) from None
 
 
-def _to_generation_request(
+async def _to_generation_request(
     body: GenerateRequestBody,
     resources: ServerResources,
     *,
@@ -135,7 +134,7 @@ def _to_generation_request(
             f"stop_token_ids: {bad_ids[0]} is outside the vocabulary (size {caps.vocab_size})",
             param="stop_token_ids",
         )
-    prompt_ids = encode_prompt(resources, body.prompt, request_id=request_id, param="prompt")
+    prompt_ids = await encode_prompt(resources, body.prompt, request_id=request_id, param="prompt")
     check_context_length(
         resources,
         prompt_tokens=len(prompt_ids),

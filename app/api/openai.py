@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.errors import APIError, validation_error
+from app.api.errors import CLIENT_CLOSED_REQUEST, APIError, validation_error
 from app.api.openai_schemas import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatChoice,
@@ -64,7 +64,6 @@ from app.api.openai_schemas import (
 )
 from app.api.resources import ServerResources, resources_of
 from app.api.submission import (
-    CLIENT_CLOSED_REQUEST,
     check_context_length,
     check_max_tokens,
     encode_prompt,
@@ -191,7 +190,7 @@ async def create_completion(request: Request) -> Response:
         CompletionRequestBody, await read_body(request, resources.config.max_body_bytes)
     )
     request_id: str = request.state.request_id
-    prompt_ids = encode_prompt(resources, body.prompt, request_id=request_id, param="prompt")
+    prompt_ids = await encode_prompt(resources, body.prompt, request_id=request_id, param="prompt")
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     generation = _generation_request(
         body,
@@ -223,7 +222,7 @@ async def create_chat_completion(request: Request) -> Response:
     )
     request_id: str = request.state.request_id
     prompt = _render_chat(resources, body.messages)
-    prompt_ids = encode_prompt(resources, prompt, request_id=request_id, param="messages")
+    prompt_ids = await encode_prompt(resources, prompt, request_id=request_id, param="messages")
     generation = _generation_request(
         body,
         resources,

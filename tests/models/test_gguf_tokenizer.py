@@ -63,3 +63,10 @@ def test_end_of_generation_ids_and_chat_template(tokenizer: GGUFTokenizer) -> No
 def test_decoding_an_id_outside_the_vocabulary_raises(tokenizer: GGUFTokenizer) -> None:
     with pytest.raises(IndexError):
         tokenizer.decode_bytes([49152])
+
+
+def test_encode_is_the_hf_tokenizers_encode(tokenizer: GGUFTokenizer) -> None:
+    """``encode`` goes through ``encode_batch`` (it releases the GIL); same ids as ``encode``."""
+    for text in ("The capital of France is", "² ³ 12345", "<|im_start|>user\nhi", "", "é" * 50):
+        expected = tokenizer._hf.encode(text, add_special_tokens=False).ids
+        assert tokenizer.encode(text) == expected
