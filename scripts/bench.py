@@ -1224,6 +1224,10 @@ def render_markdown(plan: Plan, sections: Sequence[Section], info: dict[str, obj
         "runs in the benchmark's own process on the same cores, so the client competes with "
         "the server for CPU: the tables give both CPU shares.",
         "",
+        "The real model's speed against transformers and llama.cpp (1 / 16 / 64 streams, "
+        "dtypes, int4, memory, batch invariance) is in [`MODEL_PERF.md`](MODEL_PERF.md) "
+        "(`scripts/bench_model.py`, `scripts/bench_model_step.py`).",
+        "",
     ]
     for section in sections:
         lines += render_section(section)
