@@ -107,16 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         url, capacity = args.url, args.capacity
         if url is None:
-            spec = ServerSpec.app(
+            spec = ServerSpec.mock(
                 "burst-mock",
-                "--model",
-                "mock",
-                "--mock-step-ms",
-                str(args.mock_step_ms),
-                "--max-num-seqs",
-                str(args.max_num_seqs),
-                "--max-queue",
-                str(args.max_queue),
+                step_ms=args.mock_step_ms,
+                max_num_seqs=args.max_num_seqs,
+                flags=("--max-queue", str(args.max_queue)),
             )
             url = stack.enter_context(running(spec, Path(tempfile.mkdtemp(prefix="burst-")))).url
             capacity = args.max_num_seqs / (args.max_tokens * args.mock_step_ms / 1000.0)

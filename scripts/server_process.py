@@ -55,6 +55,22 @@ class ServerSpec:
         return cls(name, argv, has_metrics=True, ready_timeout_s=ready_timeout_s)
 
     @classmethod
+    def mock(
+        cls, name: str, *, step_ms: float, max_num_seqs: int, flags: tuple[str, ...] = ()
+    ) -> ServerSpec:
+        """Our server with the mock model (``step_ms`` per step, ``max_num_seqs`` slots)."""
+        return cls.app(
+            name,
+            "--model",
+            "mock",
+            "--mock-step-ms",
+            str(step_ms),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            *flags,
+        )
+
+    @classmethod
     def ceiling(cls, name: str) -> ServerSpec:
         argv = (sys.executable, str(SCRIPTS / "bench_sse_ceiling.py"), "--host", "127.0.0.1")
         return cls(name, argv, has_metrics=False)

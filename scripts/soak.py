@@ -327,14 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         url, pid = args.url, args.server_pid
         if url is None:
-            spec = ServerSpec.app(
-                "soak-mock",
-                "--model",
-                "mock",
-                "--mock-step-ms",
-                str(args.mock_step_ms),
-                "--max-num-seqs",
-                str(args.max_num_seqs),
+            spec = ServerSpec.mock(
+                "soak-mock", step_ms=args.mock_step_ms, max_num_seqs=args.max_num_seqs
             )
             server = stack.enter_context(running(spec, Path(tempfile.mkdtemp(prefix="soak-"))))
             url, pid = server.url, server.pid

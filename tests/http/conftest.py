@@ -36,6 +36,25 @@ class RecordingMock(MockModelRunner):
         return super().step(batch)
 
 
+def post_generate_scope(*headers: tuple[bytes, bytes]) -> dict:
+    """A raw ASGI scope of ``POST /generate`` (JSON), for tests that drive ``receive``/``send``
+    themselves (a client that never reads, one that leaves mid-body)."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/generate",
+        "raw_path": b"/generate",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+
 def mock_config(**overrides) -> ServerConfig:
     values = {"model": "mock", "max_num_seqs": 4, "mock_step_ms": 0.0}
     values.update(overrides)

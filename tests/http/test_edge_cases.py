@@ -8,7 +8,7 @@ import threading
 
 from app.api import submission
 from app.api.server import create_app
-from tests.http.conftest import app_client, mock_config
+from tests.http.conftest import app_client, mock_config, post_generate_scope
 
 
 async def test_client_leaving_before_its_body_is_a_quiet_499(caplog) -> None:
@@ -29,22 +29,8 @@ async def test_client_leaving_before_its_body_is_a_quiet_499(caplog) -> None:
         async def send(message):
             sent.append(message)
 
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/generate",
-            "raw_path": b"/generate",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
-            "client": ("127.0.0.1", 1234),
-            "server": ("127.0.0.1", 8000),
-        }
         with caplog.at_level(logging.INFO):
-            await app(scope, receive, send)
+            await app(post_generate_scope((b"content-length", b"100")), receive, send)
     assert sent[0]["status"] == 499
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 

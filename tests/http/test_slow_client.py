@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.http.conftest import app_client, metric_value, mock_config, wait_for
+from tests.http.conftest import app_client, metric_value, mock_config, post_generate_scope, wait_for
 
 
 async def test_stalled_reader_is_cancelled_and_others_keep_going():
@@ -35,21 +35,7 @@ async def test_stalled_reader_is_cancelled_and_others_keep_going():
                 blocked.set()
                 await asyncio.Event().wait()  # the socket buffer is full: never drains
 
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/generate",
-            "raw_path": b"/generate",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 1),
-            "server": ("127.0.0.1", 80),
-        }
-        stalled = asyncio.create_task(app(scope, receive, send))
+        stalled = asyncio.create_task(app(post_generate_scope(), receive, send))
         await asyncio.wait_for(blocked.wait(), 5)
 
         neighbour = await client.post(
