@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import aiohttp
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,8 +122,34 @@ class Endpoint(Protocol):
     """Sends one streamed greedy request and records it."""
 
     async def stream(
-        self, http: httpx.AsyncClient, prompt: str, max_tokens: int
+        self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
     ) -> StreamRecord: ...
+
+
+def client_session(connections: int, timeout_s: float = 600) -> aiohttp.ClientSession:
+    """The benchmark's HTTP client. aiohttp (C HTTP parser), as vLLM's serving benchmark uses:
+    on the 2-core machine the client shares the cores with the server, and httpx spent ~4x
+    more CPU per streamed token (1.6 s against 0.4 s for a 64-stream wave), time the server's
+    threads then lost (see docs/MODEL_PERF.md, "The client's share")."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    )
+
+
+async def read_stream(
+    response: aiohttp.ClientResponse, first_marker: bytes
+) -> tuple[str, float | None]:
+    """The whole body of a streamed ``response`` and when the first chunk holding
+    ``first_marker`` arrived (``time.perf_counter()``; None if none did). Chunks are kept as
+    they come and decoded once at the end: per chunk only a byte search."""
+    first: float | None = None
+    chunks: list[bytes] = []
+    async for chunk in response.content.iter_any():
+        if first is None and first_marker in chunk:
+            first = time.perf_counter()
+        chunks.append(chunk)
+    return b"".join(chunks).decode(), first
 
 
 def _sse_events(lines: Sequence[str]) -> Iterator[tuple[str, str]]:
@@ -145,7 +172,9 @@ class NativeEndpoint:
 
     url: str
 
-    async def stream(self, http: httpx.AsyncClient, prompt: str, max_tokens: int) -> StreamRecord:
+    async def stream(
+        self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
+    ) -> StreamRecord:
         body = {
             "prompt": prompt,
             "max_tokens": max_tokens,
@@ -154,44 +183,41 @@ class NativeEndpoint:
             "stream": True,
         }
         sent = time.perf_counter()
-        first: float | None = None
+        async with http.post(f"{self.url}/generate", json=body) as response:
+            response.raise_for_status()
+            text, first = await read_stream(response, b"event: token")
+        done = time.perf_counter()
         token_ids: list[int] = []
         usage: dict = {}
-        async with http.stream("POST", f"{self.url}/generate", json=body) as response:
-            response.raise_for_status()
-            pending: list[str] = []
-            async for line in response.aiter_lines():
-                pending.append(line)
-                if line:
-                    continue
-                for name, data in _sse_events(pending):
-                    payload = json.loads(data)
-                    if name == "token":
-                        first = first or time.perf_counter()
-                        token_ids.extend(payload["token_ids"])
-                    elif name == "done":
-                        usage = payload["usage"]
-                    elif name == "error":
-                        raise RuntimeError(f"server error: {payload}")
-                pending = []
+        for name, data in _sse_events([*text.splitlines(), ""]):
+            payload = json.loads(data)
+            if name == "token":
+                token_ids.extend(payload["token_ids"])
+            elif name == "done":
+                usage = payload["usage"]
+            elif name == "error":
+                raise RuntimeError(f"server error: {payload}")
         return StreamRecord(
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=len(token_ids),
             token_ids=tuple(token_ids),
             sent_at=sent,
             first_token_at=first,
-            done_at=time.perf_counter(),
+            done_at=done,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class OpenAIEndpoint:
     """``POST /v1/completions`` streamed (llama.cpp's server): tokens counted from ``usage``
-    when the server sends it, else one per content chunk (llama.cpp sends one per token)."""
+    when the server sends it, else one per content chunk (llama.cpp sends one per token).
+    The first token's time is that of the first chunk holding a ``"text"``."""
 
     url: str
 
-    async def stream(self, http: httpx.AsyncClient, prompt: str, max_tokens: int) -> StreamRecord:
+    async def stream(
+        self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
+    ) -> StreamRecord:
         body = {
             "prompt": prompt,
             "max_tokens": max_tokens,
@@ -201,32 +227,31 @@ class OpenAIEndpoint:
             "stream_options": {"include_usage": True},
         }
         sent = time.perf_counter()
-        first: float | None = None
-        chunks, usage = 0, None
-        async with http.stream("POST", f"{self.url}/v1/completions", json=body) as response:
+        async with http.post(f"{self.url}/v1/completions", json=body) as response:
             response.raise_for_status()
-            async for line in response.aiter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                    continue
-                payload = json.loads(line[5:])
-                if payload.get("usage"):
-                    usage = payload["usage"]
-                if any(choice.get("text") for choice in payload.get("choices", ())):
-                    first = first or time.perf_counter()
-                    chunks += 1
+            text, first = await read_stream(response, b'"text"')
+        done = time.perf_counter()
+        chunks, usage = 0, None
+        for line in text.splitlines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            payload = json.loads(line[5:])
+            if payload.get("usage"):
+                usage = payload["usage"]
+            if any(choice.get("text") for choice in payload.get("choices", ())):
+                chunks += 1
         return StreamRecord(
             prompt_tokens=usage and usage.get("prompt_tokens"),
             completion_tokens=usage["completion_tokens"] if usage else chunks,
             token_ids=None,
             sent_at=sent,
             first_token_at=first,
-            done_at=time.perf_counter(),
+            done_at=done,
         )
 
 
 async def run_wave(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int) -> Wave:
-    limits = httpx.Limits(max_connections=len(prompts) + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+    async with client_session(len(prompts) + 4) as http:
         records = await asyncio.gather(*(endpoint.stream(http, p, max_tokens) for p in prompts))
     return Wave(tuple(records))
 
@@ -402,7 +427,7 @@ async def measure_throughput(
 async def ttft_under_load(url: str, *, repeats: int, prompt: str) -> dict[str, float]:
     """15 streams decoding; the 100-token ``prompt`` arrives; its TTFT vs on the idle server."""
     endpoint = NativeEndpoint(url)
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=32)) as http:
+    async with client_session(32) as http:
         idle = [await endpoint.stream(http, prompt, 1) for _ in range(repeats + 1)][1:]
         loaded: list[StreamRecord] = []
         step_ms: list[float] = []
@@ -437,7 +462,7 @@ async def ttft_under_load(url: str, *, repeats: int, prompt: str) -> dict[str, f
 
 
 async def _record_token_times(
-    http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, times: list[float]
+    http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, times: list[float]
 ) -> None:
     """Appends the arrival time of every token event of one greedy stream to ``times``."""
     body = {
@@ -447,10 +472,10 @@ async def _record_token_times(
         "ignore_eos": True,
         "stream": True,
     }
-    async with http.stream("POST", f"{url}/generate", json=body) as response:
-        async for line in response.aiter_lines():
-            if line.startswith("event: token"):
-                times.append(time.perf_counter())
+    async with http.post(f"{url}/generate", json=body) as response:
+        async for chunk in response.content.iter_any():
+            now = time.perf_counter()
+            times.extend([now] * chunk.count(b"event: token"))
 
 
 # --------------------------------------------------------------------------- memory
@@ -465,12 +490,14 @@ async def fill_every_slot(url: str, tokenizer: GGUFTokenizer, *, slots: int, con
         prompt = prompt[:-20]
     max_tokens = context - len(tokenizer.encode(prompt))
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    async with httpx.AsyncClient(timeout=900) as http:
-        responses = await asyncio.gather(
-            *(http.post(f"{url}/generate", json=body) for _ in range(slots))
-        )
-    for response in responses:
-        response.raise_for_status()
+
+    async def one(http: aiohttp.ClientSession) -> None:
+        async with http.post(f"{url}/generate", json=body) as response:
+            response.raise_for_status()
+            await response.read()
+
+    async with client_session(slots + 4, timeout_s=900) as http:
+        await asyncio.gather(*(one(http) for _ in range(slots)))
 
 
 # --------------------------------------------------------------------------- transformers

@@ -20,6 +20,7 @@ from app.api.resources import ServerResources
 from app.config import ServerConfig
 from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.metrics import EVENT_LOOP_LAG_INTERVAL_S
+from app.engine.model_thread import ModelThread
 from app.engine.policy import make_policy
 from app.models.base import Model
 from app.models.loading import load_model
@@ -65,7 +66,9 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded = model if model is not None else await asyncio.to_thread(load_model, config)
+        # Loaded on the thread that will step it: one OpenMP team (app.engine.model_thread).
+        model_thread = ModelThread()
+        loaded = model if model is not None else await model_thread.run(load_model, config)
         engine = AsyncEngine(
             loaded,
             policy=make_policy(config.scheduling),
@@ -73,6 +76,7 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
             limits=AdmissionLimits(
                 max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens
             ),
+            model_thread=model_thread,
         )
         await engine.start()
         caps = loaded.capabilities

@@ -14,12 +14,12 @@ import asyncio
 import enum
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from app.engine.detokenizer import TextAssembler
 from app.engine.handle import RequestHandle
 from app.engine.metrics import EngineMetrics
+from app.engine.model_thread import ModelThread
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.request import FinishReason, GenerationRequest, Sequence
 from app.engine.scheduler import ScheduledStep, Scheduler
@@ -97,6 +97,9 @@ class AsyncEngine:
             ``max(model slots, model.capabilities.max_tokens_per_row)``.
         metrics: where to count; a fresh registry by default.
         limits: admission limits (queue length and queued prompt tokens).
+        model_thread: where ``model.step`` runs; pass the thread the model was loaded on
+            (see :mod:`app.engine.model_thread`). A new one by default. The engine shuts it
+            down in :meth:`stop`.
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class AsyncEngine:
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
         limits: AdmissionLimits | None = None,
+        model_thread: ModelThread | None = None,
     ) -> None:
         caps = model.capabilities
         self.limits = limits or AdmissionLimits()
@@ -130,7 +134,7 @@ class AsyncEngine:
         # Submits in the inbox the loop has not applied yet (they wait like queued requests).
         self._inbox_requests = 0
         self._inbox_prompt_tokens = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
+        self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
@@ -173,7 +177,7 @@ class AsyncEngine:
                 pass
         self.scheduler.finish_all(FinishReason.CANCELLED)
         self._end_inbox(FinishReason.CANCELLED)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._model_thread.shutdown()
 
     # ----------------------------------------------------------------- commands (any task)
 
@@ -291,9 +295,8 @@ class AsyncEngine:
 
     async def _run_step(self, step: ScheduledStep) -> None:
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
         try:
-            output = await loop.run_in_executor(self._executor, self.model.step, step.batch)
+            output = await self._model_thread.run(self.model.step, step.batch)
             self.metrics.step_duration.observe(time.perf_counter() - started)
             # Cancels that arrived during the step win over its output: a DELETE answered
             # 200 must end its request as cancelled, never with one more token.

@@ -1,0 +1,87 @@
+"""The model thread: every call into the model (loading, then every step) on one OS thread, so
+that torch's OpenMP keeps a single team of workers (app/engine/model_thread.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+
+import app.api.server as server_module
+from app.api.server import create_app
+from app.config import ServerConfig
+from app.engine.model_thread import ModelThread
+from app.models.base import StepBatch, StepOutput
+from app.models.mock import MockModelRunner
+
+
+async def test_calls_run_in_order_on_one_thread_off_the_loop() -> None:
+    model_thread = ModelThread()
+    order: list[int] = []
+
+    def record(index: int, *, delay_s: float = 0.0) -> int:
+        if delay_s:
+            threading.Event().wait(delay_s)
+        order.append(index)
+        return threading.get_ident()
+
+    try:
+        idents = await asyncio.gather(
+            model_thread.run(record, 0, delay_s=0.02),
+            model_thread.run(record, 1),
+            model_thread.run(record, 2),
+        )
+    finally:
+        model_thread.shutdown()
+    assert order == [0, 1, 2]
+    assert len(set(idents)) == 1
+    assert idents[0] != threading.get_ident()
+
+
+async def test_an_exception_reaches_the_caller_and_the_thread_goes_on() -> None:
+    model_thread = ModelThread()
+
+    def fail() -> None:
+        raise ValueError("bad row")
+
+    try:
+        with pytest.raises(ValueError, match="bad row"):
+            await model_thread.run(fail)
+        assert await model_thread.run(lambda: 7) == 7
+    finally:
+        model_thread.shutdown()
+
+
+class ThreadRecordingMock(MockModelRunner):
+    """The mock, noting the thread it was built on and the threads its steps ran on."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.built_on = threading.get_ident()
+        self.stepped_on: set[int] = set()
+
+    def step(self, batch: StepBatch) -> StepOutput:
+        self.stepped_on.add(threading.get_ident())
+        return super().step(batch)
+
+
+async def test_the_app_loads_and_steps_its_model_on_the_same_thread(monkeypatch) -> None:
+    built: list[ThreadRecordingMock] = []
+
+    def load_model(config: ServerConfig) -> ThreadRecordingMock:
+        built.append(ThreadRecordingMock(max_num_seqs=config.max_num_seqs, step_ms=0.0))
+        return built[0]
+
+    monkeypatch.setattr(server_module, "load_model", load_model)
+    app = create_app(ServerConfig(model="mock", max_num_seqs=2))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(3):
+                response = await client.post("/generate", json={"prompt": "hi", "max_tokens": 4})
+                assert response.status_code == 200
+    (model,) = built
+    assert model.stepped_on == {model.built_on}
+    assert model.built_on != threading.get_ident()
