@@ -68,7 +68,11 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Loaded on the thread that will step it: one OpenMP team (app.engine.model_thread).
         model_thread = ModelThread()
-        loaded = model if model is not None else await model_thread.run(load_model, config)
+        try:
+            loaded = model if model is not None else await model_thread.run(load_model, config)
+        except BaseException:
+            model_thread.shutdown()
+            raise
         engine = AsyncEngine(
             loaded,
             policy=make_policy(config.scheduling),

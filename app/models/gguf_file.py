@@ -169,6 +169,34 @@ def read_llama_tensor(file: GGUFFile, name: str, hparams: LlamaHParams) -> np.nd
     return array
 
 
+Q8_0_BLOCK = 32  # weights per Q8_0 block (one fp16 scale d, 32 int8 q)
+
+
+def map_q8_0_rows(file: GGUFFile, name: str) -> np.ndarray:
+    """A Q8_0 matrix's raw blocks, ``uint8 [rows, in_features // 32, 34]`` (fp16 ``d`` in
+    bytes 0-1, 32 int8 ``q`` after it; a value is ``d * q``), through a new read-only memory map
+    of just that tensor's bytes: nothing is read until indexed, and pages the reader already
+    touched at load are not carried over. Row order is the file's (fine for the token
+    embedding, which is not rope-permuted).
+
+    Raises:
+        ValueError: the tensor is not Q8_0.
+    """
+    tensor = file._tensors[name]
+    if tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+        raise ValueError(f"{name} is {tensor.tensor_type.name}, not Q8_0")
+    in_features, rows = (int(n) for n in tensor.shape)
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0]
+    assert (block_size, block_bytes) == (Q8_0_BLOCK, 2 + Q8_0_BLOCK)
+    return np.memmap(
+        file.path,
+        dtype=np.uint8,
+        mode="r",
+        offset=int(tensor.data_offset),
+        shape=(rows, in_features // Q8_0_BLOCK, block_bytes),
+    )
+
+
 Q4_1_BLOCK = 32  # weights per Q4_1 block (one d, one m)
 
 

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from app.models.gguf_file import GGUFFile, LlamaHParams, read_llama_tensor
+from app.models.gguf_file import GGUFFile, LlamaHParams, map_q8_0_rows, read_llama_tensor
 from app.models.int4 import Int4Linear, int4_kernel_status
 
 logger = logging.getLogger(__name__)
@@ -249,7 +249,30 @@ class Int8Embedding:
         return rows.mul_(self.scales[token_ids, None])
 
 
-Embedding = DenseEmbedding | Int8Embedding
+@dataclass(frozen=True, slots=True)
+class Q8_0Embedding:
+    """Token lookup in the GGUF's own Q8_0 rows, read through a memory map of the file
+    (:func:`app.models.gguf_file.map_q8_0_rows`), for a model whose LM head is packed for oneDNN
+    and so cannot serve lookups. No second 49k x 576 matrix is kept in memory; the pages of the
+    rows looked up become file cache (at most the tensor's 30 MiB, shared and reclaimable).
+
+    A value is ``d * q`` computed in float32, exact (an fp16 scale times an integer of at most
+    8 bits fits float32's 24-bit mantissa), then rounded to ``dtype``: the very numbers of the
+    dense matrix the LM head was packed from. CPU only.
+    """
+
+    blocks: np.ndarray  # uint8 [vocab, hidden // 32, 34], memory-mapped
+    dtype: torch.dtype
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """``[N]`` int64 ids -> ``[N, hidden]`` rows in ``dtype``."""
+        rows = self.blocks[token_ids.numpy()]  # a copy: [N, blocks, 34]
+        scales = rows[..., :2].copy().view(np.float16).astype(np.float32)  # [N, blocks, 1]
+        values = rows[..., 2:].view(np.int8).astype(np.float32) * scales
+        return torch.from_numpy(values.reshape(len(rows), -1)).to(self.dtype)
+
+
+Embedding = DenseEmbedding | Int8Embedding | Q8_0Embedding
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,8 +305,9 @@ class LlamaWeights:
 
     Attributes:
         embedding: the token lookup.
-        lm_head: the same matrix as a projection (tied: the very tensor when unquantised;
-            with int8, the int8 matrix the lookup reads too).
+        lm_head: the same matrix as a projection (tied: packed for oneDNN, the lookup
+            reading the file's Q8_0 rows; else the very tensor the lookup reads; with int8 or
+            int4, the int8 matrix the lookup reads too).
         output_norm: ``[hidden]``, the final RMSNorm's weight (not folded: the LM head is tied).
         kernel: how the dense projections are computed.
     """
@@ -368,12 +392,17 @@ class LlamaWeights:
             lm_head = Int8Linear.quantize(embedding_f32.to(device), dtype, kernel)
             embedding = Int8Embedding(lm_head.qweight, lm_head.scales)
         else:
-            # The very tensor, unpacked even with ONEDNN: a packed copy would be ~1.3x faster
-            # (~4% of a 64-row step) but costs 54 MiB, which 16 slots x 2048 positions cannot
-            # spare under 1.5 GiB (docs/MODEL_PERF.md).
             dense = embedding_f32.to(device=device, dtype=dtype).contiguous()
-            embedding = DenseEmbedding(dense)
-            lm_head = DenseLinear(dense, exact_rows_per_call(dense.device, dense.dtype))
+            rows = _q8_0_rows_or_none(file, "token_embd.weight")
+            if kernel is LinearKernel.ONEDNN and rows is not None:
+                # Packed (F.linear reorders the 54 MiB matrix on every call: 1.2-2x slower);
+                # lookups then read the file's Q8_0 rows, the same values (docs/MODEL_PERF.md).
+                lm_head = PackedLinear.pack(dense)
+                embedding = Q8_0Embedding(rows, dtype)
+            else:  # tied to the very tensor
+                embedding = DenseEmbedding(dense)
+                lm_head = DenseLinear(dense, exact_rows_per_call(dense.device, dense.dtype))
+            del dense
         return cls(
             embedding=embedding,
             lm_head=lm_head,
@@ -382,6 +411,14 @@ class LlamaWeights:
             kernel=kernel,
             quantization=quantization,
         )
+
+
+def _q8_0_rows_or_none(file: GGUFFile, name: str) -> np.ndarray | None:
+    """:func:`map_q8_0_rows`, or None when the tensor is stored in another type."""
+    try:
+        return map_q8_0_rows(file, name)
+    except ValueError:
+        return None
 
 
 def _int4_layer(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.models.base import SamplingParams, StepBatch, StepRow
-from app.models.gguf_file import GGUFFile, smollm2_gguf_path
+from app.models.gguf_file import GGUFFile, map_q8_0_rows, read_llama_tensor, smollm2_gguf_path
 from app.models.llama import (
     INT8_MAX_ROWS,
     KEY_ALIGN,
@@ -21,6 +21,7 @@ from app.models.llama import (
     KVCache,
     LinearKernel,
     PackedLinear,
+    Q8_0Embedding,
     RowSpec,
     select_linear_kernel,
 )
@@ -94,6 +95,37 @@ def test_int8_embedding_reads_the_lm_head_rows(int8_runner: LlamaModelRunner) ->
 
 
 # --------------------------------------------------------------------------- attention and steps
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_q8_0_embedding_reads_the_dense_matrix_values(dtype: torch.dtype) -> None:
+    file = GGUFFile(smollm2_gguf_path())
+    hparams = file.llama_hparams()
+    dense = torch.from_numpy(read_llama_tensor(file, "token_embd.weight", hparams)).to(dtype)
+    lookup = Q8_0Embedding(map_q8_0_rows(file, "token_embd.weight"), dtype)
+    ids = torch.cat([torch.tensor([0, 1, hparams.vocab_size - 1, 1]), torch.randperm(49152)[:3000]])
+    rows = lookup(ids)
+    assert rows.dtype == dtype and rows.shape == (len(ids), hparams.embedding_length)
+    assert torch.equal(rows, dense[ids])  # bit-equal: d * q is exact in float32
+
+
+@pytest.mark.skipif(not ONEDNN, reason="needs oneDNN bfloat16")
+def test_bf16_lm_head_is_packed_and_the_lookup_reads_the_file(
+    bf16_runner: LlamaModelRunner,
+) -> None:
+    weights = bf16_runner.model.weights
+    assert isinstance(weights.lm_head, PackedLinear)
+    assert isinstance(weights.embedding, Q8_0Embedding)
+    file = GGUFFile(smollm2_gguf_path())
+    dense = torch.from_numpy(read_llama_tensor(file, "token_embd.weight", file.llama_hparams()))
+    x = torch.randn(5, dense.shape[1]).to(torch.bfloat16)
+    # the packed head multiplies by the same bfloat16 matrix as the dense tied one
+    torch.testing.assert_close(
+        weights.lm_head(x).float(),
+        (x.float() @ dense.to(torch.bfloat16).float().T),
+        rtol=2e-2,
+        atol=2e-2,
+    )
 
 
 def test_decode_attention_layouts_agree(runner: LlamaModelRunner) -> None:
