@@ -169,6 +169,23 @@ def read_llama_tensor(file: GGUFFile, name: str, hparams: LlamaHParams) -> np.nd
     return array
 
 
+def _block_matrix(
+    file: GGUFFile,
+    name: str,
+    kind: gguf.GGMLQuantizationType,
+    block_size: int,
+    block_bytes: int,
+) -> tuple[Any, int, int]:
+    """The GGUF tensor ``name`` with its ``[rows, in_features]`` shape, after checking it is
+    stored as ``kind`` with the block layout this module decodes. Raises ValueError if not."""
+    tensor = file._tensors[name]
+    if tensor.tensor_type != kind:
+        raise ValueError(f"{name} is {tensor.tensor_type.name}, not {kind.name}")
+    assert gguf.GGML_QUANT_SIZES[kind] == (block_size, block_bytes)
+    in_features, rows = (int(n) for n in tensor.shape)
+    return tensor, rows, in_features
+
+
 Q8_0_BLOCK = 32  # weights per Q8_0 block (one fp16 scale d, 32 int8 q)
 
 
@@ -182,18 +199,15 @@ def map_q8_0_rows(file: GGUFFile, name: str) -> np.ndarray:
     Raises:
         ValueError: the tensor is not Q8_0.
     """
-    tensor = file._tensors[name]
-    if tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:
-        raise ValueError(f"{name} is {tensor.tensor_type.name}, not Q8_0")
-    in_features, rows = (int(n) for n in tensor.shape)
-    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0]
-    assert (block_size, block_bytes) == (Q8_0_BLOCK, 2 + Q8_0_BLOCK)
+    tensor, rows, in_features = _block_matrix(
+        file, name, gguf.GGMLQuantizationType.Q8_0, Q8_0_BLOCK, 2 + Q8_0_BLOCK
+    )
     return np.memmap(
         file.path,
         dtype=np.uint8,
         mode="r",
         offset=int(tensor.data_offset),
-        shape=(rows, in_features // Q8_0_BLOCK, block_bytes),
+        shape=(rows, in_features // Q8_0_BLOCK, 2 + Q8_0_BLOCK),
     )
 
 
@@ -233,12 +247,10 @@ def read_llama_q4_1(file: GGUFFile, name: str, hparams: LlamaHParams) -> Q4_1Cod
     Raises:
         ValueError: the tensor is not Q4_1.
     """
-    tensor = file._tensors[name]
-    if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_1:
-        raise ValueError(f"{name} is {tensor.tensor_type.name}, not Q4_1")
-    in_features, out_features = (int(n) for n in tensor.shape)
-    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_1]
-    assert (block_size, block_bytes) == (Q4_1_BLOCK, 4 + Q4_1_BLOCK // 2)
+    block_bytes = 4 + Q4_1_BLOCK // 2
+    tensor, out_features, in_features = _block_matrix(
+        file, name, gguf.GGMLQuantizationType.Q4_1, Q4_1_BLOCK, block_bytes
+    )
     raw = np.asarray(tensor.data, dtype=np.uint8).reshape(out_features, -1, block_bytes)
     d = raw[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
     m = raw[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
