@@ -19,8 +19,9 @@ Only attention depends on which slot a token belongs to; it runs in groups plann
 
 Grouped-query attention is computed without repeating K/V: for prompt chunks SDPA's
 ``enable_gqa`` maps query head ``h`` to KV head ``h // group_size``; for decode rows the
-``group_size`` query heads that share a KV head are folded into the query-length axis when
-torch runs more than one thread (see :class:`DecodeGroup`).
+``group_size`` query heads that share a KV head are folded into the query-length axis on
+CUDA and, on the CPU, only in steps with a seeded row; otherwise the CPU uses ``enable_gqa``
+there too (see :class:`DecodeGroup`).
 
 Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op overhead, see
 ``docs/MODEL_PERF.md``):
@@ -575,8 +576,17 @@ class DecodeGroup:
         fold_query_heads: how grouped-query attention is laid out: the ``group_size`` query
             heads of a KV head as its ``group_size`` query rows (True), or SDPA's own
             ``enable_gqa`` with one query row per head (False). The CPU flash kernel splits its
-            work differently: measured on the 2-core CPU, folding is ~1.8x faster with 2
-            threads and ~1.4x slower with 1, so it is chosen by the thread count.
+            work differently; on the 2-core CPU ``enable_gqa`` is the faster one with 1 thread
+            (~1.4x) and, since the model runs on one thread of its own
+            (``app/engine/model_thread.py``), with 2 threads as well: whole decode steps
+            (interleaved A/B, bfloat16, prompts of 64, 8 steps a sample, median ratio) take
+            0.90-0.95x the time at 64 rows, 0.93x at 32, 0.98-1.04x at 16 and, int4, 0.92x at
+            1 row. So False on the CPU, except in a group with a ``batch_invariant`` row: the
+            CPU kernel can round a lone query row (query length 1) an ulp away from the same
+            row computed inside a longer query block, so a seeded row's one-token prompt chunk
+            would not compute as it does inside a longer chunk; folded (query length
+            ``group_size``), it does (``tests/models/test_batch_invariance.py``). True on other
+            devices (not measured).
     """
 
     count: int
@@ -688,7 +698,7 @@ def _plan_decode(rows: Sequence[RowSpec], dtype: torch.dtype, device: torch.devi
         key_length=key_length,
         mask=mask,
         dense=dense,
-        fold_query_heads=device.type != "cpu" or torch.get_num_threads() > 1,
+        fold_query_heads=device.type != "cpu" or any(row.batch_invariant for row in rows),
     )
 
 

@@ -8,6 +8,8 @@ of every length). Its logits must be equal in every step, not just close.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -85,6 +87,23 @@ def _target_logits(
     return found
 
 
+@pytest.fixture(params=["default threads", "one thread"])
+def torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The kernels split their work by thread count (``--torch-threads``): both ways.
+
+    With one thread, decode attention once took SDPA's ``enable_gqa`` layout for every row,
+    which can round a lone query row an ulp away from a prompt chunk's: a seeded row's
+    one-token chunk then broke equality (step 0)."""
+    threads = torch.get_num_threads()
+    if request.param == "one thread":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("torch_threads")
 def test_a_seeded_row_computes_the_same_alone_and_in_any_crowd(model: LlamaModel) -> None:
     generator = torch.Generator().manual_seed(0)
     vocab = model.hparams.vocab_size
