@@ -19,9 +19,8 @@ Only attention depends on which slot a token belongs to; it runs in groups plann
 
 Grouped-query attention is computed without repeating K/V: for prompt chunks SDPA's
 ``enable_gqa`` maps query head ``h`` to KV head ``h // group_size``; for decode rows the
-``group_size`` query heads that share a KV head are folded into the query-length axis on
-CUDA and, on the CPU, only in steps with a seeded row; otherwise the CPU uses ``enable_gqa``
-there too (see :class:`DecodeGroup`).
+``group_size`` query heads that share a KV head are folded into the query-length axis when
+torch runs more than one thread or the step has a seeded row (see :class:`DecodeGroup`).
 
 Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op overhead, see
 ``docs/MODEL_PERF.md``):
@@ -576,17 +575,18 @@ class DecodeGroup:
         fold_query_heads: how grouped-query attention is laid out: the ``group_size`` query
             heads of a KV head as its ``group_size`` query rows (True), or SDPA's own
             ``enable_gqa`` with one query row per head (False). The CPU flash kernel splits its
-            work differently; on the 2-core CPU ``enable_gqa`` is the faster one with 1 thread
-            (~1.4x) and, since the model runs on one thread of its own
-            (``app/engine/model_thread.py``), with 2 threads as well: whole decode steps
-            (interleaved A/B, bfloat16, prompts of 64, 8 steps a sample, median ratio) take
-            0.90-0.95x the time at 64 rows, 0.93x at 32, 0.98-1.04x at 16 and, int4, 0.92x at
-            1 row. So False on the CPU, except in a group with a ``batch_invariant`` row: the
-            CPU kernel can round a lone query row (query length 1) an ulp away from the same
-            row computed inside a longer query block, so a seeded row's one-token prompt chunk
-            would not compute as it does inside a longer chunk; folded (query length
-            ``group_size``), it does (``tests/models/test_batch_invariance.py``). True on other
-            devices (not measured).
+            work differently. With 1 thread ``enable_gqa`` is ~1.4x faster. With 2 threads,
+            whole decode steps without HTTP ran 0.90-0.95x as long with ``enable_gqa`` at 64
+            rows, but in the server (HTTP, interleaved A/B, 6 waves each) folding gave 4% more
+            tokens/s at 16 streams and 6% more at 64 (probably the event loop sharing the
+            cores: fewer, larger SDPA tasks suffer less from it), and the two tied at 1 and 4 streams. So:
+            folded with more than one thread, and always in a step with a
+            ``batch_invariant`` row: the CPU kernel can round a lone query row (query length
+            1) an ulp away from the same row computed inside a longer query block, so a
+            seeded row's one-token prompt chunk would not compute as it does inside a longer
+            chunk; folded (query length ``group_size``), it does
+            (``tests/models/test_batch_invariance.py``, one thread). True on other devices
+            (not measured).
     """
 
     count: int
@@ -698,7 +698,9 @@ def _plan_decode(rows: Sequence[RowSpec], dtype: torch.dtype, device: torch.devi
         key_length=key_length,
         mask=mask,
         dense=dense,
-        fold_query_heads=device.type != "cpu" or any(row.batch_invariant for row in rows),
+        fold_query_heads=device.type != "cpu"
+        or torch.get_num_threads() > 1
+        or any(row.batch_invariant for row in rows),
     )
 
 

@@ -194,9 +194,9 @@ def test_a_mixed_step_equals_separate_steps(
 def test_seeded_sampling_is_batch_invariant_in_float32_with_one_thread(
     runner: LlamaModelRunner,
 ) -> None:
-    """The float32 model keeps the API's seeded batch invariance with one torch thread (decode
-    attention in SDPA's own GQA layout, as on the CPU with any thread count). (bfloat16 and
-    int8, bit for bit: tests/models/test_batch_invariance.py.)"""
+    """The float32 model keeps the API's seeded batch invariance with one torch thread, where
+    decode attention takes SDPA's own GQA layout except in steps with a seeded row. (bfloat16,
+    int8 and int4, bit for bit: tests/models/test_batch_invariance.py.)"""
     tok = runner.tokenizer
     prompt = tok.encode("Write a short poem about the sea.")
     crowd_prompts = {
