@@ -579,8 +579,8 @@ class DecodeGroup:
             whole decode steps without HTTP ran 0.90-0.95x as long with ``enable_gqa`` at 64
             rows, but in the server (HTTP, interleaved A/B, 6 waves each) folding gave 4% more
             tokens/s at 16 streams and 6% more at 64 (probably the event loop sharing the
-            cores: fewer, larger SDPA tasks suffer less from it), and the two tied at 1 and 4 streams. So:
-            folded with more than one thread, and always in a step with a
+            cores: fewer, larger SDPA tasks suffer less from it), and the two tied at 1 and 4
+            streams. So: folded with more than one thread, and always in a step with a
             ``batch_invariant`` row: the CPU kernel can round a lone query row (query length
             1) an ulp away from the same row computed inside a longer query block, so a
             seeded row's one-token prompt chunk would not compute as it does inside a longer
