@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+import gguf
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,8 @@ from app.models.gguf_file import GGUFFile, LlamaHParams, map_q8_0_rows, read_lla
 from app.models.int4 import Int4Linear, int4_kernel_status
 
 logger = logging.getLogger(__name__)
+
+Q8_0_TYPE = gguf.GGMLQuantizationType.Q8_0
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -256,9 +259,10 @@ class Q8_0Embedding:
     and so cannot serve lookups. No second 49k x 576 matrix is kept in memory; the pages of the
     rows looked up become file cache (at most the tensor's 30 MiB, shared and reclaimable).
 
-    A value is ``d * q`` computed in float32, exact (an fp16 scale times an integer of at most
-    8 bits fits float32's 24-bit mantissa), then rounded to ``dtype``: the very numbers of the
-    dense matrix the LM head was packed from. CPU only.
+    The rows are decoded by ``gguf.quants.dequantize``, as at load: ``d * q`` in float32, exact
+    (an fp16 scale times an integer of at most 8 bits fits float32's 24-bit mantissa), then
+    rounded to ``dtype``: the very numbers of the dense matrix the LM head was packed from. CPU
+    only.
     """
 
     blocks: np.ndarray  # uint8 [vocab, hidden // 32, 34], memory-mapped
@@ -267,9 +271,8 @@ class Q8_0Embedding:
     def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
         """``[N]`` int64 ids -> ``[N, hidden]`` rows in ``dtype``."""
         rows = self.blocks[token_ids.numpy()]  # a copy: [N, blocks, 34]
-        scales = rows[..., :2].copy().view(np.float16).astype(np.float32)  # [N, blocks, 1]
-        values = rows[..., 2:].view(np.int8).astype(np.float32) * scales
-        return torch.from_numpy(values.reshape(len(rows), -1)).to(self.dtype)
+        values = gguf.quants.dequantize(rows.reshape(len(rows), -1), Q8_0_TYPE)
+        return torch.from_numpy(values).to(self.dtype)
 
 
 Embedding = DenseEmbedding | Int8Embedding | Q8_0Embedding
