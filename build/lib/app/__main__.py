@@ -1,0 +1,129 @@
+"""``python -m app serve [flags]``: the command line (pydantic-settings parses flags and env)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from types import FrameType
+
+import uvicorn
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, CliApp, CliSubCommand
+
+from app.api.server import create_app, drain_app
+from app.config import ServerConfig
+
+logger = logging.getLogger("app")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but a SIGTERM/SIGINT drains the app before the server stops.
+
+    uvicorn alone would stop listening and wait for open connections without telling the app,
+    so streams could outlive the grace period and new requests would be refused at the socket.
+    Here:
+
+    1. the first signal starts ``drain(timeout)``: health 503, new requests 503, in-flight
+       requests run to the end or, after the timeout, end as cancelled with a final event;
+    2. a second signal cuts the wait short: every request ends as cancelled now, still with its
+       final event;
+    3. a third exits at once.
+
+    After 1 or 2 the server exits normally (status 0) once the final events are sent.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Callable[[float | None], Awaitable[None]],
+    ) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._signals = 0
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        # What is alive now (imports, the model, the engine) lives as long as the server. Out of
+        # the collector's generations, a full collection no longer walks it: with the mock alone
+        # that walk is ~25 ms, during which the event loop answers nothing (a 429 p99 spike).
+        gc.collect()
+        gc.freeze()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals >= 3:
+            self.force_exit = True
+            super().handle_exit(sig, frame)
+            return
+        timeout_s = None if self._signals == 1 else 0.0
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(self._start_drain, loop, timeout_s)
+
+    def _start_drain(self, loop: asyncio.AbstractEventLoop, timeout_s: float | None) -> None:
+        logger.info(
+            "signal received: %s",
+            "draining before exit" if timeout_s is None else "cancelling every request now",
+        )
+        loop.create_task(self._drain_then_exit(timeout_s))
+
+    async def _drain_then_exit(self, timeout_s: float | None) -> None:
+        try:
+            await self._drain(timeout_s)
+        except Exception:
+            logger.exception("drain failed")
+        finally:
+            self.should_exit = True
+
+
+class Serve(ServerConfig):
+    """Serve the HTTP API (every flag also reads SLOTSERVE_<FLAG> from the environment)."""
+
+    def cli_cmd(self) -> None:
+        logging.basicConfig(
+            level=self.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        config = ServerConfig(**self.model_dump())
+        app = create_app(config)
+        server = DrainingServer(
+            uvicorn.Config(
+                app,
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+                timeout_graceful_shutdown=5,
+            ),
+            drain=lambda timeout_s: drain_app(
+                app, config.shutdown_timeout if timeout_s is None else timeout_s
+            ),
+        )
+        server.run()
+
+
+class Cli(BaseSettings, cli_prog_name="python -m app", cli_kebab_case=True):
+    """slotserve: a text-generation server with continuous batching."""
+
+    serve: CliSubCommand[Serve]
+
+    def cli_cmd(self) -> None:
+        CliApp.run_subcommand(self)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs the CLI; a bad flag or env value prints one line per problem and exits 2."""
+    try:
+        CliApp.run(Cli, cli_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = "-".join(str(part) for part in error["loc"][1:]).replace("_", "-")
+            prefix = f"--{where}: " if where else ""
+            print(f"python -m app serve: error: {prefix}{error['msg']}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,385 @@
+"""Pydantic models of the OpenAI-compatible API (``/v1/...``): validation happens here, once.
+
+Bodies follow OpenAI's field names and defaults. Like OpenAI, unknown fields are accepted (the
+route logs and ignores them). Known fields are checked against the native ranges of
+``../shared/API.md`` (a bad value is an error naming the field) and the OpenAI features this
+server does not have are refused with the error type ``unsupported_value`` instead of being
+silently ignored: ``n`` / ``best_of`` other than 1, non-zero penalties, ``logprobs``,
+``logit_bias``, ``echo``, ``suffix``, tools, a non-text ``response_format``, several prompts.
+Two native fields are accepted as extensions, under vLLM's names: ``top_k`` and ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from app.api.schemas import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SEED_LIMIT
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+
+
+def _unsupported(message: str) -> PydanticCustomError:
+    return PydanticCustomError("unsupported_value", message)
+
+
+def _accepts(*alternatives: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A field's JSON schema, for fields whose ``before`` validator takes more shapes than the
+    type they become (``stop``: a string or a list)."""
+
+    def document(schema: dict[str, Any]) -> None:
+        description = schema.get("description")
+        schema.clear()
+        schema["anyOf"] = list(alternatives)
+        if description:
+            schema["description"] = description
+
+    return document
+
+
+_STOP_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool = False
+
+
+class OpenAIRequestBody(BaseModel):
+    """Fields both ``/v1/completions`` and ``/v1/chat/completions`` take."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = Field(None, description="ignored: the server has one model")
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: list[StopString] = Field(
+        default_factory=list,
+        max_length=MAX_STOP_STRINGS,
+        json_schema_extra=_accepts(
+            _STOP_SCHEMA,
+            {"type": "array", "items": _STOP_SCHEMA, "maxItems": MAX_STOP_STRINGS},
+            {"type": "null"},
+        ),
+    )
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(None, description="accepted and ignored")
+    # Extensions, as vLLM names them (``extra_body`` in the openai SDK); not OpenAI fields.
+    top_k: int | None = Field(None, ge=0, description="extension: keep the k likeliest; 0: off")
+    ignore_eos: bool | None = Field(None, description="extension: only max tokens or stop end it")
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
+            raise _unsupported("only n=1 is supported")
+        return n
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
+            raise PydanticCustomError("invalid_value", "only allowed when stream is true")
+        return options
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, stop: Any) -> Any:
+        if stop is None:
+            return []
+        return [stop] if isinstance(stop, str) else stop
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, penalty: float | None) -> float | None:
+        if penalty:
+            raise _unsupported("penalties are not supported; only 0 is accepted")
+        return penalty
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias:
+            raise _unsupported("logit_bias is not supported")
+        return bias
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequestBody(OpenAIRequestBody):
+    """Body of ``POST /v1/completions``; ``prompt`` is one string (or a list of one string)."""
+
+    prompt: str = Field(
+        min_length=1,
+        json_schema_extra=_accepts(
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 1},
+        ),
+    )
+    echo: bool | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        if not isinstance(prompt, list):
+            return prompt
+        if len(prompt) == 1 and isinstance(prompt[0], str):
+            return prompt[0]
+        if prompt and all(isinstance(item, int) for item in prompt):
+            raise _unsupported("token-id prompts are not supported; send the text")
+        raise _unsupported(f"one prompt per request is supported, got a list of {len(prompt)}")
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool | None) -> bool | None:
+        if echo:
+            raise _unsupported("echo is not supported")
+        return echo
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: int | None) -> int | None:
+        if logprobs is not None:
+            raise _unsupported("logprobs are not supported")
+        return logprobs
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, best_of: int | None) -> int | None:
+        if best_of not in (None, 1):
+            raise _unsupported("only best_of=1 is supported")
+        return best_of
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise _unsupported("suffix is not supported")
+        return suffix
+
+
+class ChatMessageBody(BaseModel):
+    """One message. ``content`` is a string or a list of text parts (joined with newlines);
+    ``developer`` is OpenAI's newer name for ``system``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str = Field(
+        json_schema_extra=_accepts(
+            {"type": "string"},
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                    "required": ["type", "text"],
+                },
+            },
+        )
+    )
+    name: str | None = Field(None, description="accepted and ignored")
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_joined(cls, content: Any) -> Any:
+        if not isinstance(content, list):
+            return content
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise _unsupported("only text content parts are supported")
+            texts.append(part.get("text"))
+        if not all(isinstance(text, str) for text in texts):
+            raise PydanticCustomError("invalid_value", "a text part needs a string 'text'")
+        return "\n".join(texts)
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        if kind != "text":
+            raise _unsupported("only response_format type 'text' is supported")
+        return kind
+
+
+class ChatCompletionRequestBody(OpenAIRequestBody):
+    """Body of ``POST /v1/chat/completions``.
+
+    ``max_completion_tokens`` wins over the older ``max_tokens``; with neither, the answer may
+    use the whole context left after the prompt (capped by the server's ``max_tokens`` cap).
+    """
+
+    messages: list[ChatMessageBody] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: bool | None) -> bool | None:
+        if logprobs:
+            raise _unsupported("logprobs are not supported")
+        return logprobs
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, top_logprobs: int | None) -> int | None:
+        if top_logprobs:
+            raise _unsupported("logprobs are not supported")
+        return top_logprobs
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if tools:
+            raise _unsupported("tools are not supported")
+        return tools
+
+
+# --------------------------------------------------------------------------- answers
+
+
+FinishReasonName = Literal["stop", "length", "cancelled"]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReasonName | None
+
+
+class CompletionResponse(BaseModel):
+    """Answer of ``/v1/completions``; also each streamed chunk (with ``usage`` null, except in
+    the usage chunk, whose ``choices`` is empty)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: FinishReasonName
+
+
+class ChatCompletionResponse(BaseModel):
+    """Answer of ``/v1/chat/completions`` with ``stream`` false."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    """New text of a streamed answer: ``role`` only in the first chunk, empty in the last."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReasonName | None
+
+    @field_serializer("delta")
+    def _delta_without_nulls(self, delta: ChatDelta) -> dict[str, str]:
+        return delta.model_dump(exclude_none=True)
+
+
+class ChatCompletionChunk(BaseModel):
+    """One ``data:`` event of a streamed chat answer."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    """The served model. ``chat_template`` says whose template renders chats: ``"model"`` (the
+    model file's own) or ``"chatml-fallback"`` (the model has none)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "slotserve"
+    max_model_len: int
+    chat_template: Literal["model", "chatml-fallback"]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorResponse(BaseModel):
+    error: OpenAIErrorDetail

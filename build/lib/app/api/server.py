@@ -1,0 +1,132 @@
+"""The FastAPI app: routes, error handlers, request ids, and the engine's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import Histogram
+
+from app import __version__
+from app.api import generate, openai, status
+from app.api.admission_gate import AdmissionGate
+from app.api.auth import ApiKeyGuard
+from app.api.errors import install_error_handlers
+from app.api.request_id import RequestIdMiddleware
+from app.api.resources import ServerResources
+from app.config import ServerConfig
+from app.engine.engine import AdmissionLimits, AsyncEngine
+from app.engine.metrics import EVENT_LOOP_LAG_INTERVAL_S
+from app.engine.model_thread import ModelThread
+from app.engine.policy import make_policy
+from app.models.base import Model
+from app.models.loading import load_model
+
+logger = logging.getLogger(__name__)
+
+
+async def drain_app(app: FastAPI, timeout_s: float) -> None:
+    """Graceful drain: refuse new requests (503, /health 503), let in-flight ones finish for up
+    to ``timeout_s`` seconds, then end the rest as cancelled (each gets its final event)."""
+    resources: ServerResources | None = getattr(app.state, "resources", None)
+    if resources is None:
+        return
+    logger.info(
+        "draining: %d requests in flight, up to %.1f s", resources.engine.num_in_flight, timeout_s
+    )
+    await resources.engine.drain(timeout_s)
+    await resources.engine.stop()
+    logger.info("drained")
+
+
+async def watch_event_loop_lag(
+    histogram: Histogram, interval_s: float = EVENT_LOOP_LAG_INTERVAL_S
+) -> None:
+    """Forever: sleep ``interval_s`` seconds and record how much later than asked the loop woke
+    us (seconds) in ``histogram``. Everything on the loop (routes, SSE sends, the scheduler's
+    bookkeeping between steps) delays every client by that much; the model step runs off the
+    loop and should not show here. Costs one timer wake-up per interval."""
+    clock = asyncio.get_running_loop().time
+    while True:
+        asked = clock() + interval_s
+        await asyncio.sleep(interval_s)
+        histogram.observe(max(0.0, clock() - asked))
+
+
+def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
+    """Builds the app. The model is loaded (or ``model`` used) when the app starts.
+
+    Args:
+        config: server settings.
+        model: an already-built model (tests); None loads the one ``config`` names.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Loaded on the thread that will step it: one OpenMP team (app.engine.model_thread).
+        model_thread = ModelThread()
+        try:
+            loaded = model if model is not None else await model_thread.run(load_model, config)
+        except BaseException:
+            model_thread.shutdown()
+            raise
+        engine = AsyncEngine(
+            loaded,
+            policy=make_policy(config.scheduling),
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            limits=AdmissionLimits(
+                max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens
+            ),
+            model_thread=model_thread,
+        )
+        await engine.start()
+        caps = loaded.capabilities
+        app.state.resources = ServerResources(
+            engine=engine,
+            config=config,
+            guard=ApiKeyGuard.from_setting(config.api_key),
+            max_tokens_cap=min(config.max_tokens_cap or caps.context_length, caps.context_length),
+            max_prompt_tokens=min(
+                config.max_prompt_tokens or caps.context_length, caps.context_length
+            ),
+        )
+        logger.info(
+            "serving %s with %d slots; API key %s",
+            caps.name,
+            caps.max_num_seqs,
+            "required" if app.state.resources.guard.enabled else "not required",
+        )
+        lag_watch = asyncio.create_task(
+            watch_event_loop_lag(engine.metrics.event_loop_lag), name="event-loop-lag"
+        )
+        try:
+            yield
+        finally:
+            await engine.drain(config.shutdown_timeout)
+            await engine.stop()
+            lag_watch.cancel()
+
+    # With API keys on, the schema and docs pages are off too: every endpoint but /health
+    # needs the key, and these pages cannot check one.
+    keyed = bool(ApiKeyGuard.from_setting(config.api_key).enabled)
+    app = FastAPI(
+        title="slotserve",
+        version=__version__,
+        summary="Text generation with continuous batching",
+        lifespan=lifespan,
+        openapi_url=None if keyed else "/openapi.json",
+        docs_url=None if keyed else "/docs",
+        redoc_url=None if keyed else "/redoc",
+    )
+    # the last added runs first: the request id, then the gate (its answers carry the id)
+    app.add_middleware(AdmissionGate, state=app.state)
+    app.add_middleware(RequestIdMiddleware, replica_id=config.replica_id)
+    install_error_handlers(app)
+    openai.install_error_handlers(app)  # under /v1: OpenAI's error shape
+    app.include_router(generate.router)
+    app.include_router(openai.router)
+    app.include_router(status.router)
+    return app

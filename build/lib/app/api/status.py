@@ -1,0 +1,58 @@
+"""``GET /health``, ``GET /info``, ``GET /metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from app import __version__
+from app.api.errors import error_body
+from app.api.resources import resources_of
+from app.api.schemas import ErrorResponse, HealthResponse, InfoResponse
+
+router = APIRouter()
+
+
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": ErrorResponse}})
+async def health(request: Request) -> Response:
+    """200 while the model is loaded and the scheduler loop runs; 503 otherwise. No key needed."""
+    resources = getattr(request.app.state, "resources", None)
+    if resources is None or not resources.engine.is_alive:
+        state = "loading" if resources is None else resources.engine.state.value
+        return JSONResponse(
+            error_body("unavailable", f"the server is not serving ({state})"), status_code=503
+        )
+    return JSONResponse({"status": "ok"})
+
+
+# HEAD /health for probes that send HEAD (some load balancers); the same answer without a body.
+# Kept out of the schema: one operation per path and method there.
+router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+
+
+@router.get("/info", response_model=InfoResponse, responses={503: {"model": ErrorResponse}})
+async def info(request: Request) -> InfoResponse:
+    """The loaded model and the server's limits."""
+    resources = resources_of(request)
+    resources.guard.owner_of(request)
+    caps = resources.engine.model.capabilities
+    return InfoResponse(
+        model=caps.name,
+        backend=caps.backend,
+        context_length=caps.context_length,
+        max_num_seqs=caps.max_num_seqs,
+        max_tokens_cap=resources.max_tokens_cap,
+        vocab_size=caps.vocab_size,
+        keeps_kv_cache=caps.keeps_kv_cache,
+        scheduling=resources.engine.scheduler.policy.name,
+        version=__version__,
+    )
+
+
+@router.get("/metrics", response_class=Response, responses={503: {"model": ErrorResponse}})
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    resources = resources_of(request)
+    resources.guard.owner_of(request)
+    return Response(resources.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,105 @@
+"""Server settings: every flag of ``python -m app serve``, its default and its env variable.
+
+Each field ``some_flag`` is the CLI flag ``--some-flag`` and the environment variable
+``SLOTSERVE_SOME_FLAG`` (pydantic-settings does both); the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerConfig(BaseSettings):
+    """Everything the server can be told at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SLOTSERVE_", cli_kebab_case=True, extra="forbid", frozen=True
+    )
+
+    model: Literal["smollm2", "mock"] = Field(
+        "smollm2", description="smollm2: SmolLM2-135M-Instruct; mock: the deterministic byte model"
+    )
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free port)")
+    max_num_seqs: int = Field(16, ge=1, le=1024, description="batch slots (concurrent sequences)")
+    max_queue: int = Field(1024, ge=0, description="most requests waiting for a slot")
+    max_queued_tokens: int = Field(
+        1_000_000, ge=1, description="most prompt tokens of all requests waiting for a slot"
+    )
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body (bytes)")
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="largest prompt (tokens) a request may send; unset: the context length",
+    )
+    sse_send_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="seconds one SSE send may block on a client that stopped reading, "
+        "after which the request is cancelled",
+    )
+    api_key: str = Field(
+        "",
+        description="require 'Authorization: Bearer KEY' on every endpoint but /health; "
+        "several keys separated by commas; empty: no key",
+    )
+    max_model_len: int = Field(
+        2048, ge=16, description="context length per sequence (tokens); sizes the KV cache"
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="most tokens per model step (decodes + prompt chunks); "
+        "unset: the prefill chunk size",
+    )
+    max_tokens_cap: int | None = Field(
+        None, ge=0, description="largest max_tokens a request may ask; unset: the context length"
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "bfloat16",
+        description="weights and KV cache dtype of the real model (bfloat16: ~2x the decode "
+        "throughput of float32, greedy tokens 98% the same; see docs/MODEL_PERF.md)",
+    )
+    quantization: Literal["none", "int8", "int4"] = Field(
+        "none",
+        description="real model, needs --dtype bfloat16: int4 computes with the GGUF's own "
+        "4-bit codes (CPU only), int8 re-quantises to weight-only int8; both are faster for "
+        "steps of a few rows (int4 <= 4, int8 <= 2: a few streams) and the same above",
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads for the real model; unset: torch's choice"
+    )
+    device: str = Field("auto", description="torch device of the real model: auto, cpu, cuda")
+    scheduling: Literal["continuous", "static"] = Field(
+        "continuous", description="admission policy: continuous batching or static batches"
+    )
+    sse_ping_interval: float = Field(
+        15.0, gt=0, description="seconds between ': ping' comments on an SSE stream"
+    )
+    mock_step_ms: float = Field(0.0, ge=0, description="mock model: delay per step (ms)")
+    mock_context_length: int = Field(8192, ge=16, description="mock model: context length")
+    mock_fail_every: int = Field(
+        0,
+        ge=0,
+        description="mock model: every Nth step raises (0: never); a prompt containing "
+        "'<<fail>>' fails only its own row",
+    )
+    shutdown_timeout: float = Field(
+        30.0, ge=0, description="seconds to let in-flight requests finish on SIGTERM"
+    )
+    replica_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9]{1,16}$",
+        description="prefix of server-made request ids, for id-affine routing across replicas",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> ServerConfig:
+        budget = self.max_num_batched_tokens
+        if budget is not None and budget < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        return self

@@ -1,0 +1,121 @@
+"""Prometheus metrics of one engine, in its own registry (so several apps can live in one process).
+
+Names follow ``../shared/API.md``. Gauges are derived from the scheduler when scraped (rule:
+derive, don't store), so they can never drift from the real queue and slot state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Buckets in seconds, chosen to resolve both the mock (sub-ms steps) and a CPU model (tens of ms).
+_LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+_LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+# How often the event loop's lag is sampled (app.api.server.watch_event_loop_lag), in seconds.
+EVENT_LOOP_LAG_INTERVAL_S = 0.01
+_BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+class EngineMetrics:
+    """The engine's counters and histograms; ``render()`` gives the Prometheus text format."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests_waiting = Gauge(
+            "slotserve_requests_waiting", "Requests waiting for a batch slot.", registry=r
+        )
+        self.requests_running = Gauge(
+            "slotserve_requests_running", "Requests holding a batch slot.", registry=r
+        )
+        self.requests_finished = Counter(
+            "slotserve_requests_finished",
+            "Requests that ended, by finish_reason.",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.requests_rejected = Counter(
+            "slotserve_requests_rejected",
+            "Requests refused before they were queued, by error type.",
+            ["type"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "slotserve_prompt_tokens", "Prompt tokens of finished requests.", registry=r
+        )
+        self.generated_tokens = Counter(
+            "slotserve_generated_tokens", "Tokens generated (sampled).", registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "slotserve_time_to_first_token_seconds",
+            "From arrival to the first generated token.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "slotserve_inter_token_latency_seconds",
+            "Between two consecutive generated tokens of one request.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "slotserve_request_latency_seconds",
+            "From arrival to the final event.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "slotserve_batch_size",
+            "Rows (sequences) per model step.",
+            buckets=_BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.step_duration = Histogram(
+            "slotserve_model_step_seconds",
+            "Wall time of one model step.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.cancel_to_free = Histogram(
+            "slotserve_cancel_to_slot_free_seconds",
+            "From a cancel command being issued to its slot being free.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.event_loop_lag = Histogram(
+            "slotserve_event_loop_lag_seconds",
+            "How late the event loop ran a timer it was asked to run every "
+            f"{EVENT_LOOP_LAG_INTERVAL_S * 1000:g} ms: time it could answer no client.",
+            buckets=_LOOP_LAG_BUCKETS_S,
+            registry=r,
+        )
+
+    def track_queue(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
+        """Binds the gauges to functions that read the scheduler's state at scrape time."""
+        self.requests_waiting.set_function(waiting)
+        self.requests_running.set_function(running)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,164 @@
+"""Request-side types: what enters the engine, what a request becomes, what comes out.
+
+``GenerationRequest`` is the frozen, already-validated request the HTTP edge hands the engine.
+``Sequence`` is the one mutable object per request that the scheduler owns while it lives.
+``TokenEvent`` / ``FinalEvent`` are the frozen messages the scheduler puts on a request's stream.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.engine.detokenizer import TextAssembler
+from app.models.base import SamplingParams
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence ended. Serialised to the public ``finish_reason`` string at the edge."""
+
+    STOP = "stop"  # EOS, a stop string or a stop token id
+    LENGTH = "length"  # max_tokens reached (or max_tokens == 0)
+    CANCELLED = "cancelled"  # DELETE, client disconnect, shutdown
+    ERROR = "error"  # the model or the detokenizer failed on this request
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+@dataclass(frozen=True, slots=True)
+class StopCriteria:
+    """What ends generation besides ``max_tokens``.
+
+    Attributes:
+        stop_strings: matched on the decoded text; the match is not part of the output.
+        stop_token_ids: generating one of these ends the sequence (token not in the text).
+        ignore_eos: when True, the model's EOS ids do not end generation.
+    """
+
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """A validated request, as it crosses from the HTTP edge into the engine.
+
+    Attributes:
+        request_id: the public id (client ``X-Request-Id`` or server-made).
+        prompt_token_ids: the tokenised prompt (>= 1 token).
+        max_tokens: most tokens to generate (0 finishes at once).
+        sampling: sampling parameters (seed always set).
+        stop: stop criteria.
+        owner: an opaque tag of who made the request (API key digest), so that only the same
+            owner may cancel it; None when no key is configured.
+        arrived_at: ``time.perf_counter()`` seconds when the HTTP request was accepted.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: StopCriteria = StopCriteria()
+    owner: str | None = None
+    arrived_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Per-request latencies in milliseconds.
+
+    ``ttft_ms`` is None when no token was generated (max_tokens 0, cancelled while waiting).
+    """
+
+    queued_ms: float
+    ttft_ms: float | None
+    total_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """New output of one request: ``text`` may be empty when text is held back."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FinalEvent:
+    """The single last event of every request.
+
+    Attributes:
+        finish_reason: why it ended.
+        stop_reason: the stop string or stop token id matched; None for EOS, length, cancel.
+        text: the whole output text (stop string trimmed).
+        token_ids: every generated token id, including an EOS or stop token that ended it.
+        prompt_tokens / completion_tokens: usage, in tokens.
+        timings: latencies in ms.
+        error: a client-safe message when ``finish_reason`` is ERROR, else None.
+    """
+
+    finish_reason: FinishReason
+    stop_reason: str | int | None
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    timings: Timings
+    error: str | None = None
+
+
+StreamEvent = TokenEvent | FinalEvent
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Everything the engine knows about one request while it lives (seed 000).
+
+    Owned by the scheduler; removing it from the scheduler removes all of its state. Identity
+    (``is``), not ``request_id``, tells two requests apart: an id can be reused (rule R17).
+
+    Attributes:
+        request: the frozen request it came from.
+        emit: where its events go (``RequestHandle.push``); never blocks.
+        status: WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED.
+        slot: the batch slot while RUNNING, else None.
+        num_computed_tokens: tokens of ``prompt + generated`` the model's state covers.
+        generated: sampled token ids, in order.
+        unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
+        text: assembles output text (UTF-8 safe, stop-string aware).
+        admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
+    """
+
+    request: GenerationRequest
+    emit: Callable[[StreamEvent], None]
+    text: TextAssembler
+    status: SequenceStatus = SequenceStatus.WAITING
+    slot: int | None = None
+    num_computed_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    unsent_token_ids: list[int] = field(default_factory=list)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def all_token_ids(self) -> tuple[int, ...]:
+        return self.request.prompt_token_ids + tuple(self.generated)

@@ -1,0 +1,335 @@
+"""Continuous batching: a waiting queue, a fixed number of slots, one step at a time.
+
+The scheduler is synchronous and knows nothing of asyncio or HTTP; ``AsyncEngine`` drives it:
+
+    take new commands -> admit_waiting() -> schedule() -> model.step() -> apply() -> (repeat)
+
+Every way a sequence can end (EOS, stop string, stop token, length, cancel, error, shutdown)
+goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
+final event and counts the metrics, exactly once (rule R16).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from app.engine.metrics import EngineMetrics
+from app.engine.policy import AdmissionPolicy
+from app.engine.request import (
+    FinalEvent,
+    FinishReason,
+    GenerationRequest,
+    Sequence,
+    SequenceStatus,
+    Timings,
+    TokenEvent,
+)
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledStep:
+    """A batch handed to the model plus the sequences it was built for (same order as rows)."""
+
+    batch: StepBatch
+    sequences: tuple[Sequence, ...]
+
+
+class Scheduler:
+    """Owns the waiting queue and the slots, and advances sequences by model outputs.
+
+    Args:
+        capabilities: the model's declared limits (slots, context length, EOS ids).
+        tokenizer: used to turn generated ids into bytes.
+        policy: decides how many waiting sequences to admit before a step.
+        metrics: where counters and histograms go.
+        release_slot: the model's ``release``; called when a slot is freed.
+        max_num_batched_tokens: most tokens (decode rows + prompt chunks) in one step; must be
+            >= the number of slots so every running decode fits.
+        clock: seconds, monotonic (``time.perf_counter``); injectable for tests.
+
+    Raises:
+        ValueError: ``max_num_batched_tokens`` smaller than the number of slots.
+    """
+
+    def __init__(
+        self,
+        *,
+        capabilities: ModelCapabilities,
+        tokenizer: Tokenizer,
+        policy: AdmissionPolicy,
+        metrics: EngineMetrics,
+        release_slot: Callable[[int], None],
+        max_num_batched_tokens: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if max_num_batched_tokens < capabilities.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= the number of "
+                f"slots ({capabilities.max_num_seqs})"
+            )
+        self.capabilities = capabilities
+        self.policy = policy
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._tokenizer = tokenizer
+        self._metrics = metrics
+        self._release_slot = release_slot
+        self._clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
+        self._waiting_prompt_tokens = 0  # sum over self.waiting, kept by add/admit/finish
+
+    # ----------------------------------------------------------------- read-only views
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def waiting_prompt_tokens(self) -> int:
+        return self._waiting_prompt_tokens
+
+    @property
+    def num_free_slots(self) -> int:
+        return sum(seq is None for seq in self.slots)
+
+    @property
+    def num_running(self) -> int:
+        return sum(seq is not None for seq in self.slots)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.num_running > 0
+
+    def running(self) -> Iterator[Sequence]:
+        return (seq for seq in self.slots if seq is not None)
+
+    def find(self, request: GenerationRequest) -> Sequence | None:
+        """The live sequence made from this very request object (identity, rule R17)."""
+        for seq in (*self.running(), *self.waiting):
+            if seq.request is request:
+                return seq
+        return None
+
+    # ----------------------------------------------------------------- commands
+
+    def add(self, seq: Sequence) -> None:
+        """Queues a new sequence; ``max_tokens == 0`` finishes at once and never takes a slot."""
+        if seq.request.max_tokens == 0:
+            self.finish(seq, FinishReason.LENGTH)
+            return
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self._waiting_prompt_tokens += seq.num_prompt_tokens
+
+    def cancel(self, seq: Sequence) -> bool:
+        """Ends a waiting or running sequence as CANCELLED; False if it had already finished."""
+        if seq.status is SequenceStatus.FINISHED:
+            return False
+        self.finish(seq, FinishReason.CANCELLED)
+        return True
+
+    # ----------------------------------------------------------------- the loop's steps
+
+    def admit_waiting(self) -> int:
+        """Moves waiting sequences into free slots, FIFO, as many as the policy allows."""
+        free = [index for index, seq in enumerate(self.slots) if seq is None]
+        count = self.policy.admit_count(
+            free_slots=len(free), running=len(self.slots) - len(free), waiting=len(self.waiting)
+        )
+        now = self._clock()
+        for slot in free[:count]:
+            seq = self.waiting.popleft()
+            self._waiting_prompt_tokens -= seq.num_prompt_tokens
+            seq.status = SequenceStatus.RUNNING
+            seq.slot = slot
+            seq.num_computed_tokens = 0
+            seq.admitted_at = now
+            self.slots[slot] = seq
+        return count
+
+    def schedule(self) -> ScheduledStep | None:
+        """Builds the next step: every decoding sequence, then prompt chunks within the budget.
+
+        Decode rows carry the one token sampled last step. Prompt chunks go to sequences in
+        admission order, each at most ``capabilities.max_tokens_per_row`` tokens, until the
+        step holds ``max_num_batched_tokens`` tokens. Returns None when no slot is busy.
+        """
+        budget = self.max_num_batched_tokens
+        rows: list[StepRow] = []
+        sequences: list[Sequence] = []
+        for seq in self.running():
+            if not seq.is_prefilling:
+                rows.append(self._decode_row(seq))
+                sequences.append(seq)
+                budget -= 1
+        prefilling = sorted(
+            (seq for seq in self.running() if seq.is_prefilling),
+            key=lambda seq: seq.admitted_at or 0.0,
+        )
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            row = self._prefill_row(seq, budget)
+            rows.append(row)
+            sequences.append(seq)
+            budget -= len(row.token_ids)
+        if not rows:
+            return None
+        return ScheduledStep(StepBatch(tuple(rows)), tuple(sequences))
+
+    def apply(self, step: ScheduledStep, output: StepOutput) -> None:
+        """Applies one step's output: advances state, appends tokens, finishes what is done.
+
+        A row whose slot no longer holds the sequence it was built for (cancelled meanwhile)
+        is dropped (rule R17). A failure while applying one sequence's token fails only it.
+        """
+        if len(output.next_token_ids) != len(step.sequences):
+            raise ValueError(
+                f"model returned {len(output.next_token_ids)} results "
+                f"for {len(step.sequences)} rows"
+            )
+        self._metrics.batch_size.observe(len(step.sequences))
+        now = self._clock()
+        errors = output.row_errors or (None,) * len(step.sequences)
+        for seq, row, token, error in zip(
+            step.sequences, step.batch.rows, output.next_token_ids, errors, strict=True
+        ):
+            if self.slots[row.slot] is not seq:
+                continue
+            if error is not None:
+                self.finish(seq, FinishReason.ERROR, error=error)
+                continue
+            seq.num_computed_tokens += len(row.token_ids)
+            if token is None:
+                continue
+            try:
+                self._append_token(seq, token, now)
+            except Exception:
+                logger.exception("request %s: applying token %d failed", seq.request_id, token)
+                self.finish(seq, FinishReason.ERROR, error="failed to decode generated tokens")
+
+    def fail(self, step: ScheduledStep, message: str) -> None:
+        """Ends every sequence of a failed step (still in its slot) with an ERROR."""
+        for seq, row in zip(step.sequences, step.batch.rows, strict=True):
+            if self.slots[row.slot] is seq:
+                self.finish(seq, FinishReason.ERROR, error=message)
+
+    def finish_all(self, reason: FinishReason, *, error: str | None = None) -> None:
+        """Ends every waiting and running sequence (shutdown, or the loop failing)."""
+        for seq in [*self.waiting, *self.running()]:
+            self.finish(seq, reason, error=error)
+
+    # ----------------------------------------------------------------- the finish funnel
+
+    def finish(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        *,
+        stop_reason: str | int | None = None,
+        error: str | None = None,
+    ) -> None:
+        """The one way a sequence ends. Idempotent: a finished sequence is left alone."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        was_waiting = seq.status is SequenceStatus.WAITING
+        seq.status = SequenceStatus.FINISHED
+        if seq.slot is not None:
+            self.slots[seq.slot] = None
+            self._release_slot(seq.slot)
+            seq.slot = None
+        elif was_waiting and seq in self.waiting:
+            self.waiting.remove(seq)
+            self._waiting_prompt_tokens -= seq.num_prompt_tokens
+
+        now = self._clock()
+        tail = seq.text.flush()
+        if tail or seq.unsent_token_ids:
+            seq.emit(TokenEvent(tail, tuple(seq.unsent_token_ids)))
+            seq.unsent_token_ids.clear()
+        arrived = seq.request.arrived_at
+        timings = Timings(
+            queued_ms=((seq.admitted_at or now) - arrived) * 1000.0,
+            ttft_ms=None if seq.first_token_at is None else (seq.first_token_at - arrived) * 1e3,
+            total_ms=(now - arrived) * 1000.0,
+        )
+        seq.emit(
+            FinalEvent(
+                finish_reason=reason,
+                stop_reason=stop_reason,
+                text=seq.text.text,
+                token_ids=tuple(seq.generated),
+                prompt_tokens=seq.num_prompt_tokens,
+                completion_tokens=len(seq.generated),
+                timings=timings,
+                error=error,
+            )
+        )
+        self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
+        self._metrics.prompt_tokens.inc(seq.num_prompt_tokens)
+        self._metrics.request_latency.observe(now - arrived)
+
+    # ----------------------------------------------------------------- internals
+
+    def _decode_row(self, seq: Sequence) -> StepRow:
+        return StepRow(
+            slot=_slot_of(seq),
+            token_ids=(seq.generated[-1],),
+            position=seq.num_computed_tokens,
+            sample=True,
+            sampling=seq.request.sampling,
+        )
+
+    def _prefill_row(self, seq: Sequence, budget: int) -> StepRow:
+        start = seq.num_computed_tokens
+        length = min(seq.num_prompt_tokens - start, budget, self.capabilities.max_tokens_per_row)
+        return StepRow(
+            slot=_slot_of(seq),
+            token_ids=seq.request.prompt_token_ids[start : start + length],
+            position=start,
+            sample=start + length == seq.num_prompt_tokens,
+            sampling=seq.request.sampling,
+        )
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> None:
+        seq.generated.append(token)
+        seq.unsent_token_ids.append(token)
+        self._metrics.generated_tokens.inc()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            self._metrics.time_to_first_token.observe(now - seq.request.arrived_at)
+        elif seq.last_token_at is not None:
+            self._metrics.inter_token_latency.observe(now - seq.last_token_at)
+        seq.last_token_at = now
+
+        stop = seq.request.stop
+        if token in stop.stop_token_ids:
+            self.finish(seq, FinishReason.STOP, stop_reason=token)
+            return
+        if not stop.ignore_eos and token in self.capabilities.eos_token_ids:
+            self.finish(seq, FinishReason.STOP)
+            return
+        new_text = seq.text.append(self._tokenizer.decode_bytes((token,)))
+        if new_text:
+            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids)))
+            seq.unsent_token_ids.clear()
+        if seq.text.matched_stop is not None:
+            self.finish(seq, FinishReason.STOP, stop_reason=seq.text.matched_stop)
+        elif (
+            len(seq.generated) >= seq.request.max_tokens
+            or seq.num_prompt_tokens + len(seq.generated) >= self.capabilities.context_length
+        ):
+            self.finish(seq, FinishReason.LENGTH)
+
+
+def _slot_of(seq: Sequence) -> int:
+    if seq.slot is None:
+        raise RuntimeError(f"request {seq.request_id} has no slot")
+    return seq.slot

@@ -1,0 +1,155 @@
+"""The contract between the scheduler and a model it can step.
+
+The scheduler owns *which* sequences run and in which slot; the model owns everything that lives
+on the device for a slot (its KV cache, its random generator) and how one step is computed.
+
+One step takes a :class:`StepBatch`: one :class:`StepRow` per running sequence, each carrying the
+tokens that are new to the model for that slot (the whole prompt, a chunk of it, or the one token
+sampled last step) and the position of the first of them. The model appends those tokens to the
+slot's state and, for rows with ``sample=True``, samples one next token. A model never reads state
+of a slot beyond ``row.position``: whatever a previous occupant of the slot left there is stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How the next token is picked, fixed for the lifetime of one request.
+
+    Attributes:
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        top_p: nucleus mass in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; 0 disables it.
+        seed: seeds the request's own random generator, so its tokens do not depend on what
+            else is in the batch. The engine always fills it (a random one when the client
+            sent none).
+        batch_invariant: the client chose the seed, so API.md promises the same tokens
+            whatever else is in the batch: a model whose kernels round a row differently with
+            the batch's shape must compute this request's rows the slower, exact way.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    batch_invariant: bool = False
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCapabilities:
+    """What a model declares about itself, read once at start-up (rule R13).
+
+    Attributes:
+        name: human-readable model name (``/info``).
+        backend: implementation, e.g. ``"mock"`` or ``"torch-cpu"``.
+        context_length: most tokens (prompt + generated) one sequence may hold.
+        max_num_seqs: number of batch slots the model has state for.
+        vocab_size: token ids are in ``[0, vocab_size)``.
+        eos_token_ids: ids that end generation unless the request ignores EOS.
+        keeps_kv_cache: True when the model keeps per-slot state between steps (a KV cache);
+            False for a stateless model that re-reads every prefix.
+        max_tokens_per_row: most new tokens one row may carry in a step (prefill chunk size);
+            a prompt longer than this is fed over several steps.
+    """
+
+    name: str
+    backend: str
+    context_length: int
+    max_num_seqs: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    keeps_kv_cache: bool
+    max_tokens_per_row: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One slot's work in one model step.
+
+    Attributes:
+        slot: batch slot in ``[0, max_num_seqs)``.
+        token_ids: tokens new to the model for this slot, in order (>= 1 of them).
+        position: position of ``token_ids[0]`` in the sequence; the model's state for this
+            slot covers exactly positions ``[0, position)`` before the step and
+            ``[0, position + len(token_ids))`` after it. ``position == 0`` starts a new sequence.
+        sample: whether a next token is wanted (False for a prompt chunk that is not the last).
+        sampling: the request's sampling parameters.
+    """
+
+    slot: int
+    token_ids: tuple[int, ...]
+    position: int
+    sample: bool
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """All rows of one model step; at most one row per slot."""
+
+    rows: tuple[StepRow, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(row.token_ids) for row in self.rows)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """The result of one step, aligned with ``StepBatch.rows``.
+
+    ``next_token_ids[i]`` is the sampled token of row ``i``, or None when that row did not ask
+    for one (``sample=False``) or failed.
+
+    ``row_errors`` lets a model that can tell which rows failed say so: ``row_errors[i]`` is a
+    client-safe message for a failed row ``i`` (its token is ignored and the request ends with
+    an error), None for a row that succeeded. A model that cannot tell raises from ``step``
+    instead, which fails every row of the step.
+    """
+
+    next_token_ids: tuple[int | None, ...]
+    row_errors: tuple[str | None, ...] | None = None
+
+
+class Tokenizer(Protocol):
+    """Turns text into token ids and token ids back into bytes.
+
+    ``decode_bytes`` returns raw UTF-8 bytes so that a character split over several tokens can
+    be reassembled by the caller (see ``app.engine.detokenizer``).
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode_bytes(self, token_ids: Sequence[int]) -> bytes: ...
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A model the scheduler can step. Implementations: ``MockModelRunner``, ``LlamaModelRunner``.
+
+    ``step`` runs in a worker thread, never concurrently with itself or with ``release``.
+
+    Raises (from ``step``): any exception means the step failed for every row in it; the
+    engine fails those requests and goes on.
+    """
+
+    capabilities: ModelCapabilities
+    tokenizer: Tokenizer
+
+    def step(self, batch: StepBatch) -> StepOutput: ...
+
+    def release(self, slot: int) -> None:
+        """Forget the slot's state; the next row for it will have ``position == 0``."""
+        ...

@@ -1,0 +1,311 @@
+/*
+ * Fused CPU kernels for small decode steps (a few single-token rows) of a Llama model in
+ * bfloat16: the per-layer glue between the projections, one call where eager torch runs 5-10
+ * small ops. Built and loaded by app/models/fused_decode.py (gcc -O3 -march=native); every
+ * function is single-threaded and works on plain row-major arrays.
+ *
+ * bfloat16 values are uint16_t bit patterns. Arithmetic is float32; results are rounded to
+ * bfloat16 (round to nearest even) at the same points where the eager torch path rounds, so
+ * the two paths agree to within a bfloat16 ulp or so per op (reductions are summed in a
+ * different order).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+typedef uint16_t bf16;
+
+static inline float bf16_to_float(bf16 value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+static inline bf16 float_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    /* Round to nearest, ties to even; a NaN stays a (quiet) NaN. Branch-free, so loops
+     * around it vectorise. */
+    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+    return (bf16)((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+/* Lanes of the partial sums below: 16 float32 = one AVX-512 register, two AVX2 ones. */
+#define LANES 16
+
+/* Sum of LANES partial sums as a tree (vectorisable; a left-to-right sum is a chain of 16
+ * dependent adds, which dominated the attention's dot products). */
+static inline float sum_lanes(float partial[LANES]) {
+    for (int width = LANES / 2; width > 0; width /= 2) {
+        for (int lane = 0; lane < width; ++lane) {
+            partial[lane] += partial[lane + width];
+        }
+    }
+    return partial[0];
+}
+
+/* Dot product of float32 q [n] with bfloat16 k [n], n a multiple of LANES. With AVX-512 or
+ * AVX2 (and FMA) in registers, ending in one horizontal sum; otherwise portable C. */
+static inline float dot_bf16(const float *q, const bf16 *k, int64_t n) {
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < n; d += 16) {
+        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(k + d)));
+        __m512 kf = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kf, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < n; d += 8) {
+        __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(k + d)));
+        __m256 kf = _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kf, acc);
+    }
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    half = _mm_add_ss(half, _mm_movehdup_ps(half));
+    return _mm_cvtss_f32(half);
+#else
+    float partial[LANES] = {0};
+    for (int64_t d = 0; d < n; d += LANES) {
+        for (int lane = 0; lane < LANES; ++lane) {
+            partial[lane] += q[d + lane] * bf16_to_float(k[d + lane]);
+        }
+    }
+    return sum_lanes(partial);
+#endif
+}
+
+/*
+ * exp(x) in float32 without libm, so that loops over it vectorise (glibc's vector expf is
+ * only declared under -ffast-math). Range reduction x = n ln2 + r, |r| <= ln2 / 2, then the
+ * degree-6 Taylor polynomial of exp(r) (error below 2e-7 relative, under a float32 ulp
+ * after rounding, far under the bfloat16 rounding that follows), times 2^n built in the
+ * exponent bits. Inputs are clamped to [-87, 88] (results 1.6e-38 .. 1.7e38).
+ */
+static inline float exp_approx(float x) {
+    const float log2e = 1.44269504f;
+    const float ln2_hi = 0.693359375f; /* ln 2 split in two, so n * ln2_hi is exact */
+    const float ln2_lo = -2.12194440e-4f;
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    /* n = round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to an integer (no floorf,
+     * which blocks vectorisation without -fno-trapping-math). */
+    float n = (x * log2e + 12582912.0f) - 12582912.0f;
+    float r = x - n * ln2_hi - n * ln2_lo;
+    float poly = 1.0f / 720.0f;
+    poly = poly * r + 1.0f / 120.0f;
+    poly = poly * r + 1.0f / 24.0f;
+    poly = poly * r + 1.0f / 6.0f;
+    poly = poly * r + 0.5f;
+    poly = poly * r + 1.0f;
+    poly = poly * r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return poly * scale;
+}
+
+/*
+ * RMSNorm of rows, optionally after a residual add.
+ *
+ * x:        [rows, dim] bfloat16, row stride x_stride (elements).
+ * residual: NULL, or [rows, dim] bfloat16 (row stride dim): then x <- bf16(x + residual)
+ *           first, written back into x (x is the new hidden state).
+ * weight:   NULL (folded into the next projection), or [dim] bfloat16.
+ * out:      [rows, dim] bfloat16, contiguous.
+ *
+ * inv = bf16(1 / sqrt(sum(x^2) / dim + eps)) in float32; out = bf16(x * inv), then
+ * bf16(out * weight) when a weight is given: the rounding of LlamaModel._normed.
+ */
+void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
+                 bf16 *out, int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        bf16 *row = x + r * x_stride;
+        bf16 *dst = out + r * dim;
+        if (residual != NULL) {
+            const bf16 *add = residual + r * dim;
+            for (int64_t i = 0; i < dim; ++i) {
+                row[i] = float_to_bf16(bf16_to_float(row[i]) + bf16_to_float(add[i]));
+            }
+        }
+        float partial[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= dim; i += LANES) {
+            for (int lane = 0; lane < LANES; ++lane) {
+                float v = bf16_to_float(row[i + lane]);
+                partial[lane] += v * v;
+            }
+        }
+        float sum = sum_lanes(partial);
+        for (; i < dim; ++i) {
+            float v = bf16_to_float(row[i]);
+            sum += v * v;
+        }
+        float inv = bf16_to_float(float_to_bf16(1.0f / sqrtf(sum / (float)dim + eps)));
+        if (weight == NULL) {
+            for (i = 0; i < dim; ++i) {
+                dst[i] = float_to_bf16(bf16_to_float(row[i]) * inv);
+            }
+        } else {
+            for (i = 0; i < dim; ++i) {
+                float normed = bf16_to_float(float_to_bf16(bf16_to_float(row[i]) * inv));
+                dst[i] = float_to_bf16(normed * bf16_to_float(weight[i]));
+            }
+        }
+    }
+}
+
+/*
+ * out = bf16(bf16(silu(gate)) * up) for gate_up [rows, 2 * ffn] bfloat16 (gate first, as the
+ * fused gate/up projection writes it); out is [rows, ffn] bfloat16, contiguous.
+ */
+void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const bf16 *gate = gate_up + r * 2 * ffn;
+        const bf16 *up = gate + ffn;
+        bf16 *dst = out + r * ffn;
+        for (int64_t i = 0; i < ffn; ++i) {
+            float g = bf16_to_float(gate[i]);
+            float activated = bf16_to_float(float_to_bf16(g / (1.0f + exp_approx(-g))));
+            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));
+        }
+    }
+}
+
+/* Hugging Face's rotary embedding of one head, rounded as LlamaModel's _apply_rope: with
+ * cos = (c, c) and sin = (-s, s) per position, out = bf16(bf16(x * cos) + swap(x) * sin). */
+static void rope_head(const bf16 *x, const bf16 *cos, const bf16 *sin, float *out,
+                      int64_t head_dim) {
+    int64_t half = head_dim / 2;
+    for (int64_t i = 0; i < head_dim; ++i) {
+        float swapped = bf16_to_float(i < half ? x[i + half] : x[i - half]);
+        float scaled = bf16_to_float(float_to_bf16(bf16_to_float(x[i]) * bf16_to_float(cos[i])));
+        out[i] = bf16_to_float(float_to_bf16(scaled + swapped * bf16_to_float(sin[i])));
+    }
+}
+
+/*
+ * Decode attention for single-token rows, with the rotary embedding and the K/V cache write.
+ *
+ * qkv:       [rows, (n_heads + 2 * n_kv_heads) * head_dim] bfloat16, row stride qkv_stride:
+ *            the fused QKV projection's output (queries, keys, values; heads in order).
+ * rope_cos, rope_sin: [max_positions, head_dim] bfloat16 tables (see rope_head).
+ * positions: [rows] int64, the position of each row's token (its K/V go there).
+ * slots:     [rows] int64, each row's slot in the cache.
+ * keys, values: one layer of the cache, [slots, n_kv_heads, cache_len, head_dim] bfloat16.
+ * scores:    workspace, float32, at least group_size * (max position + 1) elements.
+ * out:       [rows, n_heads * head_dim] bfloat16, contiguous.
+ *
+ * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). Row r
+ * attends to positions 0..positions[r] of its slot (its own new key included), with scores
+ * scaled by 1 / sqrt(head_dim) and a float32 softmax; the output is rounded once.
+ */
+void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_cos,
+                         const bf16 *rope_sin, const int64_t *positions, const int64_t *slots,
+                         bf16 *keys, bf16 *values, int64_t cache_len, float *scores, bf16 *out,
+                         int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+    enum { MAX_HEAD_DIM = 256, MAX_GROUP = 16 };
+    const int64_t group = n_heads / n_kv_heads;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    float query[MAX_GROUP][MAX_HEAD_DIM];
+    float key[MAX_HEAD_DIM];
+    float acc[MAX_GROUP][MAX_HEAD_DIM];
+    if (head_dim > MAX_HEAD_DIM || group > MAX_GROUP || head_dim % LANES != 0) {
+        return; /* the Python side checks the shapes before calling */
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t position = positions[r];
+        const int64_t length = position + 1;
+        const bf16 *row = qkv + r * qkv_stride;
+        const bf16 *cos = rope_cos + position * head_dim;
+        const bf16 *sin = rope_sin + position * head_dim;
+        for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
+            const int64_t base = (slots[r] * n_kv_heads + kv) * cache_len * head_dim;
+            bf16 *slot_keys = keys + base;
+            bf16 *slot_values = values + base;
+            /* The new key (rotated) and value go into the cache first. */
+            rope_head(row + (n_heads + kv) * head_dim, cos, sin, key, head_dim);
+            for (int64_t d = 0; d < head_dim; ++d) {
+                slot_keys[position * head_dim + d] = float_to_bf16(key[d]);
+            }
+            memcpy(slot_values + position * head_dim, row + (n_heads + n_kv_heads + kv) * head_dim,
+                   (size_t)head_dim * sizeof(bf16));
+            for (int64_t g = 0; g < group; ++g) {
+                rope_head(row + (kv * group + g) * head_dim, cos, sin, query[g], head_dim);
+            }
+            /* Scores: each cached key is read once for the whole query group. */
+            for (int64_t t = 0; t < length; ++t) {
+                const bf16 *k = slot_keys + t * head_dim;
+                for (int64_t g = 0; g < group; ++g) {
+                    scores[g * length + t] = dot_bf16(query[g], k, head_dim) * scale;
+                }
+            }
+            /* Softmax per query head. */
+            for (int64_t g = 0; g < group; ++g) {
+                float *s = scores + g * length;
+                /* Max and sum in LANES partial results, so the loops vectorise. */
+                float best_lanes[LANES];
+                for (int lane = 0; lane < LANES; ++lane) {
+                    best_lanes[lane] = s[0];
+                }
+                int64_t t = 0;
+                for (; t + LANES <= length; t += LANES) {
+                    for (int lane = 0; lane < LANES; ++lane) {
+                        float v = s[t + lane];
+                        best_lanes[lane] = v > best_lanes[lane] ? v : best_lanes[lane];
+                    }
+                }
+                float best = best_lanes[0];
+                for (int lane = 1; lane < LANES; ++lane) {
+                    best = best_lanes[lane] > best ? best_lanes[lane] : best;
+                }
+                for (; t < length; ++t) {
+                    best = s[t] > best ? s[t] : best;
+                }
+                for (t = 0; t < length; ++t) {
+                    s[t] = exp_approx(s[t] - best);
+                }
+                float partial[LANES] = {0};
+                for (t = 0; t + LANES <= length; t += LANES) {
+                    for (int lane = 0; lane < LANES; ++lane) {
+                        partial[lane] += s[t + lane];
+                    }
+                }
+                float total = sum_lanes(partial);
+                for (; t < length; ++t) {
+                    total += s[t];
+                }
+                float inv_total = 1.0f / total;
+                for (int64_t t = 0; t < length; ++t) {
+                    s[t] *= inv_total;
+                }
+                memset(acc[g], 0, (size_t)head_dim * sizeof(float));
+            }
+            /* Weighted sum of the values: each cached value is read once for the group. */
+            for (int64_t t = 0; t < length; ++t) {
+                const bf16 *v = slot_values + t * head_dim;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    key[d] = bf16_to_float(v[d]);
+                }
+                for (int64_t g = 0; g < group; ++g) {
+                    const float p = scores[g * length + t];
+                    for (int64_t d = 0; d < head_dim; ++d) {
+                        acc[g][d] += p * key[d];
+                    }
+                }
+            }
+            for (int64_t g = 0; g < group; ++g) {
+                bf16 *dst = out + r * n_heads * head_dim + (kv * group + g) * head_dim;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    dst[d] = float_to_bf16(acc[g][d]);
+                }
+            }
+        }
+    }
+}
