@@ -307,24 +307,31 @@ def server_process(command: list[str], url: str, *, env: dict[str, str] | None =
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """One configuration of our server; ``threads`` None: ``--torch-threads``."""
+    """One configuration of our server; ``threads`` None: ``--torch-threads``; ``eager``:
+    ``--fused-decode false``."""
 
     dtype: str
     quantization: str
     threads: int | None = None
+    eager: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> ServerConfig:
-        """``dtype:quantization[:threads]``."""
-        dtype, quantization, *threads = spec.split(":")
-        return cls(dtype, quantization, int(threads[0]) if threads else None)
+        """``dtype:quantization[:threads][:eager]``."""
+        dtype, quantization, *rest = spec.split(":")
+        eager = bool(rest) and rest[-1] == "eager"
+        if eager:
+            rest.pop()
+        return cls(dtype, quantization, int(rest[0]) if rest else None, eager)
 
     @property
     def name(self) -> str:
         name = f"slotserve {self.dtype}" + (
             "" if self.quantization == "none" else f"+{self.quantization}"
         )
-        return name + (f" {self.threads}T" if self.threads else "")
+        return (
+            name + (f" {self.threads}T" if self.threads else "") + (" eager" if self.eager else "")
+        )
 
     def command(
         self,
@@ -358,6 +365,7 @@ class ServerConfig:
             "cpu",
             "--log-level",
             "warning",
+            *(("--fused-decode", "false") if self.eager else ()),
             *extra,
         ]
 
@@ -609,8 +617,9 @@ def main() -> None:
     parser.add_argument(
         "--configs",
         default="bfloat16:none,bfloat16:int8",
-        help="dtype:quantization[:threads] of our server, comma-separated; the first is the "
-        "default one (TTFT and memory are measured on it)",
+        help="dtype:quantization[:threads][:eager] of our server, comma-separated ('eager': "
+        "--fused-decode false); the first is the default one (TTFT and memory are measured "
+        "on it)",
     )
     parser.add_argument("--sizes", default="1,16,64", help="streams per wave")
     parser.add_argument("--rounds", type=int, default=3)

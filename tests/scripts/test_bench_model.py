@@ -60,3 +60,15 @@ async def test_token_times_are_recorded_per_event(mock_url) -> None:
     # one time per token event (a multi-byte character's tokens share one event)
     assert len(times) == text.count("event: token") > 0
     assert times == sorted(times)
+
+
+def test_server_configs_parse_threads_and_the_eager_path() -> None:
+    fused = bench_model.ServerConfig.parse("bfloat16:int4")
+    eager = bench_model.ServerConfig.parse("bfloat16:none:1:eager")
+    assert (fused.quantization, fused.threads, fused.eager) == ("int4", None, False)
+    assert (eager.quantization, eager.threads, eager.eager) == ("none", 1, True)
+    assert eager.name == "slotserve bfloat16 1T eager"
+    command = eager.command(8000, max_num_seqs=4, max_model_len=64, threads=2)
+    assert command[command.index("--torch-threads") + 1] == "1"
+    assert command[-2:] == ["--fused-decode", "false"]
+    assert "--fused-decode" not in fused.command(8000, max_num_seqs=4, max_model_len=64, threads=2)
