@@ -75,6 +75,13 @@ def test_rms_norm_adds_the_residual_into_x_first(kernels: FusedDecodeKernels) ->
     torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=1e-6)
 
 
+def test_a_wrong_dtype_or_layout_is_refused(kernels: FusedDecodeKernels) -> None:
+    with pytest.raises(ValueError, match="bfloat16"):
+        kernels.rms_norm(torch.ones(2, 576), None, 1e-5)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.silu_mul(_random(8, 4, seed=0).t())
+
+
 def test_silu_mul_matches_the_eager_ops(kernels: FusedDecodeKernels) -> None:
     gate_up = _random(4, 2 * 1536, seed=5, scale=4.0)
     gate_up[0, :8] = torch.tensor([0.0, -0.0, 90.0, -90.0, 1e-30, -1e-30, 200.0, -200.0])
@@ -227,6 +234,9 @@ def test_only_plain_decode_steps_take_the_fused_kernels(
         assert not fused([RowSpec(0, [10], 4, True), RowSpec(1, [11], 5, True, True)])
         assert not fused([RowSpec(0, [10], 4, True), RowSpec(2, [1, 2, 3], 0, True)])
         assert fused([RowSpec(1, [11], 5, True)])
+        with torch.inference_mode():  # a fused step whose rows want no logits
+            plan = ForwardPlan.build([RowSpec(0, [12], 5, False)], cache=cache)
+            assert model.forward(plan, cache).shape == (0, model.hparams.vocab_size)
     finally:
         model.fused_decode = kernels
 
