@@ -7,7 +7,7 @@ adds; each a dispatch of a few microseconds of work, see docs/MODEL_PERF.md). Th
 the same work in four calls per layer: ``rms_norm`` twice (each with the residual add before
 it), ``decode_attention`` (rope, K/V write and grouped-query attention of single-token rows,
 its rows shared among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
-threads: a decode step takes 0.69-0.80x the eager step's time from 1 to 64 rows and from 40 to
+threads: a decode step takes 0.69-0.84x the eager step's time from 1 to 64 rows and from 40 to
 2000 positions (docs/MODEL_PERF.md).
 
 Building: ``cc -O3 -march=native -shared -fPIC [-fopenmp]`` into ``$SLOTSERVE_CACHE_DIR``
