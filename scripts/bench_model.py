@@ -51,8 +51,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.models.gguf_file import GGUFFile, smollm2_gguf_path  # noqa: E402
+from app.models.gguf_file import GGUFFile  # noqa: E402
 from app.models.gguf_tokenizer import GGUFTokenizer  # noqa: E402
+from app.models.smollm2 import smollm2_gguf_path  # noqa: E402
 
 # Figures given in the issue for llama.cpp's llama-server on this machine kind (same GGUF,
 # 128 new tokens per request): 1 stream and 16 concurrent streams, aggregate tok/s.

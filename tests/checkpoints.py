@@ -95,7 +95,7 @@ def smollm2_tokenizer_files() -> dict[str, bytes]:
     ``chat_template.jinja``): file name -> content."""
     from transformers import AutoTokenizer
 
-    from app.models.gguf_file import smollm2_gguf_path
+    from app.models.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -12,9 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from app.models.decoder import DecoderModel, apply_rope
+from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.fused_decode import FusedDecodeKernels, load_fused_decode
-from app.models.llama import ForwardPlan, KVCache, LlamaModel, RowSpec, _apply_rope
-from app.models.smollm2 import LlamaModelRunner, load_smollm2
+from app.models.kv_cache import KVCache
+from app.models.load_plan import load_checkpoint
+from app.models.runner import ModelRunner
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
@@ -121,7 +124,7 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
     assert torch.equal(got, alone)
 
     heads = qkv.view(4, -1, head_dim)
-    rotated = _apply_rope(
+    rotated = apply_rope(
         heads[:, : n_heads + n_kv], cos[positions][:, None], sin[positions][:, None]
     )
     expected_keys, expected_values = keys_before.clone(), values_before.clone()
@@ -143,8 +146,8 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
 
 
 @pytest.fixture(scope="module")
-def bf16_runner() -> LlamaModelRunner:
-    return load_smollm2(max_num_seqs=4, max_model_len=256, dtype="bfloat16")
+def bf16_runner() -> ModelRunner:
+    return load_checkpoint("smollm2", max_num_seqs=4, max_model_len=256, dtype="bfloat16")
 
 
 class _CountingKernels:
@@ -165,14 +168,14 @@ class _CountingKernels:
         return self.inner.decode_attention(*args, **kwargs)
 
 
-def _prefill(model: LlamaModel, cache: KVCache, prompts: list[list[int]]) -> None:
+def _prefill(model: DecoderModel, cache: KVCache, prompts: list[list[int]]) -> None:
     with torch.inference_mode():
         for slot, prompt in enumerate(prompts):
             model.forward(ForwardPlan.build([RowSpec(slot, prompt, 0, False)], cache=cache), cache)
 
 
 def test_fused_steps_follow_the_float32_model_as_the_eager_ones_do(
-    kernels: FusedDecodeKernels, bf16_runner: LlamaModelRunner, runner: LlamaModelRunner
+    kernels: FusedDecodeKernels, bf16_runner: ModelRunner, runner: ModelRunner
 ) -> None:
     """Teacher-forced on float32's greedy tokens: the fused bfloat16 decode step agrees with
     float32 as often as the eager one (98.7% against 98.8% at 32 rows in the benchmark's
@@ -213,7 +216,7 @@ def test_fused_steps_follow_the_float32_model_as_the_eager_ones_do(
 
 
 def test_only_plain_decode_steps_take_the_fused_kernels(
-    kernels: FusedDecodeKernels, bf16_runner: LlamaModelRunner
+    kernels: FusedDecodeKernels, bf16_runner: ModelRunner
 ) -> None:
     """Seeded rows (batch invariance needs the eager path's exact rounding) and steps with a
     prompt chunk stay eager."""
@@ -257,7 +260,7 @@ def test_the_build_is_cached_on_disk(fresh_loader: Path) -> None:
     assert not list(fresh_loader.glob("*.partial"))
 
 
-def _greedy(runner: LlamaModelRunner, text: str, count: int) -> bytes:
+def _greedy(runner: ModelRunner, text: str, count: int) -> bytes:
     prompt = runner.tokenizer.encode(text)
     plan = ForwardPlan.build([RowSpec(0, prompt, 0, True)], cache=runner.cache)
     generated: list[int] = []
@@ -275,14 +278,16 @@ def test_a_failed_build_leaves_the_model_on_its_eager_path(
     monkeypatch.setenv("CC", "false")  # a "compiler" that fails
     kernels, how = load_fused_decode()
     assert kernels is None and "build failed" in how
-    runner = load_smollm2(max_num_seqs=1, max_model_len=64, dtype="bfloat16")
+    runner = load_checkpoint("smollm2", max_num_seqs=1, max_model_len=64, dtype="bfloat16")
     assert runner.model.fused_decode is None
     assert "build failed" in runner.model.fused_decode_status
     assert _greedy(runner, "The capital of France is", 3).startswith(b" Paris")
 
 
 def test_fused_decode_false_keeps_the_eager_path() -> None:
-    runner = load_smollm2(max_num_seqs=1, max_model_len=64, dtype="bfloat16", fused_decode=False)
+    runner = load_checkpoint(
+        "smollm2", max_num_seqs=1, max_model_len=64, dtype="bfloat16", fused_decode=False
+    )
     assert runner.model.fused_decode is None
     assert "--fused-decode false" in runner.model.fused_decode_status
     assert _greedy(runner, "The capital of France is", 3).startswith(b" Paris")
