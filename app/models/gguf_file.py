@@ -47,6 +47,26 @@ SUPPORTED_TENSOR_TYPES = frozenset(
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 
 
+class _PlainViewReader(gguf.GGUFReader):
+    """``gguf.GGUFReader`` parsing a plain ``ndarray`` view of its memory map.
+
+    The reader slices its ``data`` once or more per metadata item (~250k slices for a 49k-token
+    vocabulary with its merges); slicing a ``numpy.memmap`` runs ``memmap.__array_finalize__``
+    every time, ~3/4 of the parse. A plain view of the same mapping parses SmolLM2's file 3x
+    faster (measured: 8.3 s against 29.4 s on a loaded 2-core machine), and every tensor's
+    ``data`` is still a view of the mapping (no copy). The reader's own ``__init__`` assigns
+    ``self.data = np.memmap(...)``; this property keeps the view instead.
+    """
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain_data
+
+    @data.setter
+    def data(self, mapping: np.ndarray) -> None:
+        self._plain_data = mapping.view(np.ndarray)
+
+
 class GGUFFile:
     """A GGUF file opened read-only (memory-mapped by ``gguf.GGUFReader``).
 
@@ -58,7 +78,7 @@ class GGUFFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._reader = gguf.GGUFReader(path)
+            self._reader = _PlainViewReader(path)
         except (ValueError, OSError, IndexError) as error:  # bad magic, truncated file
             raise UnsupportedModel(f"not a GGUF file ({error})") from None
         self._tensors = {tensor.name: tensor for tensor in self._reader.tensors}
