@@ -261,17 +261,19 @@ def test_gguf_spm_bos_spaces_and_bytes(spm) -> None:
         pieces[-4].decode("utf-8")
 
 
-def test_gguf_spm_without_space_prefix(tmp_path: Path, spm_files) -> None:
+def test_gguf_spm_keys_override_the_defaults(tmp_path: Path, spm_files) -> None:
+    """add_space_prefix, add_bos_token and add_eos_token, as the converter writes them from
+    tokenizer_config.json (add_prefix_space, add_bos_token, add_eos_token)."""
     import shutil
 
     directory = tmp_path / "spm"
     shutil.copytree(spm_files[0], directory)
     config = json.loads((directory / "tokenizer_config.json").read_text())
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({**config, "add_prefix_space": False})
-    )
+    settings = {"add_prefix_space": False, "add_bos_token": False, "add_eos_token": True}
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, **settings}))
     ours = load_gguf_tokenizer(GGUFFile(write_vocab_gguf(directory, tmp_path / "v.gguf")))
     assert ours.decode_bytes(ours.encode_without_special_tokens("hello world")) == b"hello world"
+    assert ours.encode("hello") == [*ours.encode_without_special_tokens("hello"), 2]
 
 
 def test_transformers_gguf_loader_agrees_on_spm_but_for_leading_spaces(spm_files, spm) -> None:
