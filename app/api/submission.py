@@ -61,10 +61,19 @@ INLINE_TOKENIZE_MAX_CHARS = 16_384
 
 
 async def encode_prompt(
-    resources: ServerResources, text: str, *, request_id: str, param: str
+    resources: ServerResources,
+    text: str,
+    *,
+    request_id: str,
+    param: str,
+    add_special_tokens: bool = True,
 ) -> tuple[int, ...]:
     """The prompt's token ids (>= 1, at most the server's prompt limit). Long prompts are
     tokenized off the event loop (``INLINE_TOKENIZE_MAX_CHARS``).
+
+    ``add_special_tokens=False`` is for a prompt a chat template rendered: the template writes
+    BOS itself, so the tokenizer must not add another (vLLM does the same); a tokenizer without
+    ``encode_without_special_tokens`` (the mock's) adds none anyway.
 
     Raises:
         APIError: 500 when the tokenizer fails; 400 ``context_length_exceeded`` when it alone
@@ -72,7 +81,10 @@ async def encode_prompt(
             more than ``resources.max_prompt_tokens``.
     """
     try:
-        encode = resources.engine.model.tokenizer.encode
+        tokenizer = resources.engine.model.tokenizer
+        encode = tokenizer.encode
+        if not add_special_tokens:
+            encode = getattr(tokenizer, "encode_without_special_tokens", encode)
         if len(text) > INLINE_TOKENIZE_MAX_CHARS:
             prompt_ids = tuple(await asyncio.to_thread(encode, text))
         else:

@@ -200,6 +200,19 @@ def test_llama3_rope_factors_are_what_transformers_scales_by(
     assert not any(".rope.scaling." in key for key in keys)  # the converter writes none for llama3
 
 
+def test_linear_rope_scaling_is_written_as_the_converter_does(
+    tiny_checkpoints: TinyCheckpoints,
+) -> None:
+    linear = {"rope_type": "linear", "factor": 2.0}
+    directory = tiny_checkpoints.hf("mistral", rope_scaling=linear, transformers4_config=True)
+    writer = gguf.GGUFWriter(None, "llama")
+    _add_hyperparameters(writer, _load_hparams(directory), "llama", "Q8_0")
+    values = {key: kv.value for entries in writer.kv_data for key, kv in entries.items()}
+    assert values["llama.rope.scaling.type"] == "linear"
+    assert values["llama.rope.scaling.factor"] == 2.0
+    assert values["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q8_0
+
+
 def test_half_precision_checkpoint(tiny_checkpoints: TinyCheckpoints) -> None:
     from safetensors import safe_open
 
