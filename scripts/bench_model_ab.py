@@ -2,7 +2,8 @@
 SmolLM2, the two codes interleaved in one run (no HTTP).
 
     git worktree add /tmp/slotserve-base <commit>      # the code to compare against
-    python scripts/bench_model_ab.py --base /tmp/slotserve-base --configs bfloat16:none,bfloat16:int4
+    python scripts/bench_model_ab.py --base /tmp/slotserve-base \
+        --configs bfloat16:none,bfloat16:int4
 
 Each (checkout, config) pair runs in a worker process of its own (the two checkouts' modules
 cannot share one interpreter), started from that checkout with this interpreter, which loads
@@ -167,8 +168,13 @@ def main() -> None:
         base_config = config
         if args.base_quantization is not None:
             base_config = f"{config.split(':')[0]}:{args.base_quantization}"
-        workers = {"this": Worker(HERE, config, args), "base": Worker(args.base, base_config, args)}
-        times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in args.batches} for n in workers}
+        workers = {
+            "this": Worker(HERE, config, args),
+            "base": Worker(args.base, base_config, args),
+        }
+        times: dict[str, dict[int, list[float]]] = {
+            name: {rows: [] for rows in args.batches} for name in workers
+        }
         for round_index in range(args.rounds):
             order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
             for rows in args.batches:

@@ -253,14 +253,20 @@ def _torch_libgomp() -> str | None:
     torch's own worker threads. A second OpenMP runtime (or threads of our own) would fight
     torch's spinning workers for the cores: splitting the attention over a POSIX thread made a
     64-row step 1.2-1.4x slower, over torch's OpenMP team 0.8x.
+
+    Only a library named ``libgomp.so.1`` counts: that is the soname ``-fopenmp`` code links
+    to. Wheels that bundle their own copy under another name (sentencepiece's
+    ``libgomp-<hash>.so.1.0.0``, which ``gguf`` imports when it is installed) are not what the
+    kernels bind to.
     """
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
     for line in maps.splitlines():
-        if "/libgomp" in line:
-            return line.split()[-1]
+        path = line.split()[-1]
+        if Path(path).name.startswith("libgomp.so.1"):
+            return path
     return None
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from app.models.architectures import Architecture
 from app.models.checkpoint import Checkpoint
 from app.models.gguf_file import GGUFFile
-from app.models.gguf_tokenizer import GGUFTokenizer
 from app.models.hf_directory import HFDirectory
 from app.models.hparams import HParams
 from app.models.model_tensors import ModelTensors
 from app.models.refusal import ModelRefused, UnsupportedModel
 from app.models.runner import Tokenizer
 from app.models.smollm2 import SMOLLM2_NAME, smollm2_gguf_path
+from app.models.tokenizers import load_gguf_tokenizer, load_hf_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def open_model(model: str, *, served_model_name: str | None = None) -> ModelSour
             raise UnsupportedModel(f"tensor {name} has unsupported type {kind}")
         tensors = ModelTensors(checkpoint, architecture, hparams)
         tensors.check()
-        tokenizer = _tokenizer(checkpoint)
+        tokenizer = _tokenizer(checkpoint, hparams)
     except UnsupportedModel as error:
         raise ModelRefused(path, str(error)) from None
     if hparams.sliding_window is not None:
@@ -118,11 +118,25 @@ def _open_checkpoint(path: Path) -> Checkpoint:
     return GGUFFile(path)
 
 
-def _tokenizer(checkpoint: Checkpoint) -> Tokenizer:
-    """The model's tokenizer. Raises UnsupportedModel when it cannot be built."""
-    if not isinstance(checkpoint, GGUFFile):
-        raise UnsupportedModel("Hugging Face tokenizers are not wired in yet")
+def _tokenizer(checkpoint: Checkpoint, hparams: HParams) -> Tokenizer:
+    """The model's tokenizer: the GGUF's ``tokenizer.*`` keys, or the directory's
+    ``tokenizer.json`` (:mod:`app.models.tokenizers`).
+
+    Raises:
+        UnsupportedModel: it cannot be built (an unknown tokenizer model or pre-tokenizer, no
+            tokenizer.json, ...), or it has more tokens than the model's embedding.
+    """
     try:
-        return GGUFTokenizer(checkpoint)
-    except (ValueError, KeyError) as error:
-        raise UnsupportedModel(f"tokenizer: {error}") from None
+        if isinstance(checkpoint, GGUFFile):
+            tokenizer = load_gguf_tokenizer(checkpoint)
+        else:
+            tokenizer = load_hf_tokenizer(checkpoint.path, vocab_size=hparams.vocab_size)
+    except (ValueError, KeyError, OSError) as error:
+        reason = str(error).removeprefix(f"{checkpoint.path}: ")
+        raise UnsupportedModel(f"tokenizer: {reason}") from None
+    if tokenizer.vocab_size > hparams.vocab_size:
+        raise UnsupportedModel(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, the model's embedding "
+            f"{hparams.vocab_size}"
+        )
+    return tokenizer

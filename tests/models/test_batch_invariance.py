@@ -16,11 +16,11 @@ import torch
 from app.models.decoder import DecoderModel
 from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.gguf_file import GGUFFile
-from app.models.gguf_tokenizer import GGUFTokenizer
 from app.models.int4 import int4_kernel_status
 from app.models.kv_cache import KVCache
 from app.models.projections import EXACT_ROWS_ONEDNN_BF16, LinearKernel, select_linear_kernel
 from app.models.smollm2 import smollm2_gguf_path
+from app.models.tokenizers import load_gguf_tokenizer
 from app.models.weights import Quantization
 from tests.models.stepping import decoder_of
 
@@ -54,7 +54,7 @@ def model(request: pytest.FixtureRequest) -> DecoderModel:
 
 def test_greedy_answer_is_paris(model: DecoderModel) -> None:
     """A sanity check of each kind of weights: greedy decoding of a known prompt."""
-    tokenizer = GGUFTokenizer(GGUFFile(smollm2_gguf_path()))
+    tokenizer = load_gguf_tokenizer(GGUFFile(smollm2_gguf_path()))
     prompt = tokenizer.encode("The capital of France is")
     steps = [[RowSpec(0, prompt, 0, True)]]
     cache = KVCache(model.hparams, max_num_seqs=1, max_model_len=64, dtype=model.dtype, device=CPU)
