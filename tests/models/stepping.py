@@ -10,8 +10,10 @@ import torch
 
 from app.models.base import SamplingParams, StepBatch, StepRow
 from app.models.decoder import DecoderModel
+from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.gguf_file import GGUFFile
 from app.models.hf_directory import HFDirectory
+from app.models.kv_cache import KVCache
 from app.models.model_tensors import ModelTensors
 from app.models.projections import LinearKernel, select_linear_kernel
 from app.models.runner import ModelRunner
@@ -94,3 +96,22 @@ def decoder_of(
     return DecoderModel(
         tensors.hparams, weights, max_model_len=max_model_len, fused_decode=fused_decode
     )
+
+
+def sequence_logits(model: DecoderModel, token_ids: Sequence[int], *, chunk: int) -> torch.Tensor:
+    """float32 logits ``[len(token_ids) - chunk + 1, vocab]`` of one sequence: the first
+    ``chunk`` tokens as one prompt chunk (its last position's logits), then one decode step
+    per token. Row ``i`` predicts the token after position ``chunk - 1 + i``."""
+    cache = KVCache(
+        model.hparams,
+        max_num_seqs=1,
+        max_model_len=len(token_ids),
+        dtype=model.dtype,
+        device=model.device,
+    )
+    rows = [RowSpec(0, list(token_ids[:chunk]), 0, True)]
+    rows += [RowSpec(0, [token_ids[i]], i, True) for i in range(chunk, len(token_ids))]
+    with torch.inference_mode():
+        return torch.cat(
+            [model.forward(ForwardPlan.build([row], cache=cache), cache).float() for row in rows]
+        )
