@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+PREFILL_ROWS = 8  # prompts per prefill step (the runner's chunk is 512 tokens a row)
 
 
 # --------------------------------------------------------------------------- worker
@@ -66,8 +67,18 @@ def _load(dtype: str, quantization: str, max_num_seqs: int, max_model_len: int):
     )
 
 
-def worker(dtype: str, quantization: str, max_num_seqs: int, max_model_len: int) -> None:
+def _prompt(slot: int, length: int) -> tuple[int, ...]:
+    return tuple((101 + 37 * i + 1009 * slot) % 40000 + 50 for i in range(length))
+
+
+def worker(
+    dtype: str, quantization: str, max_num_seqs: int, max_model_len: int, threads: int
+) -> None:
+    import torch
+
     from app.models.base import SamplingParams, StepBatch, StepRow
+
+    torch.set_num_threads(threads)
 
     greedy = SamplingParams(temperature=0.0)
     started = time.perf_counter()
@@ -86,9 +97,12 @@ def worker(dtype: str, quantization: str, max_num_seqs: int, max_model_len: int)
     for line in sys.stdin:
         command = json.loads(line)
         rows, steps, context = command["rows"], command["steps"], command["context"]
-        for slot in range(rows):  # one prefill row per step: prompts of context tokens
-            prompt = tuple((101 + 37 * i + 1009 * slot) % 40000 + 50 for i in range(context))
-            runner.step(StepBatch((StepRow(slot, prompt, 0, True, greedy),)))
+        for first in range(0, rows, PREFILL_ROWS):  # prompts of context tokens, a few a step
+            prefill = tuple(
+                StepRow(slot, _prompt(slot, context), 0, True, greedy)
+                for slot in range(first, min(rows, first + PREFILL_ROWS))
+            )
+            runner.step(StepBatch(prefill))
         times = []
         for step in range(steps):
             batch = StepBatch(
@@ -120,6 +134,7 @@ class Worker:
                 quantization,
                 str(max(args.batches)),
                 str(args.context + args.steps + 1),
+                str(args.threads),
             ],
             cwd=checkout,
             env={**os.environ, "PYTHONPATH": str(checkout)},
@@ -160,6 +175,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--context", type=int, default=64, help="prompt tokens per row")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads per worker (1 is robust on a crowded machine: no OpenMP barriers)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "out" / "bench_model_ab.json")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -206,6 +227,6 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         sys.path.insert(0, os.getcwd())
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     else:
         main()
