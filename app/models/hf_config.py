@@ -61,7 +61,7 @@ def hparams_from_config(
     heads = int(required("num_attention_heads"))
     tied = bool(config.get("tie_word_embeddings", not has_output_weight))
     if not tied and not has_output_weight:
-        raise UnsupportedModel("tie_word_embeddings is false but there is no lm_head.weight")
+        raise UnsupportedModel("tie_word_embeddings is false but there is no output matrix")
     theta, scaling = _rope(config)
     window = _sliding_window(config, architecture)
     context = int(required("max_position_embeddings"))

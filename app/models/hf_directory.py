@@ -32,7 +32,6 @@ from app.models.refusal import UnsupportedModel
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
-OUTPUT_WEIGHT = "lm_head.weight"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +77,9 @@ class HFDirectory:
 
     def hparams(self, architecture: Architecture) -> HParams:
         return hparams_from_config(
-            self.config, architecture, has_output_weight=self.has_tensor(OUTPUT_WEIGHT)
+            self.config,
+            architecture,
+            has_output_weight=self.has_tensor(architecture.hf_names.of("output")),
         )
 
     def tensor_names(self) -> list[str]:

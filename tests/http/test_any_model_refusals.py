@@ -15,6 +15,7 @@ from pathlib import Path
 import gguf
 import pytest
 
+from tests.checkpoints import write_gguf
 from tests.http.any_model import REPO, free_port
 
 pytestmark = pytest.mark.slow
@@ -62,14 +63,15 @@ def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
     bin_only.mkdir()
     (bin_only / "config.json").write_text((hf / "config.json").read_text())
     (bin_only / "pytorch_model.bin").write_bytes(b"\0" * 16)
-    phi3 = tiny_checkpoints.gguf("llama", "F32", architecture="phi3")
+    phi3 = write_gguf(hf, root / "phi3.gguf", architecture="phi3")
     q4_0 = tiny_checkpoints.gguf("llama", "Q4_0")
     iq4 = _retyped_gguf(
         q4_0, root / "iq4.gguf", "blk.0.attn_q.weight", gguf.GGMLQuantizationType.IQ4_NL
     )
-    assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL] == gguf.GGML_QUANT_SIZES[
-        gguf.GGMLQuantizationType.Q4_0
-    ]
+    assert (
+        gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+        == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0]
+    )
     supported = r"\(supported: llama, mistral, qwen2, qwen3\)"
     huge = tiny_checkpoints.hf("llama", max_position_embeddings=10**8)
     return {
