@@ -78,11 +78,12 @@ def create_app(
         # Loaded on the thread that will step it: one OpenMP team (app.engine.model_thread).
         model_thread = ModelThread()
         try:
-            loaded = (
-                model
-                if model is not None
-                else await model_thread.run(load_model, config, model_plan)
-            )
+            if model is not None:
+                loaded = model
+            elif model_plan is not None:  # checked on the command line already
+                loaded = await model_thread.run(load_model, config, model_plan)
+            else:
+                loaded = await model_thread.run(load_model, config)
         except BaseException:
             model_thread.shutdown()
             raise

@@ -3,6 +3,7 @@ forward from a checkpoint without a runner."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -68,7 +69,13 @@ def generate_alone(
 
 
 def open_tensors(path: Path | str) -> ModelTensors:
-    """The checked tensors of a GGUF file or HF directory (no tokenizer built)."""
+    """The checked tensors of a GGUF file or HF directory (no tokenizer built), opened once
+    per test session (parsing a GGUF's 49k-token vocabulary takes ~1 s)."""
+    return _open_tensors(str(Path(path).resolve()))
+
+
+@functools.cache
+def _open_tensors(path: str) -> ModelTensors:
     checkpoint = HFDirectory(Path(path)) if Path(path).is_dir() else GGUFFile(Path(path))
     architecture = checkpoint.architecture()
     tensors = ModelTensors(checkpoint, architecture, checkpoint.hparams(architecture))

@@ -127,3 +127,57 @@ def test_an_architecture_is_a_declaration(tiny_checkpoints, tmp_path, monkeypatc
     original = sequence_logits(decoder_of(source, max_model_len=16), PROMPT_IDS, chunk=5)
     served = sequence_logits(decoder_of(target, max_model_len=16), PROMPT_IDS, chunk=5)
     assert torch.equal(original, served)
+
+
+def _edited_copy(source, target, **config_changes):
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config.update(config_changes)
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_more_refusals(tiny_checkpoints, tmp_path) -> None:
+    """Reasons the command line gives as one line (tests/http/test_any_model_refusals.py runs
+    the main ones through it), each naming what is wrong."""
+    hf = tiny_checkpoints.hf("llama")
+    supported = r"\(supported: llama, mistral, qwen2, qwen3\)"
+    cases = {
+        f"unsupported architecture 'gemma2' {supported}": _edited_copy(
+            hf, tmp_path / "gemma", model_type="gemma2"
+        ),
+        r"rope type 'yarn' is not supported \(supported: default, linear, llama3\)": _edited_copy(
+            hf,
+            tmp_path / "yarn",
+            rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0},
+        ),
+        r"quantized checkpoints \(gptq\) are not supported": _edited_copy(
+            hf, tmp_path / "gptq", quantization_config={"quant_method": "gptq", "bits": 4}
+        ),
+        "activation 'gelu' is not supported": _edited_copy(
+            hf, tmp_path / "gelu", hidden_act="gelu"
+        ),
+    }
+    bin_only = tmp_path / "bin-only"
+    bin_only.mkdir()
+    shutil.copy(hf / "config.json", bin_only / "config.json")
+    (bin_only / "pytorch_model.bin").write_bytes(b"\0" * 16)
+    cases[r"no \*\.safetensors weights \(found pytorch_model\.bin"] = bin_only
+    no_tokenizer = tmp_path / "no-tokenizer"
+    shutil.copytree(hf, no_tokenizer)
+    (no_tokenizer / "tokenizer.json").unlink()
+    cases["tokenizer: .*no tokenizer.json"] = no_tokenizer
+    missing_layer = tmp_path / "missing-layer"
+    shutil.copytree(hf, missing_layer)
+    tensors = load_file(missing_layer / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, missing_layer / "model.safetensors")
+    cases["tensor model.layers.1.mlp.down_proj.weight is missing"] = missing_layer
+    for reason, path in cases.items():
+        with pytest.raises(ModelRefused, match=reason) as refused:
+            _plan(path)
+        assert str(refused.value).startswith(f"{path}: ")
+    with pytest.raises(
+        ModelRefused, match=r"int4 needs Q4_0/Q4_1 projections; blk\.0\.\w+\.weight is F32"
+    ):
+        _plan(tiny_checkpoints.gguf("llama", "F32"), dtype="bfloat16", quantization="int4")
