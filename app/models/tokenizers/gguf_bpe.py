@@ -116,10 +116,13 @@ def build_gguf_bpe(vocab: GGUFVocab) -> TextTokenizer:
 
     Raises:
         UnsupportedTokenizerError: its pre-tokenizer is not in :data:`PRE_TOKENIZERS`.
-        ValueError: ``vocab`` is not a ``gpt2`` vocabulary, or it adds BOS/EOS without one.
+        ValueError: ``vocab`` is not a ``gpt2`` vocabulary, has no merges, or adds BOS/EOS
+            without one.
     """
     if vocab.model != "gpt2":
         raise ValueError(f"expected a gpt2 vocabulary, got {vocab.model!r}")
+    if not vocab.merges:  # llama.cpp refuses the file too
+        raise ValueError("the gpt2 vocabulary has no tokenizer.ggml.merges")
     rule = pre_tokenizer_rule(vocab.pre)
     hf = HFTokenizer(
         models.BPE(

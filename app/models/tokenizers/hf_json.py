@@ -92,6 +92,27 @@ def _sentencepiece_bytes(text: str) -> bytes:
     return text.replace(SPACE, " ").encode("utf-8")
 
 
+def _token_bytes(
+    hf: HFTokenizer, spec: dict[str, Any], size: int, *, byte_level: bool
+) -> list[bytes]:
+    """What each id in ``[0, size)`` decodes to: nothing for special added tokens and ids with
+    no token, the text of other added tokens, else the model token's bytes."""
+    special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+    added_ids = {t["id"] for t in spec.get("added_tokens", [])}
+    token_bytes: list[bytes] = []
+    for token_id in range(size):
+        text = hf.id_to_token(token_id)
+        if text is None or token_id in special_ids:
+            token_bytes.append(b"")
+        elif token_id in added_ids:
+            token_bytes.append(text.encode("utf-8"))
+        elif byte_level:
+            token_bytes.append(byte_level_token_bytes(text))
+        else:
+            token_bytes.append(_sentencepiece_bytes(text))
+    return token_bytes
+
+
 def _token_content(entry: Any) -> str | None:
     if isinstance(entry, str):
         return entry
@@ -163,21 +184,8 @@ def load_hf_tokenizer(directory: Path | str, *, vocab_size: int | None = None) -
     model_config = _read_json(directory / "config.json")
 
     byte_level = _is_byte_level(spec)
-    special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-    added_ids = {t["id"] for t in spec.get("added_tokens", [])}
     size = max(hf.get_vocab_size(with_added_tokens=True), vocab_size or 0)
-    token_bytes: list[bytes] = []
-    for token_id in range(size):
-        text = hf.id_to_token(token_id)
-        if text is None or token_id in special_ids:
-            token_bytes.append(b"")
-        elif token_id in added_ids:
-            token_bytes.append(text.encode("utf-8"))
-        elif byte_level:
-            token_bytes.append(byte_level_token_bytes(text))
-        else:
-            token_bytes.append(_sentencepiece_bytes(text))
-
+    token_bytes = _token_bytes(hf, spec, size, byte_level=byte_level)
     leading, trailing = _post_processor_specials(spec)
     bos_text = _token_content(tokenizer_config.get("bos_token")) or leading
     eos_text = _token_content(tokenizer_config.get("eos_token"))
