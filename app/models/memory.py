@@ -25,7 +25,7 @@ MIB = 2**20
 # bfloat16 copy for wide steps: app.models.int8, app.models.int4).
 _EXTRA_BYTES_PER_WEIGHT = {
     Quantization.NONE: 0.0,
-    Quantization.INT8: 1.0 + 0.0,  # int8 values (scales per row: negligible)
+    Quantization.INT8: 1.0,  # int8 values (scales per row: negligible)
     Quantization.INT4: 0.5 + 4 / 32,  # 4-bit codes, a bfloat16 scale and zero per 32
 }
 
