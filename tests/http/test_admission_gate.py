@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from app.api import admission_gate, generate, openai, submission
+from app.api import admission, admission_gate, generate
+from app.api.openai import routes as openai_routes
 from tests.http.conftest import app_client, metric_value, mock_config
 
 LONG = {"max_tokens": 200, "ignore_eos": True}
@@ -46,11 +47,11 @@ async def overloaded(**overrides) -> AsyncIterator[httpx.AsyncClient]:
 def route_checks(monkeypatch) -> list[str]:
     """The paths whose route ran its own admission check (``refuse_if_overloaded``)."""
     paths: list[str] = []
-    for module, path in ((generate, "/generate"), (openai, "/v1/...")):
+    for module, path in ((generate, "/generate"), (openai_routes, "/v1/...")):
 
         def recorded(resources, *, max_tokens=None, _path=path):
             paths.append(_path)
-            submission.refuse_if_overloaded(resources, max_tokens=max_tokens)
+            admission.refuse_if_overloaded(resources, max_tokens=max_tokens)
 
         monkeypatch.setattr(module, "refuse_if_overloaded", recorded)
     return paths
