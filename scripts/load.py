@@ -27,7 +27,15 @@ import asyncio
 import sys
 from pathlib import Path
 
-from loadgen.config import Api, CancelMode, CancelPolicy, LengthDist, LoadConfig, WorkloadConfig
+from loadgen.config import (
+    Api,
+    CancelMode,
+    CancelPolicy,
+    LengthDist,
+    LoadConfig,
+    Transport,
+    WorkloadConfig,
+)
 from loadgen.report import ProgressDisplay, print_summary, write_json
 from loadgen.runner import LoadResult, run_load
 from loadgen.workload import read_prompts_file
@@ -75,6 +83,20 @@ def add_target_flags(group: argparse._ArgumentGroup) -> None:
         metavar="S",
         default=300.0,
         help="seconds one request may take in all",
+    )
+    group.add_argument(
+        "--transport",
+        type=Transport,
+        choices=list(Transport),
+        default=Transport.HTTPX,
+        help="httpx (streams read event by event); aiohttp: --no-stream only, less client CPU "
+        "a request (bursts of 100s of requests a second)",
+    )
+    group.add_argument(
+        "--request-ids",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send X-Request-Id (--no-request-ids: the server makes the ids)",
     )
 
 
@@ -236,6 +258,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         api=args.api,
         api_key=args.api_key,
         model=args.model,
+        transport=args.transport,
+        send_request_ids=args.request_ids,
         timeout_s=args.timeout,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,

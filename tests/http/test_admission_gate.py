@@ -12,7 +12,7 @@ import pytest
 
 from app.api import admission, admission_gate, generate
 from app.api.openai import routes as openai_routes
-from tests.http.conftest import app_client, metric_value, mock_config
+from tests.http.conftest import app_client, metric_value, mock_config, wait_for_queue
 
 LONG = {"max_tokens": 200, "ignore_eos": True}
 ROUTES = {
@@ -35,7 +35,7 @@ async def overloaded(**overrides) -> AsyncIterator[httpx.AsyncClient]:
         running = asyncio.create_task(
             client.post("/generate", json={"prompt": "holds the slot", **LONG}, headers=headers)
         )
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1, headers=headers)
         try:
             yield client
         finally:
