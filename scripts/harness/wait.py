@@ -2,7 +2,8 @@
 
 A condition is a function returning a truth value (or an awaitable of one, for ``wait_for``):
 a metric reaching a value, a process answering its health check. It is checked at once, then
-every ``poll_s`` seconds until it holds or ``timeout_s`` passes.
+every ``poll_s`` seconds until it holds or ``timeout`` seconds pass (then ``ConditionTimeout``,
+an AssertionError: in a test, a failure that names what was awaited).
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ POLL_S = 0.02
 
 
 class ConditionTimeout(AssertionError):
-    """The condition did not hold within the timeout (an AssertionError: in a test, a failure)."""
+    """The condition did not hold within the timeout."""
+
+
+class _Deadline:
+    def __init__(self, timeout: float, what: str, clock: Callable[[], float]) -> None:
+        self._timeout, self._what, self._clock = timeout, what, clock
+        self._at = clock() + timeout
+
+    def check(self) -> None:
+        if self._clock() >= self._at:
+            raise ConditionTimeout(f"{self._what} not reached in {self._timeout:g} s")
 
 
 async def wait_for(
@@ -26,21 +37,10 @@ async def wait_for(
     poll_s: float = POLL_S,
     what: str = "condition",
 ) -> None:
-    """Returns once ``condition()`` is true.
-
-    Raises:
-        ConditionTimeout: not true within ``timeout`` seconds.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = condition()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if loop.time() >= deadline:
-            raise ConditionTimeout(f"{what} not reached in {timeout:g} s")
+    """Returns once ``condition()`` is true (awaited when it returns an awaitable)."""
+    deadline = _Deadline(timeout, what, asyncio.get_running_loop().time)
+    while not await _holds(condition):
+        deadline.check()
         await asyncio.sleep(poll_s)
 
 
@@ -51,13 +51,15 @@ def wait_until(
     poll_s: float = POLL_S,
     what: str = "condition",
 ) -> None:
-    """``wait_for`` for code without an event loop (a server thread starting, a process).
-
-    Raises:
-        ConditionTimeout: not true within ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
+    """``wait_for`` for code without an event loop (a server thread starting, a process)."""
+    deadline = _Deadline(timeout, what, time.monotonic)
     while not condition():
-        if time.monotonic() >= deadline:
-            raise ConditionTimeout(f"{what} not reached in {timeout:g} s")
+        deadline.check()
         time.sleep(poll_s)
+
+
+async def _holds(condition: Callable[[], object | Awaitable[object]]) -> bool:
+    result = condition()
+    if inspect.isawaitable(result):
+        result = await result
+    return bool(result)

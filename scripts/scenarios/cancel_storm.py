@@ -10,19 +10,11 @@ from harness.measure import Run, Window, measure
 from harness.server import ServerSpec, launched
 from loadgen import CancelMode, CancelPolicy, Outcome
 from loadgen.stats import tokens_per_second
+
 from scenarios import plots
 from scenarios.context import Context, greedy_load, mock_flags, warm_up
 from scenarios.plan import CancelSizes
-from scenarios.report import (
-    Numbers,
-    Section,
-    failures_note,
-    fmt,
-    median_header,
-    metric_rows,
-    ratio,
-    table,
-)
+from scenarios.report import Numbers, Section, fmt, ratio
 
 
 async def scenario_cancel_storm(ctx: Context) -> Section:
@@ -86,57 +78,51 @@ async def scenario_cancel_storm(ctx: Context) -> Section:
                 f"{fmt(numbers['cancel_to_free_mean_ms'], '.1f')} ms, recovery "
                 f"{fmt(numbers['recovery'], '.0%')}"
             )
-    section.tables.append(
-        table(
-            median_header(section),
-            metric_rows(
-                section,
-                [
-                    ("requests chosen for cancelling / sent", "chosen_share", ".3f"),
-                    ("requests that ended cancelled / sent", "cancelled_share", ".3f"),
-                    (
-                        "chosen, but finished before the DELETE landed (404)",
-                        "late_cancel_share",
-                        ".3f",
-                    ),
-                    (
-                        "cancels seen by the server (finished_total{cancelled})",
-                        "server_cancels",
-                        ".0f",
-                    ),
-                    (
-                        f"tokens a cancelled request got (mean; k = {s.cancel_after_tokens})",
-                        "cancelled_mean_tokens",
-                        ".1f",
-                    ),
-                    ("**cancel -> slot free, mean (ms)**", "cancel_to_free_mean_ms", ".2f"),
-                    ("cancel -> slot free, p50 (ms, from buckets)", "cancel_to_free_p50_ms", ".2f"),
-                    ("cancel -> slot free, p99 (ms, from buckets)", "cancel_to_free_p99_ms", ".2f"),
-                    ("storm: model step (ms, mean)", "storm_model_step_ms", ".1f"),
-                    ("baseline: generated tok/s (server)", "baseline_generated_tok_s", ".0f"),
-                    ("storm: generated tok/s (server)", "storm_generated_tok_s", ".0f"),
-                    ("**recovery: storm / baseline generated tok/s**", "recovery", ".3f"),
-                    ("baseline: mean batch size", "baseline_mean_batch", ".1f"),
-                    ("storm: mean batch size", "storm_mean_batch", ".1f"),
-                    ("baseline: loop iteration (ms per model call)", "baseline_loop_ms", ".1f"),
-                    ("storm: loop iteration (ms per model call)", "storm_loop_ms", ".1f"),
-                    ("baseline: tok/s received", "baseline_ok_tok_s", ".0f"),
-                    ("storm: tok/s received by non-cancelled requests", "storm_ok_tok_s", ".0f"),
-                    ("**non-cancelled: storm / baseline tok/s**", "ok_ratio", ".3f"),
-                    ("expected if freed slots are refilled at once", "expected_ok_ratio", ".3f"),
-                    (
-                        "storm: server threads waiting for a CPU (% of the window)",
-                        "storm_server_wait_pct",
-                        ".0f",
-                    ),
-                    (
-                        "storm: client waiting for a CPU (% of the window)",
-                        "storm_client_wait_pct",
-                        ".0f",
-                    ),
-                ],
+    section.add_metric_table(
+        [
+            ("requests chosen for cancelling / sent", "chosen_share", ".3f"),
+            ("requests that ended cancelled / sent", "cancelled_share", ".3f"),
+            (
+                "chosen, but finished before the DELETE landed (404)",
+                "late_cancel_share",
+                ".3f",
             ),
-        )
+            (
+                "cancels seen by the server (finished_total{cancelled})",
+                "server_cancels",
+                ".0f",
+            ),
+            (
+                f"tokens a cancelled request got (mean; k = {s.cancel_after_tokens})",
+                "cancelled_mean_tokens",
+                ".1f",
+            ),
+            ("**cancel -> slot free, mean (ms)**", "cancel_to_free_mean_ms", ".2f"),
+            ("cancel -> slot free, p50 (ms, from buckets)", "cancel_to_free_p50_ms", ".2f"),
+            ("cancel -> slot free, p99 (ms, from buckets)", "cancel_to_free_p99_ms", ".2f"),
+            ("storm: model step (ms, mean)", "storm_model_step_ms", ".1f"),
+            ("baseline: generated tok/s (server)", "baseline_generated_tok_s", ".0f"),
+            ("storm: generated tok/s (server)", "storm_generated_tok_s", ".0f"),
+            ("**recovery: storm / baseline generated tok/s**", "recovery", ".3f"),
+            ("baseline: mean batch size", "baseline_mean_batch", ".1f"),
+            ("storm: mean batch size", "storm_mean_batch", ".1f"),
+            ("baseline: loop iteration (ms per model call)", "baseline_loop_ms", ".1f"),
+            ("storm: loop iteration (ms per model call)", "storm_loop_ms", ".1f"),
+            ("baseline: tok/s received", "baseline_ok_tok_s", ".0f"),
+            ("storm: tok/s received by non-cancelled requests", "storm_ok_tok_s", ".0f"),
+            ("**non-cancelled: storm / baseline tok/s**", "ok_ratio", ".3f"),
+            ("expected if freed slots are refilled at once", "expected_ok_ratio", ".3f"),
+            (
+                "storm: server threads waiting for a CPU (% of the window)",
+                "storm_server_wait_pct",
+                ".0f",
+            ),
+            (
+                "storm: client waiting for a CPU (% of the window)",
+                "storm_client_wait_pct",
+                ".0f",
+            ),
+        ]
     )
     image = "bench_s5_cancel_storm.png"
     plots.cancel_storm(
@@ -176,7 +162,7 @@ async def scenario_cancel_storm(ctx: Context) -> Section:
             "the client's, whose event loop, on the same starved cores, reads its streams "
             "behind the server (see its CPU wait above)."
         )
-    failures_note(section, "the runs", med.get("failed_requests"))
+    section.note_failures("the runs", med.get("failed_requests"))
     return section
 
 

@@ -7,16 +7,10 @@ from dataclasses import asdict
 
 from harness.measure import Run, measure
 from harness.server import launched
+
 from scenarios import plots
 from scenarios.context import Context, greedy_load, smollm2_spec, warm_up
-from scenarios.report import (
-    Numbers,
-    Section,
-    failures_note,
-    fmt,
-    ratio,
-    table,
-)
+from scenarios.report import Numbers, Section, fmt, ratio, table
 
 
 async def scenario_concurrency(ctx: Context) -> Section:
@@ -107,7 +101,7 @@ async def scenario_concurrency(ctx: Context) -> Section:
     )
     if min(s.requests) < 10:
         section.notes.append("p99 over so few requests per run is close to the maximum.")
-    failures_note(section, "the runs", sum(med[f"c{c}.failed_requests"] or 0 for c in s.levels))
+    section.note_failures("the runs", sum(med[f"c{c}.failed_requests"] or 0 for c in s.levels))
     return section
 
 

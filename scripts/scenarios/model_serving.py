@@ -128,6 +128,45 @@ async def read_stream(
     return b"".join(chunks).decode(), first
 
 
+def greedy_body(prompt: str, max_tokens: int, **fields: object) -> dict[str, object]:
+    """A greedy streamed request that generates exactly ``max_tokens`` tokens."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    return body | {"stream": True} | fields
+
+
+@dataclass(frozen=True, slots=True)
+class TimedStream:
+    """A streamed answer read whole: its text, when it was sent, when the first token came and
+    when it ended (``time.perf_counter()`` seconds)."""
+
+    text: str
+    sent_at: float
+    first_token_at: float | None
+    done_at: float
+
+    @classmethod
+    async def post(
+        cls, http: aiohttp.ClientSession, url: str, body: dict[str, object], first_marker: bytes
+    ) -> TimedStream:
+        sent = time.perf_counter()
+        async with http.post(url, json=body) as response:
+            response.raise_for_status()
+            text, first = await read_stream(response, first_marker)
+        return cls(text, sent, first, time.perf_counter())
+
+    def record(
+        self, prompt_tokens: int | None, completion_tokens: int, token_ids: tuple[int, ...] | None
+    ) -> StreamRecord:
+        return StreamRecord(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            token_ids=token_ids,
+            sent_at=self.sent_at,
+            first_token_at=self.first_token_at,
+            done_at=self.done_at,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class NativeEndpoint:
     """Our ``POST /generate`` with ``stream: true`` (events ``token`` ... ``done``)."""
@@ -137,21 +176,11 @@ class NativeEndpoint:
     async def stream(
         self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
     ) -> StreamRecord:
-        body = {
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        sent = time.perf_counter()
-        async with http.post(f"{self.url}/generate", json=body) as response:
-            response.raise_for_status()
-            text, first = await read_stream(response, b"event: token")
-        done = time.perf_counter()
+        body = greedy_body(prompt, max_tokens)
+        answer = await TimedStream.post(http, f"{self.url}/generate", body, b"event: token")
         token_ids: list[int] = []
         usage: dict = {}
-        for event in parse_events(text):
+        for event in parse_events(answer.text):
             payload = event.json()
             if event.event == "token":
                 token_ids.extend(payload["token_ids"])
@@ -159,14 +188,7 @@ class NativeEndpoint:
                 usage = payload["usage"]
             elif event.event == "error":
                 raise RuntimeError(f"server error: {payload}")
-        return StreamRecord(
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=len(token_ids),
-            token_ids=tuple(token_ids),
-            sent_at=sent,
-            first_token_at=first,
-            done_at=done,
-        )
+        return answer.record(usage.get("prompt_tokens"), len(token_ids), tuple(token_ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,21 +202,10 @@ class OpenAIEndpoint:
     async def stream(
         self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
     ) -> StreamRecord:
-        body = {
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        sent = time.perf_counter()
-        async with http.post(f"{self.url}/v1/completions", json=body) as response:
-            response.raise_for_status()
-            text, first = await read_stream(response, b'"text"')
-        done = time.perf_counter()
+        body = greedy_body(prompt, max_tokens, stream_options={"include_usage": True})
+        answer = await TimedStream.post(http, f"{self.url}/v1/completions", body, b'"text"')
         chunks, usage = 0, None
-        for event in parse_events(text):
+        for event in parse_events(answer.text):
             if event.data.strip() == "[DONE]":
                 continue
             payload = event.json()
@@ -202,14 +213,8 @@ class OpenAIEndpoint:
                 usage = payload["usage"]
             if any(choice.get("text") for choice in payload.get("choices", ())):
                 chunks += 1
-        return StreamRecord(
-            prompt_tokens=usage and usage.get("prompt_tokens"),
-            completion_tokens=usage["completion_tokens"] if usage else chunks,
-            token_ids=None,
-            sent_at=sent,
-            first_token_at=first,
-            done_at=done,
-        )
+        completion_tokens = usage["completion_tokens"] if usage else chunks
+        return answer.record(usage and usage.get("prompt_tokens"), completion_tokens, None)
 
 
 async def run_wave(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int) -> Wave:
@@ -373,14 +378,7 @@ async def _record_token_times(
     http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, times: list[float]
 ) -> None:
     """Appends the arrival time of every token event of one greedy stream to ``times``."""
-    body = {
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    async with http.post(f"{url}/generate", json=body) as response:
+    async with http.post(f"{url}/generate", json=greedy_body(prompt, max_tokens)) as response:
         async for chunk in response.content.iter_any():
             now = time.perf_counter()
             times.extend([now] * chunk.count(b"event: token"))
@@ -397,7 +395,7 @@ async def fill_every_slot(url: str, tokenizer: GGUFTokenizer, *, slots: int, con
     while len(tokenizer.encode(prompt)) > context - 8:
         prompt = prompt[:-20]
     max_tokens = context - len(tokenizer.encode(prompt))
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    body = greedy_body(prompt, max_tokens, stream=False)
 
     async def one(http: aiohttp.ClientSession) -> None:
         async with http.post(f"{url}/generate", json=body) as response:

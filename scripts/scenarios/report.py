@@ -47,6 +47,27 @@ class Section:
     def highs(self) -> Numbers:
         return summarize(self.repeats, max)
 
+    def add_metric_table(self, rows: Sequence[tuple[str, str, str]], first: str = "metric") -> None:
+        """A table of (label, key, format) rows: each key's median, and its min and max when
+        there is more than one repeat."""
+        many = len(self.repeats) > 1
+        header = [first, "median", "min", "max"] if many else [first, "value"]
+        med, lo, hi = self.medians, self.lows, self.highs
+        body = []
+        for label, key, spec in rows:
+            cells = [label, fmt(med.get(key), spec)]
+            if many:
+                cells += [fmt(lo.get(key), spec), fmt(hi.get(key), spec)]
+            body.append(cells)
+        self.tables.append(table(header, body))
+
+    def note_failures(self, what: str, failures: float | None) -> None:
+        if failures:
+            self.notes.append(
+                f"{failures:.0f} request(s) of {what} failed (not ok, not "
+                "cancelled by the client): see bench_results.json."
+            )
+
 
 def summarize(rows: Sequence[Numbers], how: Callable[[list[float]], float]) -> Numbers:
     keys = dict.fromkeys(key for row in rows for key in row)
@@ -72,31 +93,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def metric_rows(section: Section, rows: Sequence[tuple[str, str, str]]) -> list[list[str]]:
-    """(label, key, format) -> [label, median, min, max] (min and max only with repeats > 1)."""
-    med, lo, hi = section.medians, section.lows, section.highs
-    many = len(section.repeats) > 1
-    out = []
-    for label, key, spec in rows:
-        cells = [label, fmt(med.get(key), spec)]
-        if many:
-            cells += [fmt(lo.get(key), spec), fmt(hi.get(key), spec)]
-        out.append(cells)
-    return out
-
-
-def median_header(section: Section, first: str = "metric") -> list[str]:
-    return [first, "median", "min", "max"] if len(section.repeats) > 1 else [first, "value"]
-
-
-def failures_note(section: Section, what: str, failures: float | None) -> None:
-    if failures:
-        section.notes.append(
-            f"{failures:.0f} request(s) of {what} failed (not ok, not "
-            "cancelled by the client): see bench_results.json."
-        )
 
 
 def machine() -> dict[str, object]:

@@ -8,18 +8,10 @@ from dataclasses import asdict
 from harness.measure import Run, measure
 from harness.server import ServerSpec, launched
 from loadgen.stats import tokens_per_second
+
 from scenarios import plots
 from scenarios.context import Context, greedy_load, mock_flags, warm_up
-from scenarios.report import (
-    Numbers,
-    Section,
-    failures_note,
-    fmt,
-    median_header,
-    metric_rows,
-    ratio,
-    table,
-)
+from scenarios.report import Numbers, Section, fmt, ratio
 
 
 async def scenario_saturation(ctx: Context) -> Section:
@@ -69,45 +61,39 @@ async def scenario_saturation(ctx: Context) -> Section:
         f"Mock, {s.step_ms:g} ms step, {s.slots} slots, {2 * s.slots} clients (first repeat)",
     )
     section.images.append(image)
-    section.tables.append(
-        table(
-            median_header(section),
-            metric_rows(
-                section,
-                [
-                    ("ideal tok/s (slots / step)", "ideal_tok_s", ".0f"),
-                    ("delivered tok/s (clients, steady window)", "delivered_tok_s", ".0f"),
-                    ("**delivered / ideal**", "delivered_over_ideal", ".3f"),
-                    (
-                        "server: generated tok/s (generated_tokens_total / duration)",
-                        "server_generated_tok_s",
-                        ".0f",
-                    ),
-                    ("server: generated / ideal", "server_over_ideal", ".3f"),
-                    ("server: mean batch size (batch_size histogram)", "mean_batch_size", ".1f"),
-                    (
-                        "server: model calls/s (batch_size _count / duration)",
-                        "model_calls_per_s",
-                        ".1f",
-                    ),
-                    (
-                        "server: loop iteration (ms) (duration / model calls)",
-                        "loop_iteration_ms",
-                        ".2f",
-                    ),
-                    ("server: model step (ms) (model_step_seconds mean)", "model_step_ms", ".2f"),
-                    ("server CPU (% of one core)", "server_cpu_pct", ".0f"),
-                    ("client CPU (% of one core)", "client_cpu_pct", ".0f"),
-                    (
-                        "server threads waiting for a CPU (% of the window)",
-                        "server_wait_pct",
-                        ".0f",
-                    ),
-                    ("client waiting for a CPU (% of the window)", "client_wait_pct", ".0f"),
-                    ("whole run incl. ramp and drain: delivered tok/s", "run_output_tok_s", ".0f"),
-                ],
+    section.add_metric_table(
+        [
+            ("ideal tok/s (slots / step)", "ideal_tok_s", ".0f"),
+            ("delivered tok/s (clients, steady window)", "delivered_tok_s", ".0f"),
+            ("**delivered / ideal**", "delivered_over_ideal", ".3f"),
+            (
+                "server: generated tok/s (generated_tokens_total / duration)",
+                "server_generated_tok_s",
+                ".0f",
             ),
-        )
+            ("server: generated / ideal", "server_over_ideal", ".3f"),
+            ("server: mean batch size (batch_size histogram)", "mean_batch_size", ".1f"),
+            (
+                "server: model calls/s (batch_size _count / duration)",
+                "model_calls_per_s",
+                ".1f",
+            ),
+            (
+                "server: loop iteration (ms) (duration / model calls)",
+                "loop_iteration_ms",
+                ".2f",
+            ),
+            ("server: model step (ms) (model_step_seconds mean)", "model_step_ms", ".2f"),
+            ("server CPU (% of one core)", "server_cpu_pct", ".0f"),
+            ("client CPU (% of one core)", "client_cpu_pct", ".0f"),
+            (
+                "server threads waiting for a CPU (% of the window)",
+                "server_wait_pct",
+                ".0f",
+            ),
+            ("client waiting for a CPU (% of the window)", "client_wait_pct", ".0f"),
+            ("whole run incl. ramp and drain: delivered tok/s", "run_output_tok_s", ".0f"),
+        ]
     )
     med = section.medians
     fill = ratio(med["mean_batch_size"], s.slots)
@@ -120,7 +106,7 @@ async def scenario_saturation(ctx: Context) -> Section:
         f"which the step itself is {fmt(med['model_step_ms'], '.1f')} ms, while the server's "
         f"threads waited for a CPU {fmt(med['server_wait_pct'], '.0f')}% of the time)."
     )
-    failures_note(section, "the runs", med.get("failed_requests"))
+    section.note_failures("the runs", med.get("failed_requests"))
     return section
 
 

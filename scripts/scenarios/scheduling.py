@@ -9,17 +9,11 @@ from dataclasses import asdict
 from harness.measure import Run, measure
 from harness.server import ServerSpec, launched
 from loadgen import LengthDist, Outcome
+
 from scenarios import plots
 from scenarios.context import Context, greedy_load, mock_flags, smollm2_spec, warm_up
 from scenarios.plan import SchedulingSizes
-from scenarios.report import (
-    Numbers,
-    Section,
-    failures_note,
-    fmt,
-    ratio,
-    table,
-)
+from scenarios.report import Numbers, Section, fmt, ratio, table
 
 POLICIES = ("continuous", "static")
 
@@ -254,6 +248,4 @@ def check_predictions(section: Section, sizes: SchedulingSizes) -> None:
                 f"{scheduling_title(sizes)}, {policy}: {generated:.0f} tokens "
                 f"generated for {requested:.0f} requested."
             )
-        failures_note(
-            section, f"{scheduling_title(sizes)}, {policy}", med[f"{key}.failed_requests"]
-        )
+        section.note_failures(f"{scheduling_title(sizes)}, {policy}", med[f"{key}.failed_requests"])

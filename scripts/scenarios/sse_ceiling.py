@@ -8,18 +8,10 @@ from dataclasses import asdict
 
 from harness.measure import Run, measure
 from harness.server import ServerSpec, launched
+
 from scenarios import plots
 from scenarios.context import Context, greedy_load, mock_flags, warm_up
-from scenarios.report import (
-    Numbers,
-    Section,
-    failures_note,
-    fmt,
-    median_header,
-    metric_rows,
-    ratio,
-    table,
-)
+from scenarios.report import Numbers, Section, fmt, ratio, table
 
 SSE_TARGETS = ("full", "sse", "bare")
 SSE_LABELS = {
@@ -102,19 +94,14 @@ async def scenario_sse_ceiling(ctx: Context) -> Section:
             ],
         )
     )
-    section.tables.append(
-        table(
-            median_header(section, "ratio (per repeat, then median)"),
-            metric_rows(
-                section,
-                [
-                    ("**full stack / bare Starlette**", "full_over_bare", ".3f"),
-                    ("full stack / sse-starlette", "full_over_sse", ".3f"),
-                    ("sse-starlette / bare Starlette", "sse_over_bare", ".3f"),
-                    ("full stack / bare Starlette, in events/s", "full_over_bare_events", ".3f"),
-                ],
-            ),
-        )
+    section.add_metric_table(
+        [
+            ("**full stack / bare Starlette**", "full_over_bare", ".3f"),
+            ("full stack / sse-starlette", "full_over_sse", ".3f"),
+            ("sse-starlette / bare Starlette", "sse_over_bare", ".3f"),
+            ("full stack / bare Starlette, in events/s", "full_over_bare_events", ".3f"),
+        ],
+        "ratio (per repeat, then median)",
     )
     image = "bench_s2_sse_ceiling.png"
     plots.grouped_bars(
@@ -140,8 +127,8 @@ async def scenario_sse_ceiling(ctx: Context) -> Section:
         f"the client itself used {fmt(med['bare.client_cpu_pct'], '.0f')}% of a core against "
         "the ceiling, so on 2 shared cores the ceiling is partly the client's."
     )
-    failures_note(
-        section, "the runs", sum((med.get(f"{t}.failed_requests") or 0) for t in SSE_TARGETS)
+    section.note_failures(
+        "the runs", sum((med.get(f"{t}.failed_requests") or 0) for t in SSE_TARGETS)
     )
     return section
 

@@ -12,7 +12,8 @@ reason, since OpenAI has none for it and ``stop`` would pass a cut answer off as
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sse_starlette import ServerSentEvent
@@ -51,26 +52,10 @@ def data_event(payload: dict[str, object] | str) -> ServerSentEvent:
     return ServerSentEvent(data=payload, sep=SSE_LINE_END)
 
 
-def final_events(
-    chunk: Callable[..., dict[str, object]], last_choice: object, final: FinalEvent, usage_too: bool
-) -> Iterator[ServerSentEvent]:
-    """The chunk with the finish reason, then the usage chunk when it was asked for."""
-    yield data_event(chunk([last_choice]))
-    if usage_too:
-        yield data_event(chunk([], usage(final)))
-
-
-def failure_events(error: APIError) -> Iterator[ServerSentEvent]:
-    yield data_event(openai_error_body(error))
-
-
-def closing_events() -> Iterator[ServerSentEvent]:
-    yield data_event("[DONE]")
-
-
 @dataclass(frozen=True, slots=True)
-class CompletionAnswer:
-    """``/v1/completions``: ``text_completion`` objects, whole and as chunks.
+class _OpenAIAnswer(ABC):
+    """What both endpoints' answers share: the identity of every chunk, the end of a stream
+    (the finish reason's chunk, the usage chunk when asked, ``[DONE]``) and the error chunk.
 
     Attributes:
         id: the request id. created: Unix seconds. model: the served model's name.
@@ -83,6 +68,30 @@ class CompletionAnswer:
     include_usage: bool = False
     sse_separator: str | None = SSE_LINE_END
 
+    @abstractmethod
+    def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
+        """One chunk (or whole answer) of this endpoint with these choices."""
+
+    @abstractmethod
+    def _last_choice(self, finish_reason: str) -> object:
+        """The choice of the chunk that carries the finish reason."""
+
+    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+        yield data_event(self._chunk([self._last_choice(finish_reason_name(final.finish_reason))]))
+        if self.include_usage:
+            yield data_event(self._chunk([], usage(final)))
+
+    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
+        yield data_event(openai_error_body(error))
+
+    def closing(self) -> Iterable[ServerSentEvent]:
+        yield data_event("[DONE]")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionAnswer(_OpenAIAnswer):
+    """``/v1/completions``: ``text_completion`` objects, whole and as chunks."""
+
     def response(self, final: FinalEvent) -> dict[str, object]:
         reason = finish_reason_name(final.finish_reason)
         return self._chunk([CompletionChoice(text=final.text, finish_reason=reason)], usage(final))
@@ -94,35 +103,19 @@ class CompletionAnswer:
         if event.text:  # text held back (a partial character or stop string) waits
             yield data_event(self._chunk([CompletionChoice(text=event.text, finish_reason=None)]))
 
-    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
-        last = CompletionChoice(text="", finish_reason=finish_reason_name(final.finish_reason))
-        return final_events(self._chunk, last, final, self.include_usage)
+    def _last_choice(self, finish_reason: str) -> CompletionChoice:
+        return CompletionChoice(text="", finish_reason=finish_reason)
 
-    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
-        return failure_events(error)
-
-    def closing(self) -> Iterable[ServerSentEvent]:
-        return closing_events()
-
-    def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> dict:
+    def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
         return CompletionResponse(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         ).model_dump()
 
 
 @dataclass(frozen=True, slots=True)
-class ChatAnswer:
+class ChatAnswer(_OpenAIAnswer):
     """``/v1/chat/completions``: a ``chat.completion``, or ``chat.completion.chunk`` events whose
-    first delta carries the role and whose last is empty.
-
-    Attributes: as ``CompletionAnswer``'s.
-    """
-
-    id: str
-    created: int
-    model: str
-    include_usage: bool = False
-    sse_separator: str | None = SSE_LINE_END
+    first delta carries the role and whose last is empty."""
 
     def response(self, final: FinalEvent) -> dict[str, object]:
         return ChatCompletionResponse(
@@ -147,18 +140,10 @@ class ChatAnswer:
             delta = ChatDelta(content=event.text)
             yield data_event(self._chunk([ChatChunkChoice(delta=delta, finish_reason=None)]))
 
-    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
-        reason = finish_reason_name(final.finish_reason)
-        last = ChatChunkChoice(delta=ChatDelta(), finish_reason=reason)
-        return final_events(self._chunk, last, final, self.include_usage)
+    def _last_choice(self, finish_reason: str) -> ChatChunkChoice:
+        return ChatChunkChoice(delta=ChatDelta(), finish_reason=finish_reason)
 
-    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
-        return failure_events(error)
-
-    def closing(self) -> Iterable[ServerSentEvent]:
-        return closing_events()
-
-    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> dict:
+    def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
         return ChatCompletionChunk(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         ).model_dump()

@@ -15,6 +15,16 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class _Completion(BaseModel):
+    """The head every completion object carries (``object`` is set by each kind)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: None = None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
@@ -22,15 +32,11 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReasonName | None
 
 
-class CompletionResponse(BaseModel):
+class CompletionResponse(_Completion):
     """Answer of ``/v1/completions``; also each streamed chunk (with ``usage`` null, except in
     the usage chunk, whose ``choices`` is empty)."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    system_fingerprint: None = None
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
@@ -47,14 +53,10 @@ class ChatChoice(BaseModel):
     finish_reason: FinishReasonName
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(_Completion):
     """Answer of ``/v1/chat/completions`` with ``stream`` false."""
 
-    id: str
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    system_fingerprint: None = None
     choices: list[ChatChoice]
     usage: Usage
 
@@ -77,14 +79,10 @@ class ChatChunkChoice(BaseModel):
         return delta.model_dump(exclude_none=True)
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_Completion):
     """One ``data:`` event of a streamed chat answer."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
