@@ -86,10 +86,11 @@ def fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, numbers: bool = True) -> str:
+    """A markdown table; with ``numbers`` every column but the first is right-aligned."""
     lines = [
         "| " + " | ".join(header) + " |",
-        "|" + "|".join(" --- " if i == 0 else " ---: " for i in range(len(header))) + "|",
+        "|" + "|".join(" ---: " if i and numbers else " --- " for i in range(len(header))) + "|",
     ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -138,10 +139,52 @@ def render_markdown(plan: Plan, sections: Sequence[Section], info: dict[str, obj
         "dtypes, int4, memory, batch invariance) is in [`MODEL_PERF.md`](MODEL_PERF.md) "
         "(`scripts/bench_model.py`, `scripts/bench_model_step.py`).",
         "",
+        *reproduce_table([(f"{s.number}. {s.title}", s.command) for s in sections]),
     ]
     for section in sections:
         lines += render_section(section)
     return "\n".join(lines) + "\n"
+
+
+# The other documents' tables and the commands behind their numbers (each document's own text
+# gives the flags of a particular run).
+OTHER_TABLES = (
+    (
+        "MODEL_PERF.md: tok/s at 1 / 16 / 64 streams (ours in each configuration, transformers, "
+        "llama.cpp), greedy agreement with transformers, TTFT under load, server memory",
+        "python scripts/bench_model.py",
+    ),
+    (
+        "MODEL_PERF.md, model level: decode tok/s against the bandwidth limit, 1 vs 2 threads, "
+        "mixed vs alternating prefill, agreement with float32, RSS",
+        "python scripts/bench_model_step.py",
+    ),
+    (
+        "MODEL_PERF.md: one step's projections in bfloat16, int8 and int4",
+        "python scripts/bench_int4.py",
+    ),
+    ("ROBUSTNESS.md: soak (nothing leaks)", "python scripts/soak.py"),
+    ("ROBUSTNESS.md: overload burst (429 latency)", "python scripts/overload_burst.py"),
+    ("README.md: 1 vs 2 mock replicas behind nginx", "python scripts/bench_replicas.py"),
+)
+
+
+def reproduce_table(sections: Sequence[tuple[str, str]]) -> list[str]:
+    """The section "Which command reproduces which table": this file's sections (title,
+    command), then every other document's tables."""
+    rows = [[f"this file, {title}", f"`{command}`"] for title, command in sections]
+    rows += [[table_name, f"`{command}`"] for table_name, command in OTHER_TABLES]
+    lines = ["## Which command reproduces which table", ""]
+    lines += table(["table", "command"], rows, numbers=False).split("\n")
+    lines += [
+        "",
+        "The commands that measure servers start them themselves (`scripts/harness`) and "
+        "drive them with the one load loop (`scripts/loadgen`) or, for the real model's waves, "
+        "a lean aiohttp client; `bench_model_step.py` and `bench_int4.py` call the model "
+        "directly. `--help` lists each one's flags.",
+        "",
+    ]
+    return lines
 
 
 def render_section(section: Section) -> list[str]:
