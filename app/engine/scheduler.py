@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from app.engine.request import (
     Timings,
     TokenEvent,
 )
+from app.engine.waiting_queue import WaitingQueue
 from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -81,9 +81,8 @@ class Scheduler:
         self._metrics = metrics
         self._release_slot = release_slot
         self._clock = clock
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
-        self._waiting_prompt_tokens = 0  # sum over self.waiting, kept by add/admit/finish
 
     # ----------------------------------------------------------------- read-only views
 
@@ -93,7 +92,7 @@ class Scheduler:
 
     @property
     def waiting_prompt_tokens(self) -> int:
-        return self._waiting_prompt_tokens
+        return self.waiting.prompt_tokens
 
     @property
     def num_free_slots(self) -> int:
@@ -126,7 +125,6 @@ class Scheduler:
             return
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
-        self._waiting_prompt_tokens += seq.num_prompt_tokens
 
     def cancel(self, seq: Sequence) -> bool:
         """Ends a waiting or running sequence as CANCELLED; False if it had already finished."""
@@ -146,7 +144,6 @@ class Scheduler:
         now = self._clock()
         for slot in free[:count]:
             seq = self.waiting.popleft()
-            self._waiting_prompt_tokens -= seq.num_prompt_tokens
             seq.status = SequenceStatus.RUNNING
             seq.slot = slot
             seq.num_computed_tokens = 0
@@ -247,7 +244,6 @@ class Scheduler:
             seq.slot = None
         elif was_waiting and seq in self.waiting:
             self.waiting.remove(seq)
-            self._waiting_prompt_tokens -= seq.num_prompt_tokens
 
         now = self._clock()
         tail = seq.text.flush()
