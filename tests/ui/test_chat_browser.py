@@ -171,3 +171,25 @@ def test_ui_path_serves_the_same_page(live_server, open_page):
     server = live_server(model=ScriptedChatModel(step_ms=1))
     page = open_page(server, "/ui")
     assert page.stat(page.ask("hi"), "finish") == "stop"
+
+
+def test_bad_settings_are_refused_with_their_reason_and_nothing_is_lost(live_server, open_page):
+    server = live_server(model=ScriptedChatModel(step_ms=1))
+    page = open_page(server)
+    page.set_setting("response_format", "{")
+    page.type_and_press_enter("hi")
+    page.wait(lambda d: "not valid JSON" in page.text("#notice"), "the page names the field")
+    assert page.answers() == []
+    assert page.find("#prompt").get_attribute("value") == "hi"  # still there to send
+
+    page.set_setting("response_format", '{"type": "nonsense"}')  # valid JSON, refused by the server
+    page.click("#send")
+    answer = page.wait_answer(0, state="error")
+    refusal = page.text("article.assistant p.error")
+    assert "response_format" in refusal and "(400)" in refusal
+    assert server.metric("slotserve_requests_running") == 0
+
+    page.set_setting("response_format", '{"type": "text"}')
+    answer = page.regenerate()  # the failed answer is asked again; the question was kept
+    assert page.stat(answer, "finish") == "stop"
+    assert len(page.driver.find_elements("css selector", "article.user")) == 1
