@@ -2,17 +2,14 @@
 headless Chromium driven by Selenium.
 
 The browser is Debian's ``chromium`` with its ``chromium-driver`` (``.ci/run`` installs both with
-apt-get); Selenium is pointed at both binaries, so it never looks for (or downloads) a browser of
-its own. Where they are missing the browser tests skip and say why. Screenshots go to
-``$SLOTSERVE_UI_ARTIFACTS`` or, unset, to a pytest temporary folder; the run's summary prints
-where.
+apt-get), started by ``scripts/headless_chromium.py``. Where they are missing the browser tests
+skip and say why. Screenshots go to ``$SLOTSERVE_UI_ARTIFACTS`` or, unset, to a pytest temporary
+folder; the run's summary prints where.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from headless_chromium import ChromiumMissing, find_chromium, headless_chromium
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.server import create_app
@@ -29,26 +27,6 @@ from app.config import ServerConfig
 from app.models.base import Model
 from tests.ui.scripted_model import ScriptedChatModel
 
-CHROMIUM_NAMES = ("chromium", "chromium-browser")
-CHROMEDRIVER_NAMES = ("chromedriver",)
-# Without the background-networking switches Chromium's own connections fail on these machines
-# and stall it; the rest keep a fresh profile quiet and headless-friendly.
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-default-apps",
-    "--disable-extensions",
-    "--disable-dev-shm-usage",
-    "--no-default-browser-check",
-    "--password-store=basic",
-    "--window-size=1280,860",
-)
 DOM_TIMEOUT_S = 10.0
 DOM_POLL_S = 0.02
 _artifacts: list[Path] = []
@@ -115,43 +93,15 @@ def live_server() -> Iterator[Callable[..., LiveServer]]:
         thread.join(timeout=10)
 
 
-def _find(names: tuple[str, ...], *extra_dirs: str) -> str | None:
-    for name in names:
-        found = shutil.which(name) or next(
-            (f"{d}/{name}" for d in extra_dirs if Path(d, name).is_file()), None
-        )
-        if found:
-            return found
-    return None
-
-
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     """One headless Chromium for the session (each test opens its own server's origin)."""
     try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed (the 'test' extra of pyproject.toml has it)")
-    chromium = _find(CHROMIUM_NAMES, "/usr/lib/chromium")
-    driver_path = _find(CHROMEDRIVER_NAMES, "/usr/lib/chromium")
-    if chromium is None or driver_path is None:
-        pytest.skip(
-            "Debian's chromium and chromium-driver are not installed and could not be "
-            "(.ci/run installs them with apt-get)"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    profile = tempfile.TemporaryDirectory(prefix="slotserve-chromium-")
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile.name}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
-    try:
+        find_chromium()
+    except ChromiumMissing as missing:
+        pytest.skip(f"{missing}; .ci/run installs them")
+    with headless_chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        profile.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -120,7 +120,10 @@ def test_markup_in_an_answer_is_shown_as_text(live_server, open_page, artifacts_
         "## Markdown, **safely**\n"
         "- `x < y` is *code*\n"
         "- a [link](https://example.org/) and a [bad one](javascript:alert(1))\n"
-        "```html\n<b>not bold</b>\n```"
+        "```html\n<b>not bold</b>\n```\n"
+        "> quoted <i>x</i>\n\n"
+        "| step | rows |\n| --- | ---: |\n| 1 | <u>4</u> |\n\n"
+        "3. third\n   - nested\n4. fourth"
     )
     page.paste_and_click_send("say " + said)
     answer = page.wait_answer(0)
@@ -129,12 +132,21 @@ def test_markup_in_an_answer_is_shown_as_text(live_server, open_page, artifacts_
     body = answer.find_element("css selector", ".body")
     assert script + image in body.text
     tags = page.js("return [...document.querySelectorAll('#conversation *')].map(e => e.localName)")
-    assert not {"script", "img", "b"} & set(tags)
+    assert not {"script", "img", "b", "i", "u"} & set(tags)
     assert page.text("article.assistant h2") == "Markdown, safely"
     assert page.text("article.assistant h2 strong") == "safely"
     assert page.text("article.assistant li code") == "x < y"
     assert page.text("article.assistant pre code") == "<b>not bold</b>"
     assert page.js("return document.querySelector('article.assistant pre').dataset.lang") == "html"
+    assert page.text("article.assistant blockquote") == "quoted <i>x</i>"
+    cells = page.js(
+        "return [...document.querySelectorAll('article.assistant td')]"
+        ".map(td => [td.textContent, td.style.textAlign])"
+    )
+    assert cells == [["1", ""], ["<u>4</u>", "right"]]
+    assert page.js("return document.querySelector('article.assistant ol').start") == 3
+    assert page.text("article.assistant ol > li:first-child > ul > li") == "nested"
+    assert page.text("article.assistant ol > li:last-child") == "fourth"
     links = page.js(
         "return [...document.querySelectorAll('article.assistant a')]"
         ".map(a => [a.textContent, a.href, a.rel])"
