@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from app.models.base import ModelCapabilities, StepBatch, StepOutput
+from app.models.base import ModelCapabilities, SamplingParams, StepBatch, StepOutput
 from app.models.mock import MOCK_EOS_TOKEN_ID, MOCK_VOCAB_SIZE, ByteTokenizer
 
 USER_TURN = "<|im_start|>user\n"  # the ChatML fallback's (app.engine.chat_template)
@@ -77,6 +77,7 @@ class ScriptedChatModel:
         self._prompts = [bytearray() for _ in range(max_num_seqs)]
         self._answers: list[Iterator[int] | None] = [None] * max_num_seqs
         self._lock = threading.Lock()
+        self.started_sampling: list[SamplingParams] = []  # of every sequence, in start order
 
     def step(self, batch: StepBatch) -> StepOutput:
         with self._lock:
@@ -85,6 +86,7 @@ class ScriptedChatModel:
                 if row.position == 0:
                     self._prompts[row.slot] = bytearray()
                     self._answers[row.slot] = None
+                    self.started_sampling.append(row.sampling)
                 answer = self._answers[row.slot]
                 if answer is None:  # still reading the prompt (later rows: its own tokens)
                     self._prompts[row.slot].extend(t for t in row.token_ids if t < 256)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.ui.chat_page import ChatPage
 from tests.ui.conftest import record_artifact, wait_until
-from tests.ui.scripted_model import ANSWER_WORDS, ScriptedChatModel
+from tests.ui.scripted_model import ANSWER_WORDS, ScriptedChatModel, answer_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -205,3 +205,30 @@ def test_bad_settings_are_refused_with_their_reason_and_nothing_is_lost(live_ser
     answer = page.regenerate()  # the failed answer is asked again; the question was kept
     assert page.stat(answer, "finish") == "stop"
     assert len(page.driver.find_elements("css selector", "article.user")) == 1
+
+
+def test_settings_reach_the_server_as_typed(live_server, open_page):
+    model = ScriptedChatModel(step_ms=1)
+    page = open_page(live_server(model=model))
+    page.set_setting("temperature", "3")  # API.md: 0..2
+    page.type_and_press_enter("hi")
+    page.wait(lambda d: page.text("#notice").startswith("Temperature: "), "refused in the page")
+    assert page.answers() == [] and model.started_sampling == []
+
+    for name, value in {"temperature": "0.33", "top_p": "0.9", "top_k": "5", "seed": "42"}.items():
+        page.set_setting(name, value)  # 0.33 is off the spinner's 0.05 steps, and fine
+    page.set_setting("stop", "slot")
+    page.click("#send")
+    answer = page.wait_answer(0)
+    (sampling,) = model.started_sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.33, 0.9, 5)
+    assert sampling.seed == 42
+    said = bytes(answer_bytes("hi", 42)).decode()
+    assert page.answer_text(answer) == said.partition("slot")[0].strip()  # cut by the stop
+    assert page.text("#notice") == ""
+
+    page.driver.refresh()  # settings are kept by the browser
+    page.wait(lambda d: page.text("#model") == "scripted-chat", "reloaded")
+    assert page.find("#setting-temperature").get_attribute("value") == "0.33"
+    page.click("#defaults")
+    assert page.find("#setting-temperature").get_attribute("value") == "0.7"
