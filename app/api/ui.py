@@ -61,7 +61,7 @@ class Page:
             (
                 "default-src 'none'",
                 "script-src " + " ".join(scripts),
-                "style-src " + " ".join(_inline_hashes(text, "style")),
+                "style-src " + (" ".join(_inline_hashes(text, "style")) or "'none'"),
                 "connect-src 'self'",
                 "img-src 'self' data:",
                 "base-uri 'none'",
