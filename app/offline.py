@@ -123,7 +123,8 @@ def generate(
         max_num_batched_tokens=num_slots * longest_row,
     )
     handles = [engine.add(_generation_request(request)) for request in requests]
-    engine.run_until_idle()
+    # Each call gives every live request a token, so this many calls end them all.
+    engine.run_until_idle(max_steps=sum(request.max_tokens for request in requests))
     outputs: dict[str, list[int]] = {}
     for handle in handles:
         if handle.final is None:  # run_until_idle returns only once every request finished

@@ -148,13 +148,24 @@ class SyncEngine:
         if scheduled is not None:
             self._run(scheduled)
 
-    def run_until_idle(self) -> None:
+    def run_until_idle(self, *, max_steps: int | None = None) -> None:
         """Steps until every request added so far has finished.
+
+        Args:
+            max_steps: most model steps this call may take, when the caller knows a bound
+                (the seed's ``generate``: one token per step at least); None: no bound.
 
         Raises:
             ModelStepError: at the first failed step, with no step after it.
+            RuntimeError: work is left after ``max_steps`` steps (the loop is not advancing).
         """
+        first = self.num_model_steps
         while self.scheduler.has_work:
+            if max_steps is not None and self.num_model_steps - first >= max_steps:
+                raise RuntimeError(
+                    f"{self.scheduler.num_running + self.scheduler.num_waiting} requests "
+                    f"unfinished after {max_steps} model steps"
+                )
             self.step()
 
     def cancel_all(self) -> None:
