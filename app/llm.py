@@ -116,7 +116,7 @@ class LLM:
             self.config = ServerConfig(**settings)
             self.model = model
         caps = self.model.capabilities
-        self._max_tokens = min(
+        self._max_tokens_cap = min(
             self.config.max_tokens_cap or caps.context_length, caps.context_length
         )
         self._max_prompt_tokens = min(
@@ -197,8 +197,8 @@ class LLM:
             raise ValueError(
                 f"{where}: {len(prompt_ids)} tokens, the limit is {self._max_prompt_tokens}"
             )
-        if options.max_tokens > self._max_tokens:
-            raise ValueError(f"{where}: max_tokens must be <= {self._max_tokens}")
+        if options.max_tokens > self._max_tokens_cap:
+            raise ValueError(f"{where}: max_tokens must be <= {self._max_tokens_cap}")
         if len(prompt_ids) + options.max_tokens > caps.context_length:
             raise ValueError(
                 f"{where}: {len(prompt_ids)} prompt tokens + max_tokens {options.max_tokens} "

@@ -111,10 +111,6 @@ class SyncEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._in_flight)
-
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes
         at once, without a model step.
