@@ -44,6 +44,7 @@ from app.config import ServerConfig
 from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.model_thread import ModelThread
 from app.engine.policy import make_policy
+from app.models.base import Model
 from app.models.loading import load_model
 
 logger = logging.getLogger(__name__)
@@ -139,8 +140,15 @@ class BatchRunner:
             raise BatchFailed(f"cannot write {sink_name}: {exc.strerror or exc}") from None
 
 
-async def run_batch(config: BatchConfig, tally: BatchTally, progress: BatchProgress) -> None:
-    """Runs ``config.input`` into ``config.output`` on a model loaded as ``serve`` loads it.
+async def run_batch(
+    config: BatchConfig,
+    tally: BatchTally,
+    progress: BatchProgress,
+    *,
+    model: Model | None = None,
+) -> None:
+    """Runs ``config.input`` into ``config.output`` on a model loaded as ``serve`` loads it
+    (or on ``model``, already built: tests), counting into ``tally``, shown by ``progress``.
 
     Raises:
         BatchFailed: the input cannot be read, the output cannot be written, or the model
@@ -151,7 +159,7 @@ async def run_batch(config: BatchConfig, tally: BatchTally, progress: BatchProgr
     with ExitStack() as files:
         source, source_name, source_path = _open_input(config.input, files)
         sink, sink_name = _open_output(config.output, source_path, files)
-        engine = await _start_engine(server_config, config.max_pending_lines)
+        engine = await _start_engine(server_config, config.max_pending_lines, model)
         try:
             if source_path is not None:
                 _count_in_background(source_path, progress)
@@ -172,12 +180,15 @@ async def run_batch(config: BatchConfig, tally: BatchTally, progress: BatchProgr
             await engine.stop()
 
 
-async def _start_engine(config: ServerConfig, max_pending_lines: int) -> AsyncEngine:
+async def _start_engine(
+    config: ServerConfig, max_pending_lines: int, model: Model | None
+) -> AsyncEngine:
     """The server's engine, set up as ``create_app``'s lifespan sets it up, except that its
     queue takes the whole window (the runner, not the queue, bounds what waits)."""
     model_thread = ModelThread()  # loads the model on the thread that will step it
     try:
-        model = await model_thread.run(load_model, config)
+        if model is None:
+            model = await model_thread.run(load_model, config)
     except Exception as exc:
         model_thread.shutdown()
         logger.debug("loading the model failed", exc_info=True)
