@@ -91,6 +91,7 @@ class BatchProgress:
         self._tally = tally
         self._progress: Progress | None = None
         self._task: TaskID | None = None
+        self._total: int | None = None  # known once the input file is counted
         if enabled:
             self._progress = Progress(
                 TextColumn("batch"),
@@ -102,10 +103,11 @@ class BatchProgress:
                 console=console,
                 transient=False,
             )
-            self._task = self._progress.add_task("batch", total=None, tokens_per_s=0.0)
 
     def __enter__(self) -> BatchProgress:
+        """Shows the bar from now (its clock starts here: after the model is loaded)."""
         if self._progress is not None:
+            self._task = self._progress.add_task("batch", total=self._total, tokens_per_s=0.0)
             self._progress.start()
         return self
 
@@ -115,6 +117,7 @@ class BatchProgress:
 
     def set_total(self, total: int) -> None:
         """The number of requests, once known (counted in the input file)."""
+        self._total = total
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, total=total)
 

@@ -87,7 +87,7 @@ class BatchRunner:
                 failure is written).
         """
         buffer = ReorderBuffer(self._max_pending_lines)
-        feeding = asyncio.create_task(self._feed(reader, buffer), name="batch-feed")
+        feeding = asyncio.create_task(self._feed(reader, buffer, progress), name="batch-feed")
         try:
             await self._write(buffer, sink, sink_name, tally, progress)
         except BaseException:
@@ -99,12 +99,17 @@ class BatchRunner:
         if input_error is not None:
             raise BatchFailed(str(input_error))
 
-    async def _feed(self, reader: LineReader, buffer: ReorderBuffer) -> InputError | None:
-        """Reads and dispatches every line; returns the input's failure, if reading failed."""
+    async def _feed(
+        self, reader: LineReader, buffer: ReorderBuffer, progress: BatchProgress
+    ) -> InputError | None:
+        """Reads and dispatches every line; returns the input's failure, if reading failed.
+        At the end of the input the bar learns the total (standard input has no other)."""
+        fed = 0
         try:
             async for raw in reader.lines():
                 if isinstance(raw, InputLine) and not raw.data.strip():
                     continue  # a blank line, as vLLM's run-batch skips them
+                fed += 1
                 await buffer.wait_for_room()
                 parsed = self._parser.parse(raw)
                 if isinstance(parsed, LineError):
@@ -115,6 +120,7 @@ class BatchRunner:
             return exc
         finally:
             buffer.close()
+        progress.set_total(fed)
         return None
 
     async def _answer(self, request: BatchRequest) -> Answered:

@@ -358,3 +358,17 @@ async def test_ten_thousand_lines_in_bounded_memory_read_as_they_are_answered(tm
     # reader takes the whole file at once
     assert growth < 10 * MIB, f"resident set grew by {growth / MIB:.1f} MiB"
     assert any(0 < written and position < input_size / 2 for _, position, written in samples)
+
+
+async def test_the_bar_counts_to_the_files_total_and_shows_tokens_per_second(tmp_path):
+    config = batch_config(tmp_path, progress=True)
+    lines = [batch_line(f"r{i}", {"prompt": "p", "max_tokens": 3}) for i in range(5)]
+    write_input(Path(config.input), lines)
+    screen = io.StringIO()
+    tally = BatchTally()
+    progress = BatchProgress(Console(file=screen, width=120), tally, enabled=True)
+    await run_batch(config, tally, progress)
+    progress.print_summary()
+    shown = screen.getvalue()
+    assert "5/5 requests" in shown and " tok/s" in shown
+    assert "batch: 5 requests in " in shown and ": 5 ok, 0 failed" in shown
