@@ -8,9 +8,10 @@ both:
 - **batch**: ``python -m app batch -i FILE -o OUT`` in a subprocess; its wall time is the one
   its summary reports (from the engine's start to the last line written: the model load is left
   out, as the server's is).
-- **http**: the same bodies POSTed to a running ``python -m app serve`` with the same model
-  flags, ``concurrency`` at a time over aiohttp (loadgen's lean client: on two shared cores
-  httpx would measure itself); wall time from the first request sent to the last answer read.
+- **http**: the same bodies POSTed to ``python -m app serve`` with the same model flags, started
+  for this side alone once ready, ``concurrency`` at a time over aiohttp (loadgen's lean
+  client: on two shared cores httpx would measure itself); wall time from the first request
+  sent to the last answer read.
 
 The figure is the ratio of completion tokens per second, batch over http, per round. The HTTP
 client runs on the same machine as the server (as the batch runner's reading and writing do).
@@ -138,23 +139,29 @@ async def run_http_side(bench: BatchBench, url: str) -> Timed:
 
 
 def compare(bench: BatchBench, workdir: Path) -> list[Round]:
-    """``bench.rounds`` interleaved rounds against one server started with the same flags."""
-    rounds: list[Round] = []
+    """``bench.rounds`` interleaved rounds. Each side starts cold in each round: the batch
+    subprocess loads its model, and the server is started for its side alone (and stopped
+    after), so neither runs on warm caches the other lacks, or beside the other's process."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", bench.name)
     spec = ServerSpec.app(f"batch-bench-{slug}", *bench.model_flags, ready_timeout_s=300)
-    with running(spec, workdir) as server:
-        for index in range(bench.rounds):
-            if index % 2 == 0:
-                batch = run_batch_side(bench, workdir)
-                http = asyncio.run(run_http_side(bench, server.url))
-            else:
-                http = asyncio.run(run_http_side(bench, server.url))
-                batch = run_batch_side(bench, workdir)
-            expected = bench.requests * bench.max_tokens
-            for side in (batch, http):
-                if side.ok != bench.requests or side.completion_tokens != expected:
-                    raise RuntimeError(f"{bench.name}: not every request answered: {side}")
-            rounds.append(Round(batch=batch, http=http))
+
+    def http_side() -> Timed:
+        with running(spec, workdir) as server:
+            return asyncio.run(run_http_side(bench, server.url))
+
+    rounds: list[Round] = []
+    for index in range(bench.rounds):
+        if index % 2 == 0:
+            batch = run_batch_side(bench, workdir)
+            http = http_side()
+        else:
+            http = http_side()
+            batch = run_batch_side(bench, workdir)
+        expected = bench.requests * bench.max_tokens
+        for side in (batch, http):
+            if side.ok != bench.requests or side.completion_tokens != expected:
+                raise RuntimeError(f"{bench.name}: not every request answered: {side}")
+        rounds.append(Round(batch=batch, http=http))
     return rounds
 
 
