@@ -164,10 +164,17 @@ async def run_batch(
     server_config = config.server_config()
     with ExitStack() as files:
         source, source_name, source_path = _open_input(config.input, files)
-        sink, sink_name = _open_output(config.output, source_path, files)
-        engine = await _start_engine(server_config, config.max_pending_lines, model)
+        sink, sink_name, created = _open_output(config.output, source_path, files)
         try:
-            if source_path is not None:
+            engine = await _start_engine(server_config, config.max_pending_lines, model)
+        except BaseException:
+            if created:  # no model, no results: leave no empty file behind
+                Path(config.output).unlink(missing_ok=True)
+            raise
+        if sink is not sys.stdout.buffer:
+            sink.truncate(0)  # the old results go only now that the run can start
+        try:
+            if source_path is not None and source_path.is_file():  # not a FIFO: read once
                 _count_in_background(source_path, progress)
             reader = LineReader(
                 source,
@@ -195,10 +202,13 @@ async def _start_engine(
     try:
         if model is None:
             model = await model_thread.run(load_model, config)
-    except Exception as exc:
+    except BaseException as exc:
         model_thread.shutdown()
+        if not isinstance(exc, Exception):
+            raise  # Ctrl-C while loading
         logger.debug("loading the model failed", exc_info=True)
-        raise BatchFailed(f"cannot load the model {config.model!r}: {exc}") from None
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # one line
+        raise BatchFailed(f"cannot load the model {config.model!r}: {reason}") from None
     engine = AsyncEngine(
         model,
         policy=make_policy(config.scheduling),
@@ -225,15 +235,20 @@ def _open_input(spec: str, files: ExitStack) -> tuple[BinaryIO, str, Path | None
     return stream, spec, path
 
 
-def _open_output(spec: str, source_path: Path | None, files: ExitStack) -> tuple[BinaryIO, str]:
-    """The output stream (a file is created or truncated) and its name for messages."""
+def _open_output(
+    spec: str, source_path: Path | None, files: ExitStack
+) -> tuple[BinaryIO, str, bool]:
+    """The output stream, its name for messages, and whether it was created here. A file
+    is opened for appending, so that it is checked before the model loads without losing
+    what it holds; the run truncates it once the model is loaded."""
     if spec == STDIO:
-        return sys.stdout.buffer, "standard output"
+        return sys.stdout.buffer, "standard output", False
     path = Path(spec)
-    if source_path is not None and path.exists() and _same_file(path, source_path):
+    existed = path.exists()
+    if source_path is not None and existed and _same_file(path, source_path):
         raise BatchFailed(f"the output {spec} is the input file; it would be overwritten")
     try:
-        return files.enter_context(path.open("wb")), spec
+        return files.enter_context(path.open("ab")), spec, not existed
     except OSError as exc:
         raise BatchFailed(f"cannot write {spec}: {exc.strerror or exc}") from None
 

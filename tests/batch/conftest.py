@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from app.batch.config import BatchConfig
 
@@ -37,3 +41,14 @@ def batch_config(tmp_path: Path, **overrides: Any) -> BatchConfig:
     }
     values.update(overrides)
     return BatchConfig(**values)
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """``command.main`` sets up the root logger as a process of its own would (a rich handler
+    beside the bar); put back what the test process had."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

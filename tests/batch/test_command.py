@@ -4,6 +4,7 @@ without a traceback, the summary, standard input and output streamed both ways, 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 from harness.wait import wait_until
 
+from app.batch import command, runner
+from app.batch.config import BatchConfig
 from tests.batch.conftest import batch_line, read_output, write_input
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,3 +141,59 @@ def test_ctrl_c_stops_with_the_lines_written_so_far_in_order(tmp_path):
     assert 2 <= len(written) < 200
     assert [line["custom_id"] for line in written] == [f"r{i}" for i in range(len(written))]
     assert f"{len(written)} lines written" in stderr
+
+
+def test_a_named_pipe_is_read_once_as_it_is_written(tmp_path):
+    """A FIFO is not a file to count ahead: one reader, the lines as the writer sends them."""
+    fifo = tmp_path / "requests.fifo"
+    os.mkfifo(fifo)
+    output = tmp_path / "out.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "batch", "-i", str(fifo), "-o", str(output)]
+        + ["--model", "mock"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with fifo.open("w") as writer:  # blocks until the batch opens its end
+            for i in range(5):
+                writer.write(batch_line(f"r{i}", {"prompt": "p", "max_tokens": 2}) + "\n")
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+    assert [line["custom_id"] for line in read_output(output)] == [f"r{i}" for i in range(5)]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_model_that_fails_to_load_is_one_line_and_keeps_the_old_results(
+    tmp_path, monkeypatch, capsys
+):
+    def broken(config):
+        raise RuntimeError("weights are\nmissing")
+
+    monkeypatch.setattr(runner, "load_model", broken)
+    source = good_input(tmp_path)
+    old = tmp_path / "old.jsonl"
+    old.write_text("previous results\n")
+    config = BatchConfig(input=str(source), output=str(old), model="mock", progress=False)
+    assert command.main(config) == 2
+    assert capsys.readouterr().err == (
+        f"{PROG}: error: cannot load the model 'mock': weights are missing\n"
+    )
+    assert old.read_text() == "previous results\n"
+    fresh = tmp_path / "fresh.jsonl"
+    config = BatchConfig(input=str(source), output=str(fresh), model="mock", progress=False)
+    assert command.main(config) == 2
+    assert not fresh.exists()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_second_run_replaces_the_output(tmp_path, capsys):
+    source = good_input(tmp_path, count=2)
+    output = tmp_path / "out.jsonl"
+    output.write_text("stale line\n" * 10)
+    config = BatchConfig(input=str(source), output=str(output), model="mock", progress=False)
+    assert command.main(config) == 0
+    assert [line["custom_id"] for line in read_output(output)] == ["r0", "r1"]
+    assert capsys.readouterr().err.startswith("batch: 2 requests in ")
