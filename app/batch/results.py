@@ -20,7 +20,7 @@ import asyncio
 import json
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from app.batch.endpoints import EndpointAnswer
@@ -98,14 +98,15 @@ class ReorderBuffer:
         """Returns once one more line may be added (call once per ``add``)."""
         await self._room.acquire()
 
-    def add(self, result: Awaitable[LineResult] | LineResult) -> None:
-        """The next line's result: already known, or a task that will have it (it must not
+    def add(self, result: asyncio.Task[Answered] | LineResult) -> None:
+        """The next line's result: already known, or the task that will have it (it must not
         raise). Call ``wait_for_room`` first."""
-        if isinstance(result, Answered | LineError):
-            future: asyncio.Future[LineResult] = asyncio.get_running_loop().create_future()
-            future.set_result(result)
+        future: asyncio.Future[LineResult]
+        if isinstance(result, asyncio.Task):
+            future = result  # type: ignore[assignment]
         else:
-            future = asyncio.ensure_future(result)
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(result)
         self._pending.append(future)
         self._changed.set()
 
