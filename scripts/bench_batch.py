@@ -35,7 +35,7 @@ def workloads(quick: bool, rounds: int, smollm2_threads: int) -> list[BatchBench
         ]
     threads = ("--torch-threads", str(smollm2_threads))
     smollm2 = ("--model", "smollm2", "--max-num-seqs", "16", *threads)
-    return [*benches, BatchBench("SmolLM2-135M", smollm2, 32, 32, 32, rounds)]
+    return [*benches, BatchBench("SmolLM2-135M", smollm2, 64, 64, 32, rounds)]
 
 
 def main(argv: list[str] | None = None) -> int:
