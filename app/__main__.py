@@ -137,9 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as exc:
         for error in exc.errors():
             command, *field = error["loc"] or ("",)  # the subcommand, then the flag
+            prog = f"python -m app {command}".rstrip()
             where = "-".join(str(part) for part in field).replace("_", "-")
             prefix = f"--{where}: " if where else ""
-            print(f"python -m app {command}: error: {prefix}{error['msg']}", file=sys.stderr)
+            print(f"{prog}: error: {prefix}{error['msg']}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
