@@ -9,27 +9,37 @@
 
 The model is loaded by ``app.models.loading.load_model`` from a ``ServerConfig``, so every model
 name and flag of ``python -m app serve`` works here (``SLOTSERVE_*`` environment variables too;
-keyword arguments win). Requests go through the server's ``Scheduler`` (``SyncEngine``, on the
-caller's thread), so batching, stop handling and finish reasons are the server's.
+keyword arguments win). Prompts are checked by the server's ``RequestBuilder`` (the same checks,
+in the same order, as every HTTP route) and run on the server's ``Scheduler`` (``SyncEngine``,
+on the caller's thread), so limits, batching, stop handling and finish reasons are the server's.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.errors import APIError
+from app.api.request_builder import (
+    GenerationParams,
+    RequestBuilder,
+    RequestLimits,
+    RequestOrigin,
+    TextPrompt,
+    TokenBudget,
+)
 from app.api.schemas import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SEED_LIMIT, StopString, TokenId
 from app.config import ServerConfig
 from app.engine.policy import make_policy
-from app.engine.request import GenerationRequest, StopCriteria
+from app.engine.request import GenerationRequest
 from app.engine.sync_engine import ModelStepError, SyncEngine, SyncHandle
-from app.models.base import Model, ModelCapabilities, SamplingParams
+from app.models.base import Model, ModelCapabilities
 from app.models.loading import load_model
 
 logger = logging.getLogger(__name__)
@@ -62,6 +72,20 @@ class SamplingOptions(BaseModel):
     stop: tuple[StopString, ...] = Field((), max_length=MAX_STOP_STRINGS)
     stop_token_ids: tuple[TokenId, ...] = Field((), max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
+
+    def generation_params(self, prompt: str) -> GenerationParams:
+        """These options for ``prompt``, in the request builder's wire-neutral terms."""
+        return GenerationParams(
+            prompt=TextPrompt(prompt),
+            budget=TokenBudget(self.max_tokens),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,17 +139,13 @@ class LLM:
         else:
             self.config = ServerConfig(**settings)
             self.model = model
-        caps = self.model.capabilities
-        self._max_tokens_cap = min(
-            self.config.max_tokens_cap or caps.context_length, caps.context_length
-        )
-        self._max_prompt_tokens = min(
-            self.config.max_prompt_tokens or caps.context_length, caps.context_length
-        )
         self._engine = SyncEngine(
             self.model,
             policy=make_policy(self.config.scheduling),
             max_num_batched_tokens=self.config.max_num_batched_tokens,
+        )
+        self._builder = RequestBuilder(
+            self._engine, RequestLimits.of(self.config, self.model.capabilities)
         )
         self._ids = itertools.count()
 
@@ -147,10 +167,11 @@ class LLM:
                 the defaults.
 
         Raises:
-            ValueError: ``sampling`` is a list of another length than ``prompts``; a prompt
-                that encodes to no tokens or to more than the prompt limit; ``max_tokens``
-                over the cap; prompt + ``max_tokens`` over the context length; a stop token
-                id outside the vocabulary. Nothing runs when any prompt is refused.
+            ValueError: ``sampling`` is a list of another length than ``prompts``, or a prompt
+                the server would refuse (``prompts[i]: `` and the server's message: no tokens,
+                over the prompt limit or the context length, ``max_tokens`` over the cap, a
+                stop token id outside the vocabulary). Nothing runs when any is refused.
+            RuntimeError: the tokenizer failed on a prompt (the server's 500).
         """
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         options = self._options_per_prompt(sampling, len(texts))
@@ -187,46 +208,18 @@ class LLM:
         return options
 
     def _request(self, index: int, text: str, options: SamplingOptions) -> GenerationRequest:
-        """The frozen request for ``prompts[index]``, with the checks the HTTP routes make."""
-        caps = self.model.capabilities
-        where = f"prompts[{index}]"
-        prompt_ids = tuple(self.model.tokenizer.encode(text))
-        if not prompt_ids:
-            raise ValueError(f"{where}: encodes to no tokens")
-        if len(prompt_ids) > self._max_prompt_tokens:
-            raise ValueError(
-                f"{where}: {len(prompt_ids)} tokens, the limit is {self._max_prompt_tokens}"
-            )
-        if options.max_tokens > self._max_tokens_cap:
-            raise ValueError(f"{where}: max_tokens must be <= {self._max_tokens_cap}")
-        if len(prompt_ids) + options.max_tokens > caps.context_length:
-            raise ValueError(
-                f"{where}: {len(prompt_ids)} prompt tokens + max_tokens {options.max_tokens} "
-                f"exceed the context length of {caps.context_length} tokens"
-            )
-        outside = [token for token in options.stop_token_ids if token >= caps.vocab_size]
-        if outside:
-            raise ValueError(
-                f"{where}: stop token id {outside[0]} is outside the vocabulary "
-                f"(size {caps.vocab_size})"
-            )
-        return GenerationRequest(
-            request_id=f"llm-{next(self._ids)}",
-            prompt_token_ids=prompt_ids,
-            max_tokens=options.max_tokens,
-            sampling=SamplingParams(
-                temperature=options.temperature,
-                top_p=options.top_p,
-                top_k=options.top_k,
-                seed=options.seed if options.seed is not None else secrets.randbits(63),
-                batch_invariant=options.seed is not None,
-            ),
-            stop=StopCriteria(
-                stop_strings=options.stop,
-                stop_token_ids=frozenset(options.stop_token_ids),
-                ignore_eos=options.ignore_eos,
-            ),
-        )
+        """The frozen request for ``prompts[index]``, checked by the server's request builder.
+
+        Raises:
+            ValueError: a refusal the server answers with a 4xx, prefixed ``prompts[index]: ``.
+            RuntimeError: the server's 500 (the tokenizer failed).
+        """
+        origin = RequestOrigin(f"llm-{next(self._ids)}", owner=None, arrived_at=time.perf_counter())
+        try:
+            return self._builder.build_sync(options.generation_params(text), origin)
+        except APIError as error:
+            refusal = ValueError if error.status < 500 else RuntimeError
+            raise refusal(f"prompts[{index}]: {error.message}") from None
 
 
 def _generation(text: str, handle: SyncHandle) -> Generation:

@@ -10,8 +10,11 @@ there. ``RequestBuilder.build`` then runs the checks that need the model, once a
     prompt + budget <= the context length -> the seed (a random one unless the client chose it)
 
 So a new request field is added to ``GenerationParams``, to ``build``, and to each wire schema
-that offers it. ``build`` needs no HTTP request (a batch runner has only a body): every refusal
+that offers it. ``build`` needs no HTTP request (the batch runner has only a body): every refusal
 is an ``APIError`` in the native vocabulary, which each route family renders in its own shape.
+``build_sync`` is the same checks for a caller without an event loop (the Python API,
+``app.llm``, on a ``SyncEngine``): the builder reads the model only through the engine's
+``capabilities`` / ``encode_text`` / ``encode_chat``, which both engines offer.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Protocol
 
 from app.api.errors import APIError
 from app.config import ServerConfig
 from app.engine.chat_template import ChatMessage, ChatTemplateError
-from app.engine.engine import AsyncEngine, TokenizationError
+from app.engine.prompt_encoder import TokenizationError
 from app.engine.request import GenerationRequest, StopCriteria
 from app.models.base import ModelCapabilities, SamplingParams
 
@@ -130,6 +134,17 @@ class RequestLimits:
         )
 
 
+class PromptTokenizingEngine(Protocol):
+    """What the builder reads of an engine (``AsyncEngine`` and ``SyncEngine`` both are one)."""
+
+    @property
+    def capabilities(self) -> ModelCapabilities: ...
+
+    def encode_text(self, text: str) -> tuple[int, ...]: ...
+
+    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]: ...
+
+
 class RequestBuilder:
     """Builds the engine's requests for one engine (see the module doc for the order of checks).
 
@@ -138,12 +153,13 @@ class RequestBuilder:
         limits: the server's caps.
     """
 
-    def __init__(self, engine: AsyncEngine, limits: RequestLimits) -> None:
+    def __init__(self, engine: PromptTokenizingEngine, limits: RequestLimits) -> None:
         self._engine = engine
         self.limits = limits
 
     async def build(self, params: GenerationParams, origin: RequestOrigin) -> GenerationRequest:
-        """The validated, tokenized request.
+        """The validated, tokenized request; a long prompt is tokenized on a worker thread
+        (``INLINE_TOKENIZE_MAX_CHARS``), so the event loop keeps serving meanwhile.
 
         Raises:
             APIError: 422 ``invalid_request`` naming the field (budget over the cap, a stop
@@ -151,11 +167,33 @@ class RequestBuilder:
                 limit, a conversation the chat template refuses); 400
                 ``context_length_exceeded``; 500 ``internal`` when the tokenizer fails.
         """
+        self._check_before_encoding(params)
+        if _prompt_chars(params.prompt) > INLINE_TOKENIZE_MAX_CHARS:
+            prompt_ids = await asyncio.to_thread(self._encode, params.prompt, origin.request_id)
+        else:
+            prompt_ids = self._encode(params.prompt, origin.request_id)
+        return self._request(params, origin, prompt_ids)
+
+    def build_sync(self, params: GenerationParams, origin: RequestOrigin) -> GenerationRequest:
+        """``build`` on the caller's thread, for a caller without an event loop.
+
+        Raises:
+            APIError: as ``build``.
+        """
+        self._check_before_encoding(params)
+        return self._request(params, origin, self._encode(params.prompt, origin.request_id))
+
+    def _check_before_encoding(self, params: GenerationParams) -> None:
         budget = params.budget
         if budget.max_tokens is not None:
             self._check_max_tokens(budget.max_tokens, budget.param)
         self._check_stop_token_ids(params.stop_token_ids)
-        prompt_ids = await self._encode(params.prompt, origin.request_id)
+
+    def _request(
+        self, params: GenerationParams, origin: RequestOrigin, prompt_ids: tuple[int, ...]
+    ) -> GenerationRequest:
+        """The checks after tokenizing, then the frozen request (the seed drawn if unset)."""
+        budget = params.budget
         max_tokens = self._max_tokens(budget, len(prompt_ids))
         self._check_context_length(params.prompt.param, len(prompt_ids), budget.param, max_tokens)
         return GenerationRequest(
@@ -183,7 +221,7 @@ class RequestBuilder:
     def _check_max_tokens(self, max_tokens: int, param: str) -> None:
         cap = self.limits.max_tokens_cap
         if max_tokens > cap:
-            raise APIError(422, "invalid_request", f"{param}: must be <= {cap}", param=param)
+            raise APIError(422, "invalid_request", f"{param} must be <= {cap}", param=param)
 
     def _check_stop_token_ids(self, stop_token_ids: tuple[int, ...]) -> None:
         vocab_size = self._engine.capabilities.vocab_size
@@ -196,19 +234,13 @@ class RequestBuilder:
                 param="stop_token_ids",
             )
 
-    async def _encode(self, prompt: TextPrompt | ChatPrompt, request_id: str) -> tuple[int, ...]:
-        """The prompt's token ids (>= 1, at most the prompt limit); long prompts are tokenized
-        off the event loop (``INLINE_TOKENIZE_MAX_CHARS``)."""
-        if isinstance(prompt, TextPrompt):
-            encode, argument, size = self._engine.encode_text, prompt.text, len(prompt.text)
-        else:
-            encode, argument = self._engine.encode_chat, prompt.messages
-            size = sum(len(message.content) for message in prompt.messages)
+    def _encode(self, prompt: TextPrompt | ChatPrompt, request_id: str) -> tuple[int, ...]:
+        """The prompt's token ids: at least one, within the context and the prompt limit."""
         try:
-            if size > INLINE_TOKENIZE_MAX_CHARS:
-                prompt_ids = await asyncio.to_thread(encode, argument)
+            if isinstance(prompt, TextPrompt):
+                prompt_ids = self._engine.encode_text(prompt.text)
             else:
-                prompt_ids = encode(argument)
+                prompt_ids = self._engine.encode_chat(prompt.messages)
         except ChatTemplateError as exc:
             message = f"{prompt.param}: {exc}"
             raise APIError(422, "invalid_request", message, param=prompt.param) from None
@@ -223,8 +255,8 @@ class RequestBuilder:
             raise APIError(
                 400,
                 "context_length_exceeded",
-                f"{param} ({len(prompt_ids)} tokens) exceeds the context length of "
-                f"{context_length} tokens",
+                f"{param}: {len(prompt_ids)} tokens, the limit is {context_length} "
+                "(the context length)",
                 param=param,
             )
         limit = self.limits.max_prompt_tokens
@@ -253,6 +285,12 @@ class RequestBuilder:
                 400,
                 "context_length_exceeded",
                 f"{prompt_param} ({prompt_tokens} tokens) + {max_tokens_param} ({max_tokens}) "
-                f"exceeds the context length of {context_length} tokens",
+                f"exceed the context length of {context_length} tokens",
                 param=prompt_param,
             )
+
+
+def _prompt_chars(prompt: TextPrompt | ChatPrompt) -> int:
+    if isinstance(prompt, TextPrompt):
+        return len(prompt.text)
+    return sum(len(message.content) for message in prompt.messages)

@@ -26,6 +26,7 @@ from app.engine.inbox import Cancel, Command, Inbox, Submit
 from app.engine.metrics import EngineMetrics
 from app.engine.model_thread import ModelThread
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
+from app.engine.prompt_encoder import PromptEncoder
 from app.engine.request import FinishReason, GenerationRequest, Sequence
 from app.engine.scheduler import ScheduledStep, Scheduler
 from app.models.base import Model, ModelCapabilities
@@ -46,10 +47,6 @@ class EngineState(enum.Enum):
 
 class EngineUnavailable(Exception):
     """The engine is not accepting requests (not started, draining, stopped or failed)."""
-
-
-class TokenizationError(Exception):
-    """The model's tokenizer failed on a text (the cause is chained)."""
 
 
 class DuplicateRequestId(Exception):
@@ -125,9 +122,7 @@ class AsyncEngine:
         self.state = EngineState.CREATED
         self._inbox = Inbox()
         self._in_flight = InFlightRequests()
-        self._chat_template = ChatTemplate.of(model.tokenizer)
-        if not self._chat_template.from_model:
-            logger.info("%s has no chat template: chats are rendered as ChatML", caps.name)
+        self._prompts = PromptEncoder(model.tokenizer, caps.name)
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
 
@@ -187,7 +182,7 @@ class AsyncEngine:
     @property
     def chat_template(self) -> ChatTemplate:
         """The template chats are rendered with: the model's own, or the ChatML fallback."""
-        return self._chat_template
+        return self._prompts.chat_template
 
     @property
     def policy_name(self) -> str:
@@ -195,26 +190,21 @@ class AsyncEngine:
         return self.scheduler.policy.name
 
     def encode_text(self, text: str) -> tuple[int, ...]:
-        """The token ids of a plain prompt. CPU-bound (~1 s for 1 MB): long texts belong off
-        the event loop.
+        """``PromptEncoder.encode_text``: CPU-bound, long texts belong off the event loop.
 
         Raises:
             TokenizationError: the tokenizer failed.
         """
-        try:
-            return tuple(self._model.tokenizer.encode(text))
-        except Exception as exc:
-            raise TokenizationError(str(exc)) from exc
+        return self._prompts.encode_text(text)
 
     def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
-        """The token ids of a conversation rendered by :attr:`chat_template`, ending where the
-        assistant's answer begins.
+        """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
         Raises:
-            ChatTemplateError: the template refused the conversation (roles out of order...).
+            ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self.encode_text(self._chat_template.render(messages))
+        return self._prompts.encode_chat(messages)
 
     # ----------------------------------------------------------------- commands (any task)
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import functools
 
+from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
+from app.engine.prompt_encoder import PromptEncoder
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, Sequence, StreamEvent
 from app.engine.scheduler import ScheduledStep, Scheduler
-from app.models.base import Model
+from app.models.base import Model, ModelCapabilities
 
 MODEL_FAILED = "the model failed on this request"
 
@@ -106,10 +108,41 @@ class SyncEngine:
         )
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}
+        self._prompts = PromptEncoder(model.tokenizer, caps.name)
 
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    # What the edge reads of the model, as on ``AsyncEngine`` (so ``RequestBuilder`` takes
+    # either engine).
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """The model's declared limits."""
+        return self.model.capabilities
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The template chats are rendered with: the model's own, or the ChatML fallback."""
+        return self._prompts.chat_template
+
+    def encode_text(self, text: str) -> tuple[int, ...]:
+        """``PromptEncoder.encode_text``.
+
+        Raises:
+            TokenizationError: the tokenizer failed.
+        """
+        return self._prompts.encode_text(text)
+
+    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+        """``PromptEncoder.encode_chat``.
+
+        Raises:
+            ChatTemplateError: the template refused the conversation.
+            TokenizationError: the tokenizer failed on the rendered text.
+        """
+        return self._prompts.encode_chat(messages)
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes

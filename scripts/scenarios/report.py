@@ -166,6 +166,7 @@ OTHER_TABLES = (
     ("ROBUSTNESS.md: soak (nothing leaks)", "python scripts/soak.py"),
     ("ROBUSTNESS.md: overload burst (429 latency)", "python scripts/overload_burst.py"),
     ("README.md: 1 vs 2 mock replicas behind nginx", "python scripts/bench_replicas.py"),
+    ("README.md: batch runner vs HTTP server, same requests", "python scripts/bench_batch.py"),
 )
 
 

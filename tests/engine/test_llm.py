@@ -3,10 +3,13 @@ equal to the server's engine, validation before any work, failures kept to their
 
 from __future__ import annotations
 
+import httpx
 import pydantic
 import pytest
 
 from app.api.schemas import GenerateRequestBody
+from app.api.server import create_app
+from app.config import ServerConfig
 from app.engine.engine import AsyncEngine
 from app.engine.request import GenerationRequest
 from app.llm import LLM, Generation, SamplingOptions
@@ -144,7 +147,9 @@ def test_a_seed_asks_for_batch_invariance_as_in_the_server():
 @pytest.mark.parametrize(
     ("prompt", "options", "message"),
     [
-        ("", SamplingOptions(), "encodes to no tokens"),
+        ("", SamplingOptions(max_tokens=2), "encodes to no tokens"),
+        # two faults: the server's order of checks (RequestBuilder) reports the budget first
+        ("", SamplingOptions(), "max_tokens must be <= 16"),
         ("x" * 20, SamplingOptions(max_tokens=0), "20 tokens, the limit is 16"),
         ("ok", SamplingOptions(max_tokens=17), "max_tokens must be <= 16"),
         ("0123456789", SamplingOptions(max_tokens=7), "exceed the context length of 16"),
@@ -212,3 +217,30 @@ def test_static_scheduling_setting_is_used():
         [SamplingOptions(max_tokens=n, ignore_eos=True) for n in lengths],
     )
     assert runner.num_model_calls == 12
+
+
+@pytest.mark.parametrize(
+    ("prompt", "options"),
+    [
+        ("x" * 20, SamplingOptions(max_tokens=0)),
+        ("ok", SamplingOptions(max_tokens=17)),
+        ("0123456789", SamplingOptions(max_tokens=7)),
+        ("ok", SamplingOptions(max_tokens=2, stop_token_ids=[257])),
+    ],
+)
+async def test_refusals_are_the_http_routes_own(prompt, options):
+    """One set of checks: the Python API refuses what POST /generate refuses, with its message
+    (``prompt`` is the field's name on the wire; ``prompts[i]`` names the list entry here).
+    An empty prompt is not here: /generate's schema refuses it before the builder sees it."""
+    config = ServerConfig(model="mock", max_num_seqs=2)
+    app = create_app(config, model=MockModelRunner(max_num_seqs=2, context_length=16))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            body = {"prompt": prompt, **options.model_dump(exclude_defaults=True)}
+            answer = await http.post("/generate", json=body)
+    assert answer.status_code in (400, 422)
+    served = answer.json()["error"]["message"]
+    with pytest.raises(ValueError) as refused:
+        LLM(MockModelRunner(max_num_seqs=2, context_length=16)).generate(prompt, options)
+    assert str(refused.value) == f"prompts[0]: {served}"

@@ -50,9 +50,15 @@ def openai_error_body(error: APIError) -> dict[str, object]:
     }
 
 
+def openai_status(error: APIError) -> int:
+    """The HTTP status of the native error under ``/v1``: a 422 is a 400, the rest as they are."""
+    return 400 if error.status == 422 else error.status
+
+
 def openai_error_response(error: APIError) -> JSONResponse:
-    status = 400 if error.status == 422 else error.status
-    return JSONResponse(openai_error_body(error), status_code=status, headers=error.headers)
+    return JSONResponse(
+        openai_error_body(error), status_code=openai_status(error), headers=error.headers
+    )
 
 
 def invalid_field(exc: ValidationError) -> APIError:

@@ -127,13 +127,24 @@ async def _generate(
     refuse_if_overloaded(resources)
     body = parse_body(body_model, await read_body(request, resources.config.max_body_bytes))
     generation = await resources.builder.build(body.generation_params(), origin)
-    writer: AnswerFormat = answer_format(
-        id=origin.request_id,
+    writer = openai_answer_format(answer_format, body, origin.request_id, resources)
+    return await answer(request, resources, generation, writer, stream=body.streamed)
+
+
+def openai_answer_format(
+    answer_format: type[CompletionAnswer] | type[ChatAnswer],
+    body: OpenAIRequestBody,
+    request_id: str,
+    resources: ServerResources,
+) -> AnswerFormat:
+    """How the answer to ``body`` is written (also by the batch runner, so that its answers
+    are these routes' own): the request id as the object's id, created now, the model's name."""
+    return answer_format(
+        id=request_id,
         created=int(time.time()),
         model=resources.engine.capabilities.name,
         include_usage=body.include_usage,
     )
-    return await answer(request, resources, generation, writer, stream=body.streamed)
 
 
 def parse_body(model: type[_Body], raw: bytes) -> _Body:
