@@ -1,4 +1,5 @@
-"""``python -m app serve [flags]``: the command line (pydantic-settings parses flags and env)."""
+"""``python -m app serve [flags]`` and ``python -m app batch -i IN -o OUT [flags]``: the command
+line (pydantic-settings parses flags and env)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand
 
 from app.api.server import create_app, drain_app
+from app.batch import command as batch_command
+from app.batch.config import BatchConfig
 from app.config import ServerConfig
 from app.models.loading import inspect_model
 from app.models.refusal import ModelRefused
@@ -113,10 +116,24 @@ class Serve(ServerConfig):
         server.run()
 
 
-class Cli(BaseSettings, cli_prog_name="python -m app", cli_kebab_case=True):
+class Batch(BatchConfig):
+    """Run an OpenAI Batch API input file (JSONL: custom_id, method, url, body) through the
+    engine in this process; one OpenAI batch output line per input line, in input order."""
+
+    def cli_cmd(self) -> None:
+        raise SystemExit(batch_command.main(self))
+
+
+class Cli(
+    BaseSettings,
+    cli_prog_name="python -m app",
+    cli_kebab_case=True,
+    cli_shortcuts={"input": "i", "output": "o"},
+):
     """slotserve: a text-generation server with continuous batching."""
 
     serve: CliSubCommand[Serve]
+    batch: CliSubCommand[Batch]
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)
@@ -128,9 +145,11 @@ def main(argv: list[str] | None = None) -> None:
         CliApp.run(Cli, cli_args=sys.argv[1:] if argv is None else argv)
     except ValidationError as exc:
         for error in exc.errors():
-            where = "-".join(str(part) for part in error["loc"][1:]).replace("_", "-")
+            command, *field = error["loc"] or ("",)  # the subcommand, then the flag
+            prog = f"python -m app {command}".rstrip()
+            where = "-".join(str(part) for part in field).replace("_", "-")
             prefix = f"--{where}: " if where else ""
-            print(f"python -m app serve: error: {prefix}{error['msg']}", file=sys.stderr)
+            print(f"{prog}: error: {prefix}{error['msg']}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliImplicitFlag, SettingsConfigDict
 
 
 class ServerConfig(BaseSettings):
@@ -114,6 +114,10 @@ class ServerConfig(BaseSettings):
         None,
         pattern=r"^[A-Za-z0-9]{1,16}$",
         description="prefix of server-made request ids, for id-affine routing across replicas",
+    )
+    ui: CliImplicitFlag[bool] = Field(
+        True,
+        description="serve the chat page at / and /ui (--no-ui: 404 there; /docs is not affected)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
 

@@ -13,79 +13,17 @@ Each round runs every (threads, kernel) pair once per row count, the order rotat
 to round, so a noisy neighbour slows them all alike; a pair's figure is the median over rounds
 of ``--steps`` steps. Prints a table of ms per step and the ratio to ``bf16`` of the same round
 setting.
+
+The weights and the timing loop: ``scenarios/int4_kernels.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from app.models.gguf_file import GGUFFile  # noqa: E402
-from app.models.int4 import Int4Linear  # noqa: E402
-from app.models.int8 import Int8Linear  # noqa: E402
-from app.models.model_tensors import ModelTensors  # noqa: E402
-from app.models.projections import LinearKernel, PackedLinear  # noqa: E402
-from app.models.smollm2 import smollm2_gguf_path  # noqa: E402
-
-PROJECTIONS = (
-    ("attn_q", "attn_k", "attn_v"),
-    ("attn_output",),
-    ("ffn_gate", "ffn_up"),
-    ("ffn_down",),
-)
-
-
-def load(layers: int) -> dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]]:
-    """Per kernel name, ``(projection, in_features)`` for every matrix of ``layers`` layers."""
-    file = GGUFFile(smollm2_gguf_path())
-    architecture = file.architecture()
-    tensors = ModelTensors(file, architecture, file.hparams(architecture))
-    kernels: dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]] = {
-        "bf16": [],
-        "int8": [],
-        "int4": [],
-    }
-    for i in range(layers):
-        for group in PROJECTIONS:
-            parts = [tensors.q4_codes(name, i) for name in group]
-            weight = torch.cat([torch.from_numpy(p.dequantize()) for p in parts])
-            in_features = weight.shape[1]
-            kernels["bf16"].append(
-                (PackedLinear.pack(weight.to(torch.bfloat16)).__call__, in_features)
-            )
-            int8 = Int8Linear.quantize(weight, torch.bfloat16, LinearKernel.DENSE)
-            kernels["int8"].append(
-                (
-                    lambda x, q=int8.qweight, s=int8.scales: torch.ops.aten._weight_int8pack_mm(
-                        x, q, s
-                    ),
-                    in_features,
-                )
-            )
-            int4 = Int4Linear.from_codes(parts)
-            kernels["int4"].append((int4.int4.__call__, in_features))
-    return kernels
-
-
-def time_steps(
-    projections: list[tuple[Callable[[torch.Tensor], torch.Tensor], int]],
-    inputs: dict[int, torch.Tensor],
-    steps: int,
-) -> float:
-    """Seconds per step: every projection once, ``steps`` times."""
-    start = time.perf_counter()
-    for _ in range(steps):
-        for projection, in_features in projections:
-            projection(inputs[in_features])
-    return (time.perf_counter() - start) / steps
+from scenarios.int4_kernels import load, time_steps
 
 
 def main() -> None:

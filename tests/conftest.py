@@ -1,18 +1,10 @@
-"""Puts scripts/ on sys.path so tests import the load generator and the server-process helpers
-the way the scripts themselves do; the session's tiny model checkpoints."""
+"""The session's tiny model checkpoints (``tests/checkpoints.py``)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.checkpoints import TinyCheckpoints
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
 
 
 @pytest.fixture(scope="session")

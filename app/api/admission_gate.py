@@ -32,10 +32,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import generate
+from app.api.admission import admission_refusal, read_body, refusal_error
 from app.api.errors import APIError, error_response
-from app.api.openai import V1_PREFIX, openai_error_response
+from app.api.openai.errors import V1_PREFIX, openai_error_response
 from app.api.resources import ServerResources, loaded_resources
-from app.api.submission import admission_refusal, read_body, refusal_error
 from app.engine.engine import EngineUnavailable, Overloaded
 
 

@@ -1,49 +1,39 @@
-"""``POST /generate`` (JSON or SSE) and ``DELETE /generate/{id}``.
+"""``POST /generate`` (JSON or SSE) and ``DELETE /generate/{id}``: the native API (API.md).
 
-The route validates once (pydantic, then the model-dependent checks: vocabulary, context
-length), turns the body into a frozen ``GenerationRequest``, submits it, and then only waits on
-the request's handle. A client that leaves (stream or not) cancels its request: the disconnect
-becomes ``engine.abort(handle)`` and the cancellation is re-raised, never swallowed.
+The route reads and validates the body once (``GenerateRequestBody``), refuses early when the
+engine would (429/503), builds the frozen request (``RequestBuilder``) and answers it through
+``app.api.answers`` in the native format, ``NativeAnswer``: a ``GenerateResponse`` body, or SSE
+``token`` events (``TokenEventData``) ending with one ``done`` (``DoneEventData``) or ``error``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
-from app.api.errors import CLIENT_CLOSED_REQUEST, APIError, error_body, validation_error
-from app.api.resources import ServerResources, resources_of
+from app.api.admission import read_body, refuse_if_overloaded
+from app.api.answers import answer, finish_reason_name
+from app.api.errors import APIError, error_body, validation_error
+from app.api.request_builder import RequestOrigin
+from app.api.resources import resources_of
 from app.api.schemas import (
     CancelResponse,
+    DoneEventData,
     ErrorResponse,
     GenerateRequestBody,
     GenerateResponse,
+    TimingsBody,
+    TokenEventData,
+    Usage,
 )
-from app.api.submission import (
-    check_context_length,
-    check_max_tokens,
-    encode_prompt,
-    final_unless_disconnected,
-    read_body,
-    refuse_if_overloaded,
-    submit,
-)
-from app.engine.handle import RequestHandle
-from app.engine.request import (
-    FinalEvent,
-    FinishReason,
-    GenerationRequest,
-    StopCriteria,
-    TokenEvent,
-)
-from app.models.base import SamplingParams
+from app.engine.request import FinalEvent, TokenEvent
 
 logger = logging.getLogger(__name__)
 
@@ -72,27 +62,13 @@ async def generate(request: Request) -> Response:
     """Generates text for one prompt; see API.md. The body is JSON whatever its Content-Type."""
     arrived_at = time.perf_counter()
     resources = resources_of(request)
-    owner = resources.guard.owner_of(request)
+    origin = RequestOrigin(request.state.request_id, resources.guard.owner_of(request), arrived_at)
     body = parse_body(await read_body(request, resources.config.max_body_bytes))
     refuse_if_overloaded(resources, max_tokens=body.max_tokens)
-    generation = await _to_generation_request(
-        body, resources, request_id=request.state.request_id, owner=owner, arrived_at=arrived_at
+    generation = await resources.builder.build(body.generation_params(), origin)
+    return await answer(
+        request, resources, generation, NativeAnswer(origin.request_id), stream=body.stream
     )
-    handle = submit(resources, generation)
-    if body.stream:
-        return EventSourceResponse(
-            _sse_events(handle, resources),
-            ping=resources.config.sse_ping_interval,
-            send_timeout=resources.config.sse_send_timeout,
-            ping_message_factory=lambda: ServerSentEvent(comment="ping"),
-            headers={"Cache-Control": "no-cache"},
-        )
-    final = await final_unless_disconnected(request, handle, resources)
-    if final is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is left to read it
-    if final.finish_reason is FinishReason.ERROR:
-        raise APIError(500, "internal", final.error or "the model failed on this request")
-    return JSONResponse(_response_body(handle.request_id, final).model_dump())
 
 
 @router.delete("/generate/{request_id}", response_model=CancelResponse, responses=_ERROR_RESPONSES)
@@ -105,9 +81,6 @@ async def cancel_generation(request_id: str, request: Request) -> CancelResponse
     return CancelResponse(id=request_id, status="cancelled")
 
 
-# --------------------------------------------------------------------------- validation
-
-
 def parse_body(raw: bytes) -> GenerateRequestBody:
     """The validated body (JSON whatever the Content-Type); raises APIError 422 otherwise."""
     try:
@@ -116,91 +89,52 @@ def parse_body(raw: bytes) -> GenerateRequestBody:
         raise validation_error(exc) from None
 
 
-async def _to_generation_request(
-    body: GenerateRequestBody,
-    resources: ServerResources,
-    *,
-    request_id: str,
-    owner: str | None,
-    arrived_at: float,
-) -> GenerationRequest:
-    caps = resources.engine.model.capabilities
-    check_max_tokens(resources, body.max_tokens, param="max_tokens")
-    bad_ids = [token for token in body.stop_token_ids if token >= caps.vocab_size]
-    if bad_ids:
-        raise APIError(
-            422,
-            "invalid_request",
-            f"stop_token_ids: {bad_ids[0]} is outside the vocabulary (size {caps.vocab_size})",
-            param="stop_token_ids",
-        )
-    prompt_ids = await encode_prompt(resources, body.prompt, request_id=request_id, param="prompt")
-    check_context_length(
-        resources,
-        prompt_tokens=len(prompt_ids),
-        max_tokens=body.max_tokens,
-        prompt_param="prompt",
-        max_tokens_param="max_tokens",
-    )
-    return GenerationRequest(
-        request_id=request_id,
-        prompt_token_ids=prompt_ids,
-        max_tokens=body.max_tokens,
-        sampling=SamplingParams(
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            seed=body.seed if body.seed is not None else secrets.randbits(63),
-            batch_invariant=body.seed is not None,
-        ),
-        stop=StopCriteria(
-            stop_strings=tuple(body.stop),
-            stop_token_ids=frozenset(body.stop_token_ids),
-            ignore_eos=body.ignore_eos,
-        ),
-        owner=owner,
-        arrived_at=arrived_at,
-    )
+@dataclass(frozen=True, slots=True)
+class NativeAnswer:
+    """The native wire format of one request's answer (``app.api.answers.AnswerFormat``)."""
 
+    request_id: str
+    sse_separator: str | None = None  # sse-starlette's default, "\r\n"
 
-# --------------------------------------------------------------------------- answers
+    def response(self, final: FinalEvent) -> dict[str, object]:
+        return GenerateResponse(
+            id=self.request_id,
+            text=final.text,
+            token_ids=list(final.token_ids),
+            **self._ending(final),
+        ).model_dump()
 
+    def opening(self) -> Iterable[ServerSentEvent]:
+        return ()
 
-def _response_body(request_id: str, final: FinalEvent) -> GenerateResponse:
-    return GenerateResponse(
-        id=request_id,
-        text=final.text,
-        token_ids=list(final.token_ids),
-        finish_reason=final.finish_reason.value,  # type: ignore[arg-type]
-        stop_reason=final.stop_reason,
-        usage={"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens},
-        timings={
-            "queued_ms": round(final.timings.queued_ms, 3),
-            "ttft_ms": None if final.timings.ttft_ms is None else round(final.timings.ttft_ms, 3),
-            "total_ms": round(final.timings.total_ms, 3),
-        },
-    )
+    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+        data = TokenEventData(id=self.request_id, text=event.text, token_ids=list(event.token_ids))
+        yield ServerSentEvent(data=json.dumps(data.model_dump(), ensure_ascii=False), event="token")
 
+    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+        done = DoneEventData(id=self.request_id, **self._ending(final)).model_dump()
+        yield ServerSentEvent(data=json.dumps(done, ensure_ascii=False), event="done")
 
-async def _sse_events(handle: RequestHandle, resources: ServerResources):  # noqa: ANN202
-    """The SSE body: ``token`` events, then exactly one ``done`` or ``error`` event."""
-    try:
-        async for event in handle.events():
-            if isinstance(event, TokenEvent):
-                data = {
-                    "id": handle.request_id,
-                    "text": event.text,
-                    "token_ids": list(event.token_ids),
-                }
-                yield ServerSentEvent(data=json.dumps(data, ensure_ascii=False), event="token")
-            elif event.finish_reason is FinishReason.ERROR:
-                body = error_body("internal", event.error or "the model failed on this request")
-                yield ServerSentEvent(data=json.dumps(body), event="error")
-            else:
-                done = _response_body(handle.request_id, event).model_dump(
-                    exclude={"text", "token_ids"}
-                )
-                yield ServerSentEvent(data=json.dumps(done, ensure_ascii=False), event="done")
-    finally:
-        if not handle.is_finished:
-            resources.engine.abort(handle)
+    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
+        body = error_body(error.type, error.message, error.param)
+        yield ServerSentEvent(data=json.dumps(body), event="error")
+
+    def closing(self) -> Iterable[ServerSentEvent]:
+        return ()
+
+    @staticmethod
+    def _ending(final: FinalEvent) -> dict[str, object]:
+        """The fields a ``GenerateResponse`` and the ``done`` event share."""
+        ttft_ms = final.timings.ttft_ms
+        return {
+            "finish_reason": finish_reason_name(final.finish_reason),
+            "stop_reason": final.stop_reason,
+            "usage": Usage(
+                prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens
+            ),
+            "timings": TimingsBody(
+                queued_ms=round(final.timings.queued_ms, 3),
+                ttft_ms=None if ttft_ms is None else round(ttft_ms, 3),
+                total_ms=round(final.timings.total_ms, 3),
+            ),
+        }

@@ -1,4 +1,5 @@
-"""What the routes need, built once per app: the engine, the config and the key guard."""
+"""What the routes need, built once per app: the engine, the config, the key guard and the
+request builder."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from starlette.datastructures import State
 
 from app.api.auth import ApiKeyGuard
 from app.api.errors import APIError
+from app.api.request_builder import RequestBuilder, RequestLimits
 from app.config import ServerConfig
 from app.engine.engine import AsyncEngine
 
@@ -19,15 +21,24 @@ class ServerResources:
     engine: the running engine.
     config: the server's settings.
     guard: API key checks.
-    max_tokens_cap: largest ``max_tokens`` accepted (tokens).
-    max_prompt_tokens: largest prompt accepted (tokens).
+    builder: turns what a client asked for into the engine's requests (with the limits).
     """
 
     engine: AsyncEngine
     config: ServerConfig
     guard: ApiKeyGuard
-    max_tokens_cap: int
-    max_prompt_tokens: int
+    builder: RequestBuilder
+
+    @classmethod
+    def build(cls, engine: AsyncEngine, config: ServerConfig) -> ServerResources:
+        """The resources of a started engine (also for callers without HTTP, e.g. a batch)."""
+        limits = RequestLimits.of(config, engine.capabilities)
+        return cls(
+            engine=engine,
+            config=config,
+            guard=ApiKeyGuard.from_setting(config.api_key),
+            builder=RequestBuilder(engine, limits),
+        )
 
 
 def loaded_resources(state: State) -> ServerResources | None:

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.request_builder import GenerationParams, TextPrompt, TokenBudget
+
 MAX_STOP_STRINGS = 8
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
@@ -35,6 +37,19 @@ class GenerateRequestBody(BaseModel):
     ignore_eos: bool = False
     stream: bool = False
 
+    def generation_params(self) -> GenerationParams:
+        return GenerationParams(
+            prompt=TextPrompt(self.prompt),
+            budget=TokenBudget(self.max_tokens),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=tuple(self.stop),
+            stop_token_ids=tuple(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+        )
+
 
 class Usage(BaseModel):
     prompt_tokens: int
@@ -49,6 +64,7 @@ class TimingsBody(BaseModel):
     total_ms: float
 
 
+# The public finish reasons (app.api.answers.finish_reason_name), shared by every wire format.
 FinishReasonName = Literal["stop", "length", "cancelled"]
 
 

@@ -12,10 +12,12 @@ from fastapi import FastAPI
 from prometheus_client import Histogram
 
 from app import __version__
-from app.api import generate, openai, status
+from app.api import generate, status, ui
 from app.api.admission_gate import AdmissionGate
 from app.api.auth import ApiKeyGuard
 from app.api.errors import install_error_handlers
+from app.api.openai import errors as openai_errors
+from app.api.openai import routes as openai_routes
 from app.api.request_id import RequestIdMiddleware
 from app.api.resources import ServerResources
 from app.config import ServerConfig
@@ -97,20 +99,11 @@ def create_app(
             model_thread=model_thread,
         )
         await engine.start()
-        caps = loaded.capabilities
-        app.state.resources = ServerResources(
-            engine=engine,
-            config=config,
-            guard=ApiKeyGuard.from_setting(config.api_key),
-            max_tokens_cap=min(config.max_tokens_cap or caps.context_length, caps.context_length),
-            max_prompt_tokens=min(
-                config.max_prompt_tokens or caps.context_length, caps.context_length
-            ),
-        )
+        app.state.resources = ServerResources.build(engine, config)
         logger.info(
             "serving %s with %d slots; API key %s",
-            caps.name,
-            caps.max_num_seqs,
+            engine.capabilities.name,
+            engine.capabilities.max_num_seqs,
             "required" if app.state.resources.guard.enabled else "not required",
         )
         lag_watch = asyncio.create_task(
@@ -139,8 +132,10 @@ def create_app(
     app.add_middleware(AdmissionGate, state=app.state)
     app.add_middleware(RequestIdMiddleware, replica_id=config.replica_id)
     install_error_handlers(app)
-    openai.install_error_handlers(app)  # under /v1: OpenAI's error shape
+    openai_errors.install_error_handlers(app)  # under /v1: OpenAI's error shape
     app.include_router(generate.router)
-    app.include_router(openai.router)
+    app.include_router(openai_routes.router)
     app.include_router(status.router)
+    if config.ui:
+        app.include_router(ui.router)
     return app

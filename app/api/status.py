@@ -36,16 +36,16 @@ async def info(request: Request) -> InfoResponse:
     """The loaded model and the server's limits."""
     resources = resources_of(request)
     resources.guard.owner_of(request)
-    caps = resources.engine.model.capabilities
+    caps = resources.engine.capabilities
     return InfoResponse(
         model=caps.name,
         backend=caps.backend,
         context_length=caps.context_length,
         max_num_seqs=caps.max_num_seqs,
-        max_tokens_cap=resources.max_tokens_cap,
+        max_tokens_cap=resources.builder.limits.max_tokens_cap,
         vocab_size=caps.vocab_size,
         keeps_kv_cache=caps.keeps_kv_cache,
-        scheduling=resources.engine.scheduler.policy.name,
+        scheduling=resources.engine.policy_name,
         version=__version__,
     )
 

@@ -1,8 +1,11 @@
 """The async engine: an inbox of commands and the one task that owns the scheduler.
 
-Endpoints never touch the scheduler. They call ``submit`` / ``cancel`` / ``abort``, which put
-frozen commands on the inbox; only the loop task applies them, between model steps. The model
-step itself runs in a dedicated worker thread so the event loop keeps serving HTTP meanwhile.
+Endpoints never touch the scheduler or the model. They call ``submit`` / ``cancel`` / ``abort``,
+which put frozen commands on the inbox; only the loop task applies them, between model steps.
+The model step itself runs on the model thread so the event loop keeps serving HTTP meanwhile.
+What the edge needs to know of the model (its capabilities, its tokenizer, its chat template)
+it reads through the engine's own operations (rule R11): ``capabilities``, ``encode_text``,
+``encode_chat``, ``chat_template``, ``policy_name``.
 
     loop:  take_new_commands -> admit_waiting -> schedule -> run_step (thread)
            -> take_new_commands (cancels win) -> apply
@@ -16,18 +19,22 @@ import logging
 import time
 from dataclasses import dataclass
 
+from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
-from app.engine.handle import RequestHandle
+from app.engine.handle import InFlightRequests, RequestHandle
+from app.engine.inbox import Cancel, Command, Inbox, Submit
 from app.engine.metrics import EngineMetrics
 from app.engine.model_thread import ModelThread
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
+from app.engine.prompt_encoder import PromptEncoder
 from app.engine.request import FinishReason, GenerationRequest, Sequence
 from app.engine.scheduler import ScheduledStep, Scheduler
-from app.models.base import Model
+from app.models.base import Model, ModelCapabilities
 
 logger = logging.getLogger(__name__)
 
 _LOOP_FAILED = "the server's scheduler failed"
+_STEP_FAILED = "the model failed on this request"
 
 
 class EngineState(enum.Enum):
@@ -71,22 +78,6 @@ class AdmissionLimits:
     max_queued_tokens: int = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class Submit:
-    handle: RequestHandle
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """Cancel the request *object* (not its id: ids can be reused, rule R17)."""
-
-    request: GenerationRequest
-    issued_at: float
-
-
-Command = Submit | Cancel
-
-
 class AsyncEngine:
     """Runs continuous batching over ``model`` in one background task.
 
@@ -114,7 +105,7 @@ class AsyncEngine:
     ) -> None:
         caps = model.capabilities
         self.limits = limits or AdmissionLimits()
-        self.model = model
+        self._model = model
         self.metrics = metrics or EngineMetrics()
         self.scheduler = Scheduler(
             capabilities=caps,
@@ -129,11 +120,9 @@ class AsyncEngine:
             waiting=lambda: self.scheduler.num_waiting, running=lambda: self.scheduler.num_running
         )
         self.state = EngineState.CREATED
-        self._inbox: asyncio.Queue[Command] = asyncio.Queue()
-        self._in_flight: dict[str, RequestHandle] = {}
-        # Submits in the inbox the loop has not applied yet (they wait like queued requests).
-        self._inbox_requests = 0
-        self._inbox_prompt_tokens = 0
+        self._inbox = Inbox()
+        self._in_flight = InFlightRequests()
+        self._prompts = PromptEncoder(model.tokenizer, caps.name)
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
 
@@ -156,14 +145,19 @@ class AsyncEngine:
         return len(self._in_flight)
 
     async def drain(self, timeout_s: float) -> None:
-        """Stops taking requests and waits up to ``timeout_s`` seconds for in-flight ones."""
+        """Stops taking requests and waits up to ``timeout_s`` seconds for in-flight ones (or
+        for the loop to end, whichever comes first)."""
         if self.state is EngineState.RUNNING:
             self.state = EngineState.DRAINING
-        deadline = time.monotonic() + timeout_s
-        while self._in_flight and time.monotonic() < deadline:
-            if self._task is None or self._task.done():
-                break
-            await asyncio.sleep(0.02)
+        if self._task is None or self._task.done():
+            return
+        emptied = asyncio.ensure_future(self._in_flight.wait_empty())
+        try:
+            await asyncio.wait(
+                {emptied, self._task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            emptied.cancel()
 
     async def stop(self) -> None:
         """Ends every remaining request as cancelled and stops the loop. Idempotent."""
@@ -175,9 +169,42 @@ class AsyncEngine:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        self.scheduler.finish_all(FinishReason.CANCELLED)
-        self._end_inbox(FinishReason.CANCELLED)
+        self._end_every_request(FinishReason.CANCELLED)
         self._model_thread.shutdown()
+
+    # ----------------------------------------------------------------- what the edge reads
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """The model's declared limits (frozen, read once at start-up)."""
+        return self._model.capabilities
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The template chats are rendered with: the model's own, or the ChatML fallback."""
+        return self._prompts.chat_template
+
+    @property
+    def policy_name(self) -> str:
+        """The admission policy in use (``continuous`` or ``static``)."""
+        return self.scheduler.policy.name
+
+    def encode_text(self, text: str) -> tuple[int, ...]:
+        """``PromptEncoder.encode_text``: CPU-bound, long texts belong off the event loop.
+
+        Raises:
+            TokenizationError: the tokenizer failed.
+        """
+        return self._prompts.encode_text(text)
+
+    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+        """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
+
+        Raises:
+            ChatTemplateError: the template refused the conversation.
+            TokenizationError: the tokenizer failed on the rendered text.
+        """
+        return self._prompts.encode_chat(messages)
 
     # ----------------------------------------------------------------- commands (any task)
 
@@ -191,15 +218,13 @@ class AsyncEngine:
         """
         if not self.is_alive:
             raise EngineUnavailable(f"engine is {self.state.value}")
-        if request.request_id in self._in_flight:
+        if self._in_flight.get(request.request_id) is not None:
             raise DuplicateRequestId(request.request_id)
         if request.max_tokens > 0:  # max_tokens 0 finishes at once and never waits
             self.check_admission(len(request.prompt_token_ids))
-        handle = RequestHandle(request, on_final=self._forget)
-        self._in_flight[request.request_id] = handle
-        self._inbox_requests += 1
-        self._inbox_prompt_tokens += len(request.prompt_token_ids)
-        self._inbox.put_nowait(Submit(handle))
+        handle = RequestHandle(request, on_final=self._in_flight.discard)
+        self._in_flight.add(handle)
+        self._inbox.put(Submit(handle))
         return handle
 
     def check_admission(self, prompt_tokens: int) -> None:
@@ -209,11 +234,11 @@ class AsyncEngine:
         answer 429 before doing any work; ``submit`` checks again with the real count.
         Requests that will find a free slot do not wait; the limits apply to the rest.
         """
-        waiting = self._inbox_requests + self.scheduler.num_waiting
+        waiting = self._inbox.num_submits + self.scheduler.num_waiting
         would_wait = waiting + 1 - self.scheduler.num_free_slots
         if would_wait > self.limits.max_queue:
             raise Overloaded(f"the waiting queue is full ({self.limits.max_queue} requests)")
-        queued_tokens = self._inbox_prompt_tokens + self.scheduler.waiting_prompt_tokens
+        queued_tokens = self._inbox.submitted_prompt_tokens + self.scheduler.waiting_prompt_tokens
         if would_wait > 0 and queued_tokens + prompt_tokens > self.limits.max_queued_tokens:
             raise Overloaded(
                 f"the waiting queue is full ({queued_tokens} of "
@@ -237,13 +262,8 @@ class AsyncEngine:
         if handle.is_finished or handle.cancel_requested_at is not None:
             return
         handle.cancel_requested_at = time.perf_counter()
-        if self._in_flight.get(handle.request_id) is handle:
-            del self._in_flight[handle.request_id]
-        self._inbox.put_nowait(Cancel(handle.request, handle.cancel_requested_at))
-
-    def _forget(self, handle: RequestHandle) -> None:
-        if self._in_flight.get(handle.request_id) is handle:
-            del self._in_flight[handle.request_id]
+        self._in_flight.discard(handle)
+        self._inbox.put(Cancel(handle.request, handle.cancel_requested_at))
 
     # ----------------------------------------------------------------- the loop
 
@@ -260,8 +280,7 @@ class AsyncEngine:
         except Exception:
             logger.exception("scheduler loop failed; failing every request")
             self.state = EngineState.FAILED
-            self.scheduler.finish_all(FinishReason.ERROR, error=_LOOP_FAILED)
-            self._end_inbox(FinishReason.ERROR, error=_LOOP_FAILED)
+            self._end_every_request(FinishReason.ERROR, error=_LOOP_FAILED)
 
     async def _take_new_commands(self) -> None:
         """Applies every queued command; waits for one when there is nothing to run."""
@@ -270,52 +289,61 @@ class AsyncEngine:
         self._apply_inbox()
 
     def _apply_inbox(self) -> None:
-        while not self._inbox.empty():
-            self._apply(self._inbox.get_nowait())
+        for command in self._inbox.take_ready():
+            self._apply(command)
 
     def _apply(self, command: Command) -> None:
         if isinstance(command, Submit):
             request = command.handle.request
-            self._inbox_requests -= 1
-            self._inbox_prompt_tokens -= len(request.prompt_token_ids)
             sequence = Sequence(
                 request=request,
                 emit=command.handle.push,
                 text=TextAssembler(request.stop.stop_strings),
             )
-            if command.handle.cancel_requested_at is not None:
-                self.scheduler.add(sequence)  # cancelled before it reached us: end it now
-                self.scheduler.cancel(sequence)
-                return
             self.scheduler.add(sequence)
+            if command.handle.cancel_requested_at is not None:
+                self.scheduler.cancel(sequence)  # cancelled before it reached us: end it now
         else:
             sequence = self.scheduler.find(command.request)
             if sequence is not None and self.scheduler.cancel(sequence):
                 self.metrics.cancel_to_free.observe(time.perf_counter() - command.issued_at)
 
     async def _run_step(self, step: ScheduledStep) -> None:
+        """One model step on the model thread, then its output applied. A failure of the model
+        (the step raising, or an output that does not fit the step) fails the step's rows; a
+        failure while applying commands is the loop's own and ends the loop."""
         started = time.perf_counter()
         try:
-            output = await self._model_thread.run(self.model.step, step.batch)
-            self.metrics.step_duration.observe(time.perf_counter() - started)
-            # Cancels that arrived during the step win over its output: a DELETE answered
-            # 200 must end its request as cancelled, never with one more token.
-            self._apply_inbox()
-            self.scheduler.apply(step, output)
-        except asyncio.CancelledError:
-            raise
+            output = await self._model_thread.run(self._model.step, step.batch)
         except Exception:
             logger.exception("model step over %d rows failed", len(step.sequences))
-            self.scheduler.fail(step, "the model failed on this request")
+            self.scheduler.fail(step, _STEP_FAILED)
+            return
+        self.metrics.step_duration.observe(time.perf_counter() - started)
+        # Cancels that arrived during the step win over its output: a DELETE answered
+        # 200 must end its request as cancelled, never with one more token.
+        self._apply_inbox()
+        try:
+            self.scheduler.apply(step, output)
+        except ValueError:
+            logger.exception("model step over %d rows gave a malformed output", len(step.sequences))
+            self.scheduler.fail(step, _STEP_FAILED)
 
-    def _end_inbox(self, reason: FinishReason, *, error: str | None = None) -> None:
-        """Once the loop is gone: end requests still in the inbox so no client waits forever."""
-        while not self._inbox.empty():
-            command = self._inbox.get_nowait()
+    def _end_every_request(self, reason: FinishReason, *, error: str | None = None) -> None:
+        """Once the loop is gone (stopped or failed): every request still known ends with
+        ``reason``, so no client waits forever: those in the scheduler, those still in the
+        inbox, and one whose command was being applied when the loop failed."""
+        self.scheduler.finish_all(reason, error=error)
+        for command in self._inbox.take_ready():
             if isinstance(command, Submit):
-                self._inbox_requests -= 1
-                self._inbox_prompt_tokens -= len(command.handle.request.prompt_token_ids)
-                sequence = Sequence(
-                    request=command.handle.request, emit=command.handle.push, text=TextAssembler()
-                )
-                self.scheduler.finish(sequence, reason, error=error)
+                self._finish_unscheduled(command.handle, reason, error)
+        for handle in self._in_flight:
+            self._finish_unscheduled(handle, reason, error)
+
+    def _finish_unscheduled(
+        self, handle: RequestHandle, reason: FinishReason, error: str | None
+    ) -> None:
+        """Ends a request the scheduler never took, through its finish funnel."""
+        if not handle.is_finished:
+            sequence = Sequence(request=handle.request, emit=handle.push, text=TextAssembler())
+            self.scheduler.finish(sequence, reason, error=error)

@@ -1,9 +1,10 @@
-"""The HTTP side's end of one request: a stream of events the scheduler never waits on."""
+"""The HTTP side's end of one request (a stream of events the scheduler never waits on), and the
+registry of the requests in flight."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from app.engine.request import FinalEvent, GenerationRequest, StreamEvent
 
@@ -59,3 +60,44 @@ class RequestHandle:
             if isinstance(event, FinalEvent):
                 return event
         raise RuntimeError("event stream ended without a final event")
+
+
+class InFlightRequests:
+    """The handles of requests in flight, by request id: the one place that answers "is this id
+    taken?" (409) and "which request does DELETE mean?".
+
+    A handle leaves when its final event is pushed or when its cancel is asked for (a second
+    cancel is then a miss). ``wait_empty`` lets a drain wait for the last one without polling.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, RequestHandle] = {}
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[RequestHandle]:
+        return iter(list(self._by_id.values()))
+
+    def get(self, request_id: str) -> RequestHandle | None:
+        return self._by_id.get(request_id)
+
+    def add(self, handle: RequestHandle) -> None:
+        """Raises KeyError when a request with that id is already in flight."""
+        if handle.request_id in self._by_id:
+            raise KeyError(handle.request_id)
+        self._by_id[handle.request_id] = handle
+        self._empty.clear()
+
+    def discard(self, handle: RequestHandle) -> None:
+        """Removes ``handle``; a different request now holding its id stays (rule R17)."""
+        if self._by_id.get(handle.request_id) is handle:
+            del self._by_id[handle.request_id]
+            if not self._by_id:
+                self._empty.set()
+
+    async def wait_empty(self) -> None:
+        """Returns once no request is in flight."""
+        await self._empty.wait()

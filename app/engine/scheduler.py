@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from app.engine.request import (
     Timings,
     TokenEvent,
 )
+from app.engine.waiting_queue import WaitingQueue
 from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -35,10 +35,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ScheduledStep:
-    """A batch handed to the model plus the sequences it was built for (same order as rows)."""
+    """A batch handed to the model plus the sequences it was built for.
+
+    ``sequences[i]`` is the sequence of ``batch.rows[i]``. For a model with a fixed batch
+    shape the rows after ``len(sequences)`` are inert padding (``StepRow.padding``): no
+    sequence stands behind them, so their outputs can reach no request.
+    """
 
     batch: StepBatch
     sequences: tuple[Sequence, ...]
+
+    @property
+    def live_rows(self) -> tuple[StepRow, ...]:
+        """The rows built for ``sequences`` (every row but the padding), same order."""
+        return self.batch.rows[: len(self.sequences)]
 
 
 class Scheduler:
@@ -81,9 +91,8 @@ class Scheduler:
         self._metrics = metrics
         self._release_slot = release_slot
         self._clock = clock
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
-        self._waiting_prompt_tokens = 0  # sum over self.waiting, kept by add/admit/finish
 
     # ----------------------------------------------------------------- read-only views
 
@@ -93,7 +102,7 @@ class Scheduler:
 
     @property
     def waiting_prompt_tokens(self) -> int:
-        return self._waiting_prompt_tokens
+        return self.waiting.prompt_tokens
 
     @property
     def num_free_slots(self) -> int:
@@ -126,7 +135,6 @@ class Scheduler:
             return
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
-        self._waiting_prompt_tokens += seq.num_prompt_tokens
 
     def cancel(self, seq: Sequence) -> bool:
         """Ends a waiting or running sequence as CANCELLED; False if it had already finished."""
@@ -146,7 +154,6 @@ class Scheduler:
         now = self._clock()
         for slot in free[:count]:
             seq = self.waiting.popleft()
-            self._waiting_prompt_tokens -= seq.num_prompt_tokens
             seq.status = SequenceStatus.RUNNING
             seq.slot = slot
             seq.num_computed_tokens = 0
@@ -159,7 +166,9 @@ class Scheduler:
 
         Decode rows carry the one token sampled last step. Prompt chunks go to sequences in
         admission order, each at most ``capabilities.max_tokens_per_row`` tokens, until the
-        step holds ``max_num_batched_tokens`` tokens. Returns None when no slot is busy.
+        step holds ``max_num_batched_tokens`` tokens. A model with a fixed batch shape gets
+        an inert row after those for every slot without one, so the step has exactly
+        ``max_num_seqs`` rows. Returns None when no slot is busy.
         """
         budget = self.max_num_batched_tokens
         rows: list[StepRow] = []
@@ -182,6 +191,8 @@ class Scheduler:
             budget -= len(row.token_ids)
         if not rows:
             return None
+        if self.capabilities.fixed_batch_shape:
+            rows.extend(self._padding_rows(rows))
         return ScheduledStep(StepBatch(tuple(rows)), tuple(sequences))
 
     def apply(self, step: ScheduledStep, output: StepOutput) -> None:
@@ -190,16 +201,18 @@ class Scheduler:
         A row whose slot no longer holds the sequence it was built for (cancelled meanwhile)
         is dropped (rule R17). A failure while applying one sequence's token fails only it.
         """
-        if len(output.next_token_ids) != len(step.sequences):
+        if len(output.next_token_ids) != len(step.batch.rows):
             raise ValueError(
                 f"model returned {len(output.next_token_ids)} results "
-                f"for {len(step.sequences)} rows"
+                f"for {len(step.batch.rows)} rows"
             )
         self._metrics.batch_size.observe(len(step.sequences))
         now = self._clock()
-        errors = output.row_errors or (None,) * len(step.sequences)
+        live = len(step.sequences)  # the padding's outputs, past these, are dropped here
+        tokens = output.next_token_ids[:live]
+        errors = (output.row_errors or (None,) * live)[:live]
         for seq, row, token, error in zip(
-            step.sequences, step.batch.rows, output.next_token_ids, errors, strict=True
+            step.sequences, step.live_rows, tokens, errors, strict=True
         ):
             if self.slots[row.slot] is not seq:
                 continue
@@ -217,7 +230,7 @@ class Scheduler:
 
     def fail(self, step: ScheduledStep, message: str) -> None:
         """Ends every sequence of a failed step (still in its slot) with an ERROR."""
-        for seq, row in zip(step.sequences, step.batch.rows, strict=True):
+        for seq, row in zip(step.sequences, step.live_rows, strict=True):
             if self.slots[row.slot] is seq:
                 self.finish(seq, FinishReason.ERROR, error=message)
 
@@ -247,7 +260,6 @@ class Scheduler:
             seq.slot = None
         elif was_waiting and seq in self.waiting:
             self.waiting.remove(seq)
-            self._waiting_prompt_tokens -= seq.num_prompt_tokens
 
         now = self._clock()
         tail = seq.text.flush()
@@ -297,6 +309,10 @@ class Scheduler:
             sample=start + length == seq.num_prompt_tokens,
             sampling=seq.request.sampling,
         )
+
+    def _padding_rows(self, rows: list[StepRow]) -> list[StepRow]:
+        scheduled = {row.slot for row in rows}
+        return [StepRow.padding(slot) for slot in range(len(self.slots)) if slot not in scheduled]
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> None:
         seq.generated.append(token)

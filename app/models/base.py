@@ -44,6 +44,10 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+# An inert row samples nothing; it still carries parameters, so every row has the same fields.
+_INERT_SAMPLING = SamplingParams(temperature=0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelCapabilities:
     """What a model declares about itself, read once at start-up (rule R13).
@@ -59,6 +63,10 @@ class ModelCapabilities:
             False for a stateless model that re-reads every prefix.
         max_tokens_per_row: most new tokens one row may carry in a step (prefill chunk size);
             a prompt longer than this is fed over several steps.
+        fixed_batch_shape: True when every step must have exactly ``max_num_seqs`` rows (as a
+            backend replaying a CUDA graph or a compiled program captured for one shape needs).
+            The scheduler then pads each step with inert rows (``StepRow.padding``); False: a
+            step has one row per scheduled sequence only.
     """
 
     name: str
@@ -69,6 +77,7 @@ class ModelCapabilities:
     eos_token_ids: frozenset[int]
     keeps_kv_cache: bool
     max_tokens_per_row: int
+    fixed_batch_shape: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +86,16 @@ class StepRow:
 
     Attributes:
         slot: batch slot in ``[0, max_num_seqs)``.
-        token_ids: tokens new to the model for this slot, in order (>= 1 of them).
+        token_ids: tokens new to the model for this slot, in order (>= 1 of them; none in an
+            inert row).
         position: position of ``token_ids[0]`` in the sequence; the model's state for this
             slot covers exactly positions ``[0, position)`` before the step and
             ``[0, position + len(token_ids))`` after it. ``position == 0`` starts a new sequence.
         sample: whether a next token is wanted (False for a prompt chunk that is not the last).
         sampling: the request's sampling parameters.
+        inert: a padding row (see ``padding``): it only fills a fixed batch shape. A model
+            checks this first: it must not read or write the slot's state (KV cache, random
+            generator, prefix) for it, and its output is ignored.
     """
 
     slot: int
@@ -90,17 +103,63 @@ class StepRow:
     position: int
     sample: bool
     sampling: SamplingParams
+    inert: bool = False
+
+    @classmethod
+    def padding(cls, slot: int) -> StepRow:
+        """The inert row for ``slot``: no tokens, position 0, no sampling, ``inert=True``.
+
+        The scheduler pads a step of a fixed-shape model with one for every slot that has no
+        row in it (a free slot, or a busy one whose prompt chunk did not fit the token budget),
+        so a padded step holds each slot exactly once. A backend that needs a token per row
+        feeds its own pad token and skips the slot's KV write for it (vLLM marks such rows
+        with a padding slot id; here the flag says it).
+        """
+        return cls(slot, (), 0, False, _INERT_SAMPLING, inert=True)
 
 
 @dataclass(frozen=True, slots=True)
 class StepBatch:
-    """All rows of one model step; at most one row per slot."""
+    """All rows of one model step; at most one row per slot.
+
+    A model that does not need a fixed shape and is handed inert rows anyway treats them as
+    inert in two lines, whatever its implementation::
+
+        if batch.has_inert_rows:
+            return batch.expand(self.step(batch.compacted()))
+    """
 
     rows: tuple[StepRow, ...]
 
     @property
     def num_tokens(self) -> int:
         return sum(len(row.token_ids) for row in self.rows)
+
+    @property
+    def has_inert_rows(self) -> bool:
+        return any(row.inert for row in self.rows)
+
+    def compacted(self) -> StepBatch:
+        """This batch without its inert rows."""
+        return StepBatch(tuple(row for row in self.rows if not row.inert))
+
+    def expand(self, output: StepOutput) -> StepOutput:
+        """Aligns ``output`` of ``compacted()`` with these rows: None (and no error) for
+        every inert row.
+
+        Raises:
+            ValueError: ``output`` does not have one result per live row.
+        """
+        live = [index for index, row in enumerate(self.rows) if not row.inert]
+        if len(output.next_token_ids) != len(live):
+            raise ValueError(f"{len(output.next_token_ids)} results for {len(live)} live rows")
+        tokens: list[int | None] = [None] * len(self.rows)
+        errors: list[str | None] = [None] * len(self.rows)
+        row_errors = output.row_errors or (None,) * len(live)
+        for index, token, error in zip(live, output.next_token_ids, row_errors, strict=True):
+            tokens[index] = token
+            errors[index] = error
+        return StepOutput(tuple(tokens), tuple(errors) if output.row_errors else None)
 
 
 @dataclass(frozen=True, slots=True)

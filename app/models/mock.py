@@ -146,7 +146,10 @@ class MockModelRunner:
 
     def step(self, batch: StepBatch) -> StepOutput:
         """Raises ValueError when a row's position does not continue its slot's prefix, and
-        RuntimeError on an injected whole-step failure."""
+        RuntimeError on an injected whole-step failure. Inert rows (``StepRow.padding``)
+        leave their slot alone and get None."""
+        if batch.has_inert_rows:
+            return batch.expand(self.step(batch.compacted()))
         with self._lock:
             self.num_model_calls += 1
             if self.fail_every and self.num_model_calls % self.fail_every == 0:

@@ -83,11 +83,15 @@ class ModelRunner:
     def step(self, batch: StepBatch) -> StepOutput:
         """Append every row's tokens to its slot and sample for rows with ``sample=True``.
 
+        Inert rows (``StepRow.padding``) leave their slot alone and get None.
+
         Raises:
             ValueError: a row is invalid (slot out of range or repeated, no tokens, too many
                 tokens, a position that is neither 0 nor the slot's length, past
                 ``max_model_len``, or a token id outside the vocabulary). Nothing changes.
         """
+        if batch.has_inert_rows:
+            return batch.expand(self.step(batch.compacted()))
         rows = batch.rows
         self._validate(rows)
         for row in rows:

@@ -2,23 +2,30 @@
 
 `LoadClient.send` never raises for anything the server or the network does: every request ends
 as exactly one `RequestRecord` with an `Outcome`. Only cancellation of the caller propagates.
+
+Streams are read event by event with httpx-sse (`harness.sse.EventStream`), so a cancel can
+follow the k-th token. A request without a stream goes through a `PlainTransport`: httpx, or
+aiohttp for bursts of hundreds of requests a second (`Transport.AIOHTTP`), where httpx's client
+costs ~3x the CPU per request and falls behind the arrivals it is meant to measure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import aiohttp
 import httpx
+from harness.sse import EventStream
 
 from loadgen.config import CancelMode, LoadConfig
 from loadgen.protocol import (
     Completion,
     Failure,
-    SseDecoder,
     StreamItem,
     TextDelta,
     api_format,
@@ -32,6 +39,47 @@ logger = logging.getLogger(__name__)
 REJECTING_STATUSES = (429, 503)
 # What a malformed answer raises while it is decoded (bad JSON, a list where a dict was due, ...).
 MALFORMED_ANSWER = (ValueError, KeyError, TypeError, AttributeError)
+TRANSPORT_ERRORS = (httpx.TransportError, aiohttp.ClientError)
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class PlainAnswer:
+    """A whole answer: its status, the request id it carries, its body."""
+
+    status: int
+    request_id: str | None
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class PlainTransport(Protocol):
+    """POSTs one body and reads the whole answer. Raises a `TRANSPORT_ERRORS` on failure."""
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> PlainAnswer: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HttpxPlain:
+    http: httpx.AsyncClient
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> PlainAnswer:
+        response = await self.http.post(url, content=body, headers=headers)
+        return PlainAnswer(
+            response.status_code, response.headers.get("x-request-id"), response.content
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AiohttpPlain:
+    session: aiohttp.ClientSession
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> PlainAnswer:
+        async with self.session.post(url, data=body, headers=headers) as response:
+            content = await response.read()
+        return PlainAnswer(response.status, response.headers.get("x-request-id"), content)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +102,9 @@ class Attempt:
     chunks: list[Chunk] = field(default_factory=list)
     held_tokens: int = 0  # tokens of events whose text the server held back
     cancel_requested: bool = False
+    cancel_confirmed: bool | None = None  # the DELETE's answer: 200 (True) or not
+    final_events: int = 0  # `Completion`s and `Failure`s the server sent
+    server_request_id: str | None = None
     status: int | None = None
     outcome: Outcome | None = None
     ended_at: float | None = None
@@ -70,8 +121,10 @@ class Attempt:
             case TextDelta():
                 self.add_text(item, at)
             case Completion():
+                self.final_events += 1
                 self.complete(item, at)
             case Failure():
+                self.final_events += 1
                 self.settle(Outcome.ERROR, at, error=item.error)
 
     def add_text(self, delta: TextDelta, at: float) -> None:
@@ -114,33 +167,42 @@ class Attempt:
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.tokens_received() if output_tokens is None else output_tokens,
             chunks=tuple(self.chunks),
+            final_events=self.final_events,
+            cancel_confirmed=self.cancel_confirmed,
+            server_request_id=self.server_request_id,
         )
 
 
 class LoadClient:
-    """Sends `RequestSpec`s to one server over a shared `httpx.AsyncClient`."""
+    """Sends `RequestSpec`s to one server: streams over `http`, the rest over `plain`."""
 
-    def __init__(self, http: httpx.AsyncClient, config: LoadConfig, clock: RunClock) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        config: LoadConfig,
+        clock: RunClock,
+        plain: PlainTransport | None = None,
+    ) -> None:
         self._http = http
+        self._plain = plain or HttpxPlain(http)
         self._clock = clock
         self._format = api_format(config)
         self._base_url = config.url.rstrip("/")
         self._timeout_s = config.timeout_s
-        self._stream = config.workload.stream
-        self._cancel_mode = config.workload.cancel.mode
+        self._send_request_ids = config.send_request_ids
         self._auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
 
     async def send(self, spec: RequestSpec) -> RequestRecord:
-        attempt = Attempt(spec=spec, streamed=self._stream, started_at=self._clock.now())
+        attempt = Attempt(spec=spec, streamed=spec.stream, started_at=self._clock.now())
         try:
             async with asyncio.timeout(self._timeout_s):
-                if self._stream:
+                if spec.stream and spec.raw_body is None:
                     await self._send_streaming(attempt)
                 else:
                     await self._send_plain(attempt)
         except TimeoutError:
             attempt.settle(Outcome.TRANSPORT_ERROR, self._clock.now(), error="timeout")
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             error = f"transport {type(exc).__name__}"
             attempt.settle(Outcome.TRANSPORT_ERROR, self._clock.now(), error=error)
         except MALFORMED_ANSWER as exc:
@@ -149,15 +211,19 @@ class LoadClient:
         return attempt.record(self._clock.now())
 
     async def _send_plain(self, attempt: Attempt) -> None:
-        response = await self._http.post(
+        spec = attempt.spec
+        body = spec.raw_body if spec.raw_body is not None else json.dumps(self._format.body(spec))
+        answer = await self._plain.post(
             self._base_url + self._format.path,
-            json=self._format.body(attempt.spec),
-            headers=self._headers(attempt.spec),
+            body.encode() if isinstance(body, str) else body,
+            {**JSON_HEADERS, **self._headers(spec)},
         )
-        if not self._accepted(attempt, response):
+        attempt.server_request_id = answer.request_id
+        if not self._accepted(attempt, answer.status, answer.body):
             return
-        delta, completion = self._format.decode_response(response.json())
+        delta, completion = self._format.decode_response(answer.json())
         now = self._clock.now()
+        attempt.final_events += 1
         attempt.add_text(delta, now)
         attempt.complete(completion, now)
 
@@ -170,33 +236,29 @@ class LoadClient:
                 json=self._format.body(attempt.spec),
                 headers=self._headers(attempt.spec),
             ) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                if self._accepted(attempt, response):
-                    await self._read_stream(attempt, response, deletes)
+                attempt.server_request_id = response.headers.get("x-request-id")
+                body = b"" if response.status_code == 200 else await response.aread()
+                if self._accepted(attempt, response.status_code, body):
+                    await self._read_stream(attempt, EventStream(response), deletes)
         finally:
             await asyncio.gather(*deletes)  # _delete never raises
 
     async def _read_stream(
-        self, attempt: Attempt, response: httpx.Response, deletes: list[asyncio.Task[None]]
+        self, attempt: Attempt, stream: EventStream, deletes: list[asyncio.Task[None]]
     ) -> None:
         """Read events to the end of the stream, or until the client disconnects on purpose."""
-        sse = SseDecoder()
         decoder = self._format.stream_decoder()
-        async for line in response.aiter_lines():
-            event = sse.feed(line)
-            if event is None:
-                continue
+        async for event in stream:
             now = self._clock.now()
             for item in decoder.decode(event):
                 attempt.apply(item, now)
             if not self._cancel_due(attempt):
                 continue
             attempt.cancel_requested = True
-            if self._cancel_mode is CancelMode.DISCONNECT:
+            if attempt.spec.cancel_mode is CancelMode.DISCONNECT:
                 attempt.settle(Outcome.CANCELLED, now)
                 return  # leaving the `async with` closes the connection mid-stream
-            deletes.append(asyncio.create_task(self._delete(attempt.spec.request_id)))
+            deletes.append(asyncio.create_task(self._delete(attempt)))
 
     def _cancel_due(self, attempt: Attempt) -> bool:
         after_tokens = attempt.spec.cancel_after_tokens
@@ -207,9 +269,10 @@ class LoadClient:
             and attempt.tokens_received() >= after_tokens
         )
 
-    async def _delete(self, request_id: str) -> None:
+    async def _delete(self, attempt: Attempt) -> None:
         """DELETE /generate/{id}; the stream then ends with finish_reason "cancelled" (or, on a
         404, the request had already finished and ends as it was going to)."""
+        request_id = attempt.server_request_id or attempt.spec.request_id
         try:
             response = await self._http.delete(
                 f"{self._base_url}/generate/{request_id}", headers=self._auth
@@ -217,25 +280,28 @@ class LoadClient:
         except httpx.TransportError as exc:
             logger.warning("DELETE %s failed: %s", request_id, type(exc).__name__)
             return
+        attempt.cancel_confirmed = response.status_code == 200
         if response.status_code not in (200, 404):
             logger.warning("DELETE %s answered %d", request_id, response.status_code)
 
-    def _accepted(self, attempt: Attempt, response: httpx.Response) -> bool:
+    def _accepted(self, attempt: Attempt, status: int, body: bytes) -> bool:
         """Record the status; settle a non-200 as rejected or error. True for a 200."""
-        attempt.status = response.status_code
-        if response.status_code == 200:
+        attempt.status = status
+        if status == 200:
             return True
-        outcome = Outcome.REJECTED if response.status_code in REJECTING_STATUSES else Outcome.ERROR
-        error = f"{response.status_code} {error_type(json_or_none(response))}"
+        outcome = Outcome.REJECTED if status in REJECTING_STATUSES else Outcome.ERROR
+        error = f"{status} {error_type(json_or_none(body))}"
         attempt.settle(outcome, self._clock.now(), error=error)
         return False
 
     def _headers(self, spec: RequestSpec) -> dict[str, str]:
+        if not self._send_request_ids:
+            return dict(self._auth)
         return {"X-Request-Id": spec.request_id, **self._auth}
 
 
-def json_or_none(response: httpx.Response) -> Any:
+def json_or_none(body: bytes) -> Any:
     try:
-        return response.json()
+        return json.loads(body)
     except ValueError:
         return None

@@ -16,14 +16,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from harness.sse import ServerSentEvent
+
 from loadgen.config import Api, LoadConfig
 from loadgen.workload import RequestSpec
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    event: str  # "message" when the server named none
-    data: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,34 +43,8 @@ class Failure:
 StreamItem = TextDelta | Completion | Failure
 
 
-class SseDecoder:
-    """Server-Sent Events, line by line: `feed` returns an event at each blank line."""
-
-    def __init__(self) -> None:
-        self._event = "message"
-        self._data: list[str] = []
-
-    def feed(self, line: str) -> SseEvent | None:
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None  # comment, e.g. the `: ping` keep-alive
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        return None
-
-    def _dispatch(self) -> SseEvent | None:
-        event = SseEvent(self._event, "\n".join(self._data)) if self._data else None
-        self._event, self._data = "message", []
-        return event
-
-
 class StreamDecoder(Protocol):
-    def decode(self, event: SseEvent) -> list[StreamItem]: ...
+    def decode(self, event: ServerSentEvent) -> list[StreamItem]: ...
 
 
 class ApiFormat(Protocol):
@@ -92,22 +62,19 @@ class ApiFormat(Protocol):
 def api_format(config: LoadConfig) -> ApiFormat:
     if config.api is Api.OPENAI:
         return OpenAIFormat(config)
-    return NativeFormat(config)
+    return NativeFormat()
 
 
 class NativeFormat:
     path = "/generate"
 
-    def __init__(self, config: LoadConfig) -> None:
-        self._workload = config.workload
-
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         return {
             "prompt": spec.prompt,
             "max_tokens": spec.max_tokens,
-            "temperature": self._workload.temperature,
-            "ignore_eos": self._workload.ignore_eos,
-            "stream": self._workload.stream,
+            "temperature": spec.temperature,
+            "ignore_eos": spec.ignore_eos,
+            "stream": spec.stream,
         }
 
     def stream_decoder(self) -> StreamDecoder:
@@ -120,7 +87,7 @@ class NativeFormat:
 
 
 class NativeStreamDecoder:
-    def decode(self, event: SseEvent) -> list[StreamItem]:
+    def decode(self, event: ServerSentEvent) -> list[StreamItem]:
         payload = json.loads(event.data)
         if event.event == "token":
             token_ids = payload.get("token_ids")
@@ -146,21 +113,20 @@ class OpenAIFormat:
     path = "/v1/completions"
 
     def __init__(self, config: LoadConfig) -> None:
-        self._workload = config.workload
         self._model = config.model
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         body: dict[str, Any] = {
             "prompt": spec.prompt,
             "max_tokens": spec.max_tokens,
-            "temperature": self._workload.temperature,
-            "stream": self._workload.stream,
+            "temperature": spec.temperature,
+            "stream": spec.stream,
         }
         if self._model is not None:
             body["model"] = self._model
-        if self._workload.stream:
+        if spec.stream:
             body["stream_options"] = {"include_usage": True}
-        if self._workload.ignore_eos:
+        if spec.ignore_eos:
             body["ignore_eos"] = True  # not OpenAI's; servers that serve both APIs accept it
         return body
 
@@ -185,7 +151,7 @@ class OpenAIStreamDecoder:
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] = {}
 
-    def decode(self, event: SseEvent) -> list[StreamItem]:
+    def decode(self, event: ServerSentEvent) -> list[StreamItem]:
         if event.data.strip() == "[DONE]":
             return [self._completion()]
         chunk = json.loads(event.data)

@@ -52,6 +52,9 @@ class RequestRecord:
     prompt_tokens: int | None = None  # from the server's usage
     output_tokens: int = 0  # the server's usage.completion_tokens, else the tokens counted
     chunks: tuple[Chunk, ...] = ()
+    final_events: int = 0  # final events the server sent (a whole answer counts one)
+    cancel_confirmed: bool | None = None  # the DELETE was answered 200; None: none was sent
+    server_request_id: str | None = None  # X-Request-Id of the answer
 
     @property
     def e2e_s(self) -> float:

@@ -1,18 +1,21 @@
 """Runs a load: closed loop (N in flight) or open loop (timed arrivals), bounded in requests
-and/or time. `run_load` is the library entry point; the CLI and benchmarks call it."""
+and/or time. `run_load` is the library entry point; the CLI, the benchmarks, the soak and the
+overload burst call it: the one load loop of scripts/."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import aiohttp
 import httpx
 
-from loadgen.client import LoadClient, RunClock
-from loadgen.config import LoadConfig
+from loadgen.client import AiohttpPlain, LoadClient, RunClock
+from loadgen.config import LoadConfig, Transport
 from loadgen.record import RequestRecord
 from loadgen.stats import Slo, Summary, summarize
 from loadgen.workload import RequestSpec, arrival_offsets, request_specs
@@ -31,20 +34,35 @@ class LoadResult:
     summary: Summary
 
 
-async def run_load(config: LoadConfig, on_record: OnRecord | None = None) -> LoadResult:
-    """Run the load `config` describes; `on_record` is called as each request ends."""
-    return await LoadRun(config, on_record).execute()
+async def run_load(
+    config: LoadConfig,
+    on_record: OnRecord | None = None,
+    *,
+    specs: Iterable[RequestSpec] | None = None,
+) -> LoadResult:
+    """Run the load `config` describes; `on_record` is called as each request ends.
+
+    `specs` replaces the requests of `config.workload` (a script's own mix of requests); the
+    run still stops at `config.num_requests` or `config.duration_s`, or when they run out.
+    """
+    return await LoadRun(config, on_record, specs).execute()
 
 
 class LoadRun:
     """One run's state: the requests still to send and the records of those that ended."""
 
-    def __init__(self, config: LoadConfig, on_record: OnRecord | None) -> None:
+    def __init__(
+        self, config: LoadConfig, on_record: OnRecord | None, specs: Iterable[RequestSpec] | None
+    ) -> None:
         self._config = config
         self._on_record = on_record
-        self._specs: Iterator[RequestSpec] = request_specs(
-            config.workload, config.num_requests, run_tag=secrets.token_hex(4)
-        )
+        if specs is None:
+            specs = request_specs(
+                config.workload, config.num_requests, run_tag=secrets.token_hex(4)
+            )
+        elif config.num_requests is not None:
+            specs = (spec for spec, _ in zip(specs, range(config.num_requests), strict=False))
+        self._specs: Iterator[RequestSpec] = iter(specs)
         self._records: list[RequestRecord] = []
         self._tls = httpx.create_ssl_context()
         self._clock = RunClock()  # the run starts now: `run_load` executes it at once
@@ -54,8 +72,8 @@ class LoadRun:
         if self._config.closed_loop:
             await self._closed_loop()
         else:
-            async with self._http_client() as http:
-                await self._open_loop(LoadClient(http, self._config, self._clock))
+            async with self._client() as client:
+                await self._open_loop(client)
         return self._result(started_at_unix)
 
     async def _closed_loop(self) -> None:
@@ -69,8 +87,7 @@ class LoadRun:
         # A connection pool per worker: httpcore's pool does O(connections) work per request and
         # O(connections^2) once connections go idle, so one pool shared by N workers costs the
         # client more CPU than the server it measures (most of the client's time at N = 128).
-        async with self._http_client() as http:
-            client = LoadClient(http, self._config, self._clock)
+        async with self._client() as client:
             while (spec := self._next_spec()) is not None:
                 await self._send(client, spec)
 
@@ -102,16 +119,26 @@ class LoadRun:
         if self._on_record is not None:
             self._on_record(record)
 
-    def _http_client(self) -> httpx.AsyncClient:
-        # No pool limit: a capped pool would queue requests inside the client (and starve the
-        # DELETEs) and so measure the client instead of the server. No proxies from the env.
-        # One TLS context for all clients: building one per client costs ~10 ms of CPU.
-        return httpx.AsyncClient(
+    @asynccontextmanager
+    async def _client(self) -> AsyncIterator[LoadClient]:
+        """A client with its own connections (httpx, and aiohttp when the run sends with it).
+
+        No pool limit: a capped pool would queue requests inside the client (and starve the
+        DELETEs) and so measure the client instead of the server. No proxies from the env.
+        One TLS context for all clients: building one per client costs ~10 ms of CPU.
+        """
+        async with httpx.AsyncClient(
             timeout=httpx.Timeout(self._config.timeout_s),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
             trust_env=False,
             verify=self._tls,
-        )
+        ) as http:
+            if self._config.transport is not Transport.AIOHTTP:
+                yield LoadClient(http, self._config, self._clock)
+                return
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls)
+            async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+                yield LoadClient(http, self._config, self._clock, AiohttpPlain(session))
 
     def _result(self, started_at_unix: float) -> LoadResult:
         records = tuple(sorted(self._records, key=lambda record: record.spec.index))

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.config import LengthDist, WorkloadConfig
+from loadgen.config import CancelMode, LengthDist, WorkloadConfig
 
 # Common English words; with their leading space each is a single token for the usual BPE
 # vocabularies, so a prompt of N words is about N tokens.
@@ -34,13 +34,29 @@ WORDS = (
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
-    """One request to send: what to ask for, and whether and when the client cancels it."""
+    """One request to send: what to ask for, and whether, when and how the client cancels it.
+
+    The load loop sends what the spec says, whoever made it: `request_specs` from a
+    `WorkloadConfig`, or a script with its own mix (the soak).
+
+    Attributes:
+        request_id: sent as X-Request-Id (unless the run sends none); DELETE uses it.
+        cancel_after_tokens: cancel once this many output tokens arrived; None: let it finish.
+        cancel_mode: how it is cancelled (DELETE or the client leaving).
+        raw_body: sent as the body instead of the JSON built from the fields (a malformed
+            request, to check the server refuses it).
+    """
 
     index: int
-    request_id: str  # sent as X-Request-Id; DELETE uses it
+    request_id: str
     prompt: str
     max_tokens: int
-    cancel_after_tokens: int | None  # None: let it finish
+    cancel_after_tokens: int | None
+    stream: bool = True
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    cancel_mode: CancelMode = CancelMode.DELETE
+    raw_body: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +104,10 @@ def generate_specs(
             prompt=prompt,
             max_tokens=output_len,
             cancel_after_tokens=config.cancel.after_tokens if cancelled else None,
+            stream=config.stream,
+            ignore_eos=config.ignore_eos,
+            temperature=config.temperature,
+            cancel_mode=config.cancel.mode,
         )
 
 

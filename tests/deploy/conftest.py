@@ -1,4 +1,4 @@
-"""Deployment fixtures: two mock replicas behind a real nginx (scripts/local_cluster.py)."""
+"""Deployment fixtures: two mock replicas behind a real nginx (harness.cluster)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from local_cluster import Cluster, find_nginx, local_cluster
+from harness.cluster import Cluster, find_nginx, local_cluster
 
 MOCK_STEP_MS = 20
 REPLICA_IDS = ("rA", "rB")

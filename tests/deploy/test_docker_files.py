@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from local_cluster import find_nginx
-from render_nginx import (
+from harness.cluster import find_nginx
+from harness.nginx_conf import (
     COMPOSE_LISTEN_PORT,
     COMPOSE_SERVICE,
     REPLICA_PORT,

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from local_cluster import free_port
-from prometheus_client.parser import text_string_to_metric_families
+from harness.metrics import scrape
+from harness.server import free_port
+from harness.sse import EventStream
+from harness.wait import wait_for
 
 from tests.deploy.conftest import MOCK_STEP_MS, REPLICA_IDS
 
@@ -34,37 +36,10 @@ pytestmark = pytest.mark.slow
 LONG = 2000  # max_tokens of a stream that only a DELETE ends (40 s at 20 ms a step)
 
 
-class Stream:
-    """One SSE response through nginx, read event by event."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.response = response
-        self._lines = response.aiter_lines()
-
-    @property
-    def id(self) -> str:
-        return self.response.headers["x-request-id"]
-
-    async def next_event(self) -> tuple[str, dict]:
-        name = "message"
-        async for line in self._lines:
-            if line.startswith("event:"):
-                name = line.partition(":")[2].strip()
-            elif line.startswith("data:"):
-                return name, json.loads(line.partition(":")[2])
-        raise AssertionError(f"stream {self.id} ended without a final event")
-
-    async def final_event(self) -> tuple[str, dict]:
-        while True:
-            name, data = await self.next_event()
-            if name != "token":
-                return name, data
-
-
 @asynccontextmanager
 async def open_streams(
     client: httpx.AsyncClient, count: int, *, max_tokens: int = LONG, ids: list[str] | None = None
-) -> AsyncIterator[list[Stream]]:
+) -> AsyncIterator[list[EventStream]]:
     """``count`` streams open at once (each past its headers), closed on exit."""
     async with AsyncExitStack() as stack:
         streams = []
@@ -77,32 +52,26 @@ async def open_streams(
             response = await client.send(request, stream=True)
             stack.push_async_callback(response.aclose)
             assert response.status_code == 200, (await response.aread()).decode()
-            streams.append(Stream(response))
+            streams.append(EventStream(response))
         yield streams
 
 
-async def cancel_through_nginx(client: httpx.AsyncClient, stream: Stream) -> None:
+async def cancel_through_nginx(client: httpx.AsyncClient, stream: EventStream) -> None:
     """First token, DELETE by the stream's id via nginx, then the stream ends as cancelled."""
-    name, _ = await stream.next_event()
-    assert name == "token"
+    assert (await stream.next_event()).event == "token"
     deleted = await client.delete(f"/generate/{stream.id}")
     assert deleted.status_code == 200, deleted.text
     assert deleted.json() == {"id": stream.id, "status": "cancelled"}
-    name, final = await stream.final_event()
-    assert (name, final["finish_reason"]) == ("done", "cancelled")
-    assert final["id"] == stream.id
+    final = await stream.final_event()
+    assert (final.event, final.json()["finish_reason"]) == ("done", "cancelled")
+    assert final.json()["id"] == stream.id
     again = await client.delete(f"/generate/{stream.id}")  # routed to the owner again: gone
     assert again.status_code == 404, again.text
 
 
 async def metric(url: str, name: str, **labels: str) -> float:
     async with httpx.AsyncClient(base_url=url, timeout=5) as client:
-        body = (await client.get("/metrics")).text
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
+        return (await scrape(client)).value(name, **labels)
 
 
 async def per_replica(cluster, name: str, **labels: str) -> dict[str, float]:
@@ -117,10 +86,10 @@ async def in_flight(cluster) -> dict[str, float]:
 
 
 async def wait_idle(cluster, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while sum((await in_flight(cluster)).values()) > 0:
-        assert time.monotonic() < deadline, f"replicas still busy: {await in_flight(cluster)}"
-        await asyncio.sleep(0.05)
+    async def idle() -> bool:
+        return sum((await in_flight(cluster)).values()) == 0
+
+    await wait_for(idle, timeout_s, poll_s=0.05, what="replicas idle")
 
 
 @pytest.fixture
@@ -140,9 +109,8 @@ async def test_stream_events_pass_nginx_unbuffered(client):
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["x-accel-buffering"] == "no"
         assert response.headers["x-request-id"].split("-")[0] in REPLICA_IDS
-        async for line in response.aiter_lines():
-            if line.startswith("event:"):
-                arrivals.append((line.partition(":")[2].strip(), time.perf_counter() - started))
+        async for event in EventStream(response):
+            arrivals.append((event.event, time.perf_counter() - started))
     first_token = next(t for name, t in arrivals if name == "token")
     last_name, last = arrivals[-1]
     assert last_name == "done"
@@ -164,7 +132,7 @@ async def test_delete_by_client_chosen_id_reaches_its_replica(cluster, client):
     # each through nginx: a DELETE that reached the other replica would be a 404.
     tag = secrets.token_hex(4)
     async with AsyncExitStack() as stack:
-        streams: list[Stream] = []
+        streams: list[EventStream] = []
         for batch in range(8):
             ids = [f"job-{tag}-{batch}-{i}" for i in range(4)]
             streams += await stack.enter_async_context(open_streams(client, 4, ids=ids))
@@ -185,8 +153,8 @@ async def test_client_id_in_server_made_form_goes_to_the_named_replica(cluster, 
         async with httpx.AsyncClient(base_url=cluster.replicas["rB"]) as rb:
             deleted = await rb.delete(f"/generate/{request_id}")  # directly on rB: it holds it
         assert deleted.status_code == 200, deleted.text
-        name, final = await stream.final_event()
-        assert final["finish_reason"] == "cancelled"
+        final = await stream.final_event()
+        assert final.json()["finish_reason"] == "cancelled"
 
 
 async def test_unknown_ids_are_404_in_the_api_error_shape(client):
@@ -203,7 +171,7 @@ async def test_client_leaving_through_nginx_frees_the_replica_slot(cluster, clie
     )
     async with open_streams(client, 2) as streams:
         for stream in streams:
-            assert (await stream.next_event())[0] == "token"
+            assert (await stream.next_event()).event == "token"
         assert sum((await in_flight(cluster)).values()) == 2
     await wait_idle(cluster, timeout_s=3.0)  # nginx closed the upstream connections
     after = await per_replica(
@@ -229,21 +197,22 @@ async def test_draining_replica_finishes_streams_while_nginx_uses_the_other(own_
     held_by_a = f"rA-{secrets.token_hex(16)}"  # the server-made form: nginx sends it to rA
     async with httpx.AsyncClient(base_url=cluster.url, timeout=20) as client:
         async with open_streams(client, 1, max_tokens=80, ids=[held_by_a]) as (stream,):
-            assert (await stream.next_event())[0] == "token"
-            cluster.processes["rA"].send_signal(signal.SIGTERM)
+            assert (await stream.next_event()).event == "token"
+            cluster.servers["rA"].signal(signal.SIGTERM)
             async with httpx.AsyncClient(base_url=cluster.replicas["rA"]) as replica_a:
-                deadline = time.monotonic() + 5
-                while (await replica_a.get("/health")).status_code != 503:
-                    assert time.monotonic() < deadline, "rA did not start draining"
-                    await asyncio.sleep(0.02)
+
+                async def draining() -> bool:
+                    return (await replica_a.get("/health")).status_code == 503
+
+                await wait_for(draining, 5, what="rA draining")
             body = {"prompt": "while rA drains", "max_tokens": 4}
             answers = await asyncio.gather(*(client.post("/generate", json=body) for _ in range(6)))
             assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
             assert {a.json()["id"].split("-")[0] for a in answers} == {"rB"}
-            name, final = await stream.final_event()
-            assert (name, final["finish_reason"]) == ("done", "length")
-            assert final["usage"]["completion_tokens"] == 80
-    assert cluster.processes["rA"].wait(timeout=10) == 0
+            final = await stream.final_event()
+            assert (final.event, final.json()["finish_reason"]) == ("done", "length")
+            assert final.json()["usage"]["completion_tokens"] == 80
+    assert cluster.servers["rA"].wait(timeout_s=10) == 0
 
 
 def test_image_healthcheck_command_probes_health(cluster):

@@ -1,18 +1,18 @@
-"""HTTP test fixtures: in-process apps over httpx's ASGI transport, and a real uvicorn."""
+"""HTTP test fixtures: in-process apps over httpx's ASGI transport, and a real uvicorn; waiting
+on the server's metrics (``wait_for_queue``), never on time."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
 import pytest
-import uvicorn
-from prometheus_client.parser import text_string_to_metric_families
+from harness.metrics import scrape
+from harness.sse import json_events
+from harness.threaded_server import serve_in_thread
+from harness.wait import wait_for
 
 from app.api.server import create_app
 from app.config import ServerConfig
@@ -97,72 +97,48 @@ class LiveServer:
 @pytest.fixture
 def live_server_factory() -> Iterator:
     """Starts real uvicorn servers on 127.0.0.1 (random port) in background threads."""
-    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+    with ExitStack() as servers:
 
-    def start(**overrides) -> LiveServer:
-        config = mock_config(**overrides)
-        model = RecordingMock(
-            max_num_seqs=config.max_num_seqs,
-            step_ms=config.mock_step_ms,
-            context_length=config.mock_context_length,
-        )
-        app = create_app(config, model=model)
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        for _ in range(500):
-            if server.started:
-                break
-            threading.Event().wait(0.01)
-        assert server.started, "uvicorn did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
-        servers.append((server, thread))
-        return LiveServer(url=f"http://127.0.0.1:{port}", model=model, app=app)
+        def start(**overrides) -> LiveServer:
+            config = mock_config(**overrides)
+            model = RecordingMock(
+                max_num_seqs=config.max_num_seqs,
+                step_ms=config.mock_step_ms,
+                context_length=config.mock_context_length,
+            )
+            app = create_app(config, model=model)
+            server = servers.enter_context(serve_in_thread(app))
+            return LiveServer(url=server.url, model=model, app=app)
 
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(timeout=10)
+        yield start
 
 
 def parse_sse(text: str) -> list[tuple[str, dict]]:
-    """Splits an SSE body into (event, data) pairs; comment lines are skipped."""
-    events = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        name, data = "message", []
-        for line in block.split("\n"):
-            if line.startswith(":") or not line:
-                continue
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
-        if data:
-            events.append((name, json.loads("\n".join(data))))
-    return events
+    """An SSE body as (event, data) pairs; comment lines (pings) are skipped."""
+    return json_events(text)
 
 
-async def metric_value(client: httpx.AsyncClient, name: str, **labels: str) -> float:
+async def metric_value(
+    client: httpx.AsyncClient, name: str, *, headers: dict[str, str] | None = None, **labels: str
+) -> float:
     """One sample of /metrics, e.g. ``metric_value(c, "slotserve_requests_running")``."""
-    body = (await client.get("/metrics")).text
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
+    return (await scrape(client, headers=headers)).value(name, **labels)
 
 
-async def wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+async def wait_for_queue(
+    client: httpx.AsyncClient,
+    *,
+    running: int | None = None,
+    waiting: int | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> None:
+    """Returns once the server's running and waiting gauges hold these values (None: any)."""
+
+    async def reached() -> bool:
+        metrics = await scrape(client, headers=headers)
+        return (running is None or metrics.value("slotserve_requests_running") == running) and (
+            waiting is None or metrics.value("slotserve_requests_waiting") == waiting
+        )
+
+    await wait_for(reached, timeout, what=f"running={running} waiting={waiting}")

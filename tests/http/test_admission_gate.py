@@ -10,8 +10,9 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from app.api import admission_gate, generate, openai, submission
-from tests.http.conftest import app_client, metric_value, mock_config
+from app.api import admission, admission_gate, generate
+from app.api.openai import routes as openai_routes
+from tests.http.conftest import app_client, metric_value, mock_config, wait_for_queue
 
 LONG = {"max_tokens": 200, "ignore_eos": True}
 ROUTES = {
@@ -34,7 +35,7 @@ async def overloaded(**overrides) -> AsyncIterator[httpx.AsyncClient]:
         running = asyncio.create_task(
             client.post("/generate", json={"prompt": "holds the slot", **LONG}, headers=headers)
         )
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1, headers=headers)
         try:
             yield client
         finally:
@@ -46,11 +47,11 @@ async def overloaded(**overrides) -> AsyncIterator[httpx.AsyncClient]:
 def route_checks(monkeypatch) -> list[str]:
     """The paths whose route ran its own admission check (``refuse_if_overloaded``)."""
     paths: list[str] = []
-    for module, path in ((generate, "/generate"), (openai, "/v1/...")):
+    for module, path in ((generate, "/generate"), (openai_routes, "/v1/...")):
 
         def recorded(resources, *, max_tokens=None, _path=path):
             paths.append(_path)
-            submission.refuse_if_overloaded(resources, max_tokens=max_tokens)
+            admission.refuse_if_overloaded(resources, max_tokens=max_tokens)
 
         monkeypatch.setattr(module, "refuse_if_overloaded", recorded)
     return paths

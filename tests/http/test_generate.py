@@ -5,9 +5,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from harness.wait import wait_for
 
 from app.models.base import StepBatch, StepOutput
-from tests.http.conftest import RecordingMock, app_client, metric_value, mock_config, parse_sse
+from tests.http.conftest import (
+    RecordingMock,
+    app_client,
+    metric_value,
+    mock_config,
+    parse_sse,
+    wait_for_queue,
+)
 
 
 async def generate(client, **body):
@@ -191,7 +199,7 @@ async def test_duplicate_in_flight_id_is_409_and_reuse_after_finish_works():
                 headers=headers,
             )
         )
-        await asyncio.sleep(0.1)
+        await wait_for_queue(client, running=1)
         second = await client.post("/generate", json={"prompt": "b"}, headers=headers)
         assert second.status_code == 409
         assert second.json()["error"]["type"] == "conflict"
@@ -208,7 +216,11 @@ async def test_delete_running_request_then_reuse_id():
         headers = {"X-Request-Id": "job-7"}
         body = {"prompt": "long", "max_tokens": 500, "ignore_eos": True}
         task = asyncio.create_task(client.post("/generate", json=body, headers=headers))
-        await asyncio.sleep(0.15)
+
+        async def generating() -> bool:
+            return await metric_value(client, "slotserve_generated_tokens_total") > 0
+
+        await wait_for(generating)
         deleted = await client.delete("/generate/job-7")
         assert deleted.status_code == 200
         assert deleted.json() == {"id": "job-7", "status": "cancelled"}
@@ -231,11 +243,11 @@ async def test_delete_waiting_request_never_runs():
                 "/generate", json={"prompt": "blocker", "max_tokens": 30, "ignore_eos": True}
             )
         )
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1)
         queued = asyncio.create_task(
             client.post("/generate", json={"prompt": "queued"}, headers={"X-Request-Id": "q1"})
         )
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1, waiting=1)
         assert (await client.delete("/generate/q1")).status_code == 200
         result = (await queued).json()
         assert result["finish_reason"] == "cancelled" and result["token_ids"] == []

@@ -6,8 +6,9 @@ import asyncio
 
 import httpx
 import pytest
+from harness.wait import wait_for
 
-from tests.http.conftest import metric_value, wait_for
+from tests.http.conftest import metric_value, wait_for_queue
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,7 @@ async def test_queued_request_whose_client_left_never_runs(live_server_factory):
                 "/generate", json={"prompt": "blocker", "max_tokens": 40, "ignore_eos": True}
             )
         )
-        await asyncio.sleep(0.1)
+        await wait_for_queue(client, running=1)
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/generate", json={"prompt": "impatient"}, timeout=0.2)
         with pytest.raises(httpx.ReadTimeout):
@@ -78,7 +79,15 @@ async def test_queued_request_whose_client_left_never_runs(live_server_factory):
                 async for _ in response.aiter_lines():
                     pass
         assert (await blocker).status_code == 200
-        await asyncio.sleep(0.2)
+
+        async def both_left() -> bool:
+            cancelled = await metric_value(
+                client, "slotserve_requests_finished_total", finish_reason="cancelled"
+            )
+            return cancelled == 2
+
+        await wait_for(both_left, timeout=3)
+        await wait_for_queue(client, running=0, waiting=0)
         assert server.model.started_prompts == [b"blocker"]
         assert await metric_value(client, "slotserve_requests_waiting") == 0
 
@@ -124,7 +133,7 @@ async def test_queued_stream_gets_pings(live_server_factory):
                 "/generate", json={"prompt": "blocker", "max_tokens": 40, "ignore_eos": True}
             )
         )
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1)
         lines = []
         body = {"prompt": "queued", "max_tokens": 2, "stream": True}
         async with client.stream("POST", "/generate", json=body) as response:

@@ -10,10 +10,11 @@ import logging
 import httpx
 import openai
 import pytest
+from harness.wait import wait_for
 
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.models.mock import ByteTokenizer
-from tests.http.conftest import app_client, metric_value, mock_config, wait_for
+from tests.http.conftest import app_client, metric_value, mock_config, wait_for_queue
 
 MODEL = "mock-bytes"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
@@ -289,7 +290,7 @@ async def test_conflict_and_auth_use_the_openai_shape():
         headers = {"Authorization": "Bearer k1", "X-Request-Id": "dup"}
         body = {"prompt": "a", "max_tokens": 50, "ignore_eos": True}
         first = asyncio.create_task(client.post("/v1/completions", json=body, headers=headers))
-        await asyncio.sleep(0.1)
+        await wait_for_queue(client, running=1, headers={"Authorization": "Bearer k1"})
         second = await client.post("/v1/completions", json=body, headers=headers)
         assert second.status_code == 409
         assert second.json()["error"]["code"] == "conflict"

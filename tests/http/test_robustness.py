@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+from harness.wait import wait_for
+
 from app.engine.engine import EngineState
 from app.models.mock import MockModelRunner
-from tests.http.conftest import app_client, metric_value, mock_config, parse_sse
+from tests.http.conftest import app_client, metric_value, mock_config, parse_sse, wait_for_queue
 
 LONG = {"max_tokens": 200, "ignore_eos": True}
 
@@ -17,7 +19,7 @@ async def test_full_queue_answers_429_at_once_with_retry_after():
             asyncio.create_task(client.post("/generate", json={"prompt": f"r{i}", **LONG}))
             for i in range(3)  # 1 running + 2 waiting
         ]
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1, waiting=2)
         rejected = await client.post("/generate", json={"prompt": "one too many"})
         assert rejected.status_code == 429
         assert rejected.headers["retry-after"] == "1"
@@ -35,9 +37,9 @@ async def test_queued_prompt_tokens_cap():
     config = mock_config(max_num_seqs=1, max_queued_tokens=20, mock_step_ms=10)
     async with app_client(config) as client:
         running = asyncio.create_task(client.post("/generate", json={"prompt": "x" * 50, **LONG}))
-        await asyncio.sleep(0.05)  # it holds the only slot: a big prompt in a slot does not count
+        await wait_for_queue(client, running=1)  # a big prompt in a slot does not count
         waiting = asyncio.create_task(client.post("/generate", json={"prompt": "y" * 15, **LONG}))
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1, waiting=1)
         rejected = await client.post("/generate", json={"prompt": "z" * 10})
         assert rejected.status_code == 429
         for task in (running, waiting):
@@ -95,7 +97,7 @@ async def test_delete_only_with_the_same_key():
         task = asyncio.create_task(
             client.post("/generate", json={"prompt": "a", **LONG}, headers=alice)
         )
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1, headers={"Authorization": "Bearer alice"})
         by_bob = await client.delete("/generate/a-job", headers={"Authorization": "Bearer bob"})
         assert by_bob.status_code == 404  # not 403: do not confirm it exists
         by_alice = await client.delete("/generate/a-job", headers={"Authorization": "Bearer alice"})
@@ -150,7 +152,7 @@ async def test_dead_loop_turns_health_and_new_requests_to_503(monkeypatch):
     async with app_client(mock_config(mock_step_ms=10)) as client:
         engine = client.app.state.resources.engine
         in_flight = asyncio.create_task(client.post("/generate", json={"prompt": "x", **LONG}))
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1)
 
         def broken_schedule():
             raise RuntimeError("scheduler bug")
@@ -171,17 +173,17 @@ async def test_delete_racing_admission_finish_and_reuse():
         post = asyncio.create_task(
             client.post("/generate", json={"prompt": "a", **LONG}, headers=headers)
         )
-        for _ in range(100):
-            deleted = await client.delete("/generate/race-1")
-            if deleted.status_code == 200:
-                break
-            await asyncio.sleep(0)
+        engine = client.app.state.resources.engine
+        await wait_for(lambda: engine.num_in_flight == 1, poll_s=0)  # just submitted
+        deleted = await client.delete("/generate/race-1")
         assert deleted.status_code == 200
         assert (await post).json()["finish_reason"] == "cancelled"
 
-        # DELETE racing with finish: exactly one outcome, never both
+        # DELETE racing with finish: exactly one outcome, never both. The DELETE goes out once
+        # the request is in flight and has 0, 1, 2 or 3 of its 3 tokens: every point of the race.
         for i in range(20):
             rid = {"X-Request-Id": f"fin-{i}"}
+            generated = await metric_value(client, "slotserve_generated_tokens_total")
             post = asyncio.create_task(
                 client.post(
                     "/generate",
@@ -189,7 +191,13 @@ async def test_delete_racing_admission_finish_and_reuse():
                     headers=rid,
                 )
             )
-            await asyncio.sleep(0.004 * (i % 5))
+
+            async def tokens_out(before: float = generated, wanted: int = i % 4) -> bool:
+                now = await metric_value(client, "slotserve_generated_tokens_total")
+                return now - before >= wanted
+
+            await wait_for(lambda task=post: engine.num_in_flight == 1 or task.done(), poll_s=0)
+            await wait_for(tokens_out)
             deleted = await client.delete(f"/generate/fin-{i}")
             body = (await post).json()
             if deleted.status_code == 200:
@@ -201,7 +209,7 @@ async def test_delete_racing_admission_finish_and_reuse():
         post = asyncio.create_task(
             client.post("/generate", json={"prompt": "c", **LONG}, headers=headers)
         )
-        await asyncio.sleep(0.02)
+        await wait_for_queue(client, running=1)
         assert (await client.delete("/generate/race-1")).status_code == 200
         reused = await client.post(
             "/generate", json={"prompt": "d", "max_tokens": 4, "ignore_eos": True}, headers=headers
@@ -222,7 +230,7 @@ async def test_prompt_longer_than_the_context_is_400_not_422():
 async def test_max_tokens_zero_is_answered_even_when_the_queue_is_full():
     async with app_client(mock_config(max_num_seqs=1, max_queue=0, mock_step_ms=10)) as client:
         running = asyncio.create_task(client.post("/generate", json={"prompt": "r", **LONG}))
-        await asyncio.sleep(0.05)
+        await wait_for_queue(client, running=1)
         refused = await client.post("/generate", json={"prompt": "waits", "max_tokens": 5})
         assert refused.status_code == 429
         zero = await client.post("/generate", json={"prompt": "abc", "max_tokens": 0})

@@ -7,9 +7,10 @@ import signal
 
 import httpx
 import pytest
-from server_process import ServerSpec, running
+from harness.server import ServerSpec, running
+from harness.wait import wait_for
 
-from tests.http.conftest import parse_sse
+from tests.http.conftest import parse_sse, wait_for_queue
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +35,9 @@ async def test_sigterm_drains_open_streams_and_exits_zero(server_process):
 
         short = asyncio.create_task(open_stream(40))  # ~0.8 s: finishes within the drain
         long = [asyncio.create_task(open_stream(5000)) for _ in range(2)]  # cut at 1.5 s
-        await asyncio.sleep(0.3)
+        await wait_for_queue(client, running=3)
         proc.signal(signal.SIGTERM)
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: draining(client), what="the drain to start")
         assert (await client.get("/health")).status_code == 503
         refused = await client.post("/generate", json={"prompt": "late"})
         assert refused.status_code == 503
@@ -62,13 +63,17 @@ async def test_second_signal_cancels_now_but_still_sends_final_events(tmp_path):
         async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
             body = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True, "stream": True}
             stream = asyncio.create_task(client.post("/generate", json=body))
-            await asyncio.sleep(0.3)
+            await wait_for_queue(client, running=1)
             server.signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
+            await wait_for(lambda: draining(client), what="the drain to start")
             server.signal(signal.SIGTERM)  # do not wait the 60 s drain
             events = parse_sse((await stream).text)
         assert events[-1][0] == "done" and events[-1][1]["finish_reason"] == "cancelled"
         assert await asyncio.to_thread(server.wait, 15) == 0, server.log_tail()
+
+
+async def draining(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/health")).status_code == 503
 
 
 def test_bad_flag_is_one_line_and_exit_2():

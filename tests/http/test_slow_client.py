@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.http.conftest import app_client, metric_value, mock_config, post_generate_scope, wait_for
+from harness.wait import wait_for
+
+from tests.http.conftest import app_client, metric_value, mock_config, post_generate_scope
 
 
 async def test_stalled_reader_is_cancelled_and_others_keep_going():

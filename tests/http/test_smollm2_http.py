@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from app.models.load_plan import load_checkpoint
-from tests.http.conftest import app_client, mock_config
+from tests.http.conftest import app_client, mock_config, wait_for_queue
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ async def test_seeded_request_alone_equals_in_a_crowd_of_ten(smollm2_runner):
             )
             for p in crowd_prompts
         ]
-        await asyncio.sleep(0)
+        await wait_for_queue(client, running=len(crowd), timeout=60)  # all in their slots
         in_crowd = (await client.post("/generate", json=seeded)).json()
         await asyncio.gather(*crowd)
     assert alone["token_ids"] == in_crowd["token_ids"]

@@ -8,7 +8,6 @@ import torch
 
 from app.models.decoder import DecoderModel
 from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.int8 import INT8_MAX_ROWS, Int8Linear
 from app.models.kv_cache import KVCache
 from app.models.runner import ModelRunner
 
@@ -103,17 +102,3 @@ def test_masked_positions_of_other_slots_are_never_read(runner: ModelRunner) -> 
     for _ in range(DECODE_STEPS):
         poisoned.run([poisoned.next_row(slot, len(p)) for slot, p in prompts.items()])
     assert poisoned.tokens == clean.tokens
-
-
-def test_int8_linear_paths_agree_with_each_other_and_the_float_weight() -> None:
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(96, 64, generator=generator) * 0.05
-    x = torch.randn(INT8_MAX_ROWS + 3, 64, generator=generator).to(torch.bfloat16)
-    linear = Int8Linear.quantize(weight, torch.bfloat16)
-    assert linear.qweight.dtype == torch.int8
-    many = linear(x).float()  # dense path over the dequantised weight
-    few = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])]).float()  # int8 kernel
-    exact = x.float() @ weight.T
-    scale = exact.abs().max().item()
-    assert (few - many).abs().max().item() < 0.02 * scale
-    assert (many - exact).abs().max().item() < 0.03 * scale

@@ -1,5 +1,6 @@
-"""The benchmark driver (scripts/bench.py): its smallest run end to end on the mock, and the
-pure helpers its numbers rest on (bucket quantiles, the scheduling simulation)."""
+"""The benchmark driver (scripts/bench.py, scripts/scenarios/): its smallest run end to end on
+the mock, and the pure helpers its numbers rest on (bucket quantiles, the scheduling
+simulation)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import re
 
 import bench
 import pytest
-from bench_servers import HistogramDelta
+from harness.metrics import HistogramDelta
+from scenarios.scheduling import predicted_model_calls
+from scenarios.suite import parse_scenarios
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -41,16 +44,16 @@ def test_bucket_quantile_in_the_inf_bucket_is_the_largest_finite_bound() -> None
 def test_predicted_model_calls_continuous_refills_static_waits_for_the_batch() -> None:
     lengths = [10, 1, 1, 1]
     # continuous, 2 slots: 10 runs throughout, the three 1s take a step each beside it
-    assert bench.predicted_model_calls(lengths, 2, "continuous") == 10
+    assert predicted_model_calls(lengths, 2, "continuous") == 10
     # static, 2 slots: batches (10, 1) then (1, 1)
-    assert bench.predicted_model_calls(lengths, 2, "static") == 11
-    assert bench.predicted_model_calls([], 4, "static") == 0
+    assert predicted_model_calls(lengths, 2, "static") == 11
+    assert predicted_model_calls([], 4, "static") == 0
 
 
 def test_scenarios_flag_is_validated() -> None:
-    assert bench.parse_scenarios("5,1,1") == (1, 5)
+    assert parse_scenarios("5,1,1") == (1, 5)
     with pytest.raises(argparse.ArgumentTypeError):
-        bench.parse_scenarios("6")
+        parse_scenarios("6")
 
 
 @pytest.mark.slow

@@ -1,11 +1,11 @@
-"""scripts/bench_model.py's HTTP client against a real mock server: the token counts, token ids
-and first-token times its tok/s and agreement figures rest on."""
+"""scripts/bench_model.py's HTTP client (scenarios/model_serving.py) against a real mock server:
+the token counts, token ids and first-token times its tok/s and agreement figures rest on."""
 
 from __future__ import annotations
 
-import bench_model
 import pytest
-from server_process import ServerSpec, running
+from harness.server import ServerSpec, running
+from scenarios import model_serving as bench_model
 
 MAX_TOKENS = 12
 
@@ -68,7 +68,7 @@ def test_server_configs_parse_threads_and_the_eager_path() -> None:
     assert (fused.quantization, fused.threads, fused.eager) == ("int4", None, False)
     assert (eager.quantization, eager.threads, eager.eager) == ("none", 1, True)
     assert eager.name == "slotserve bfloat16 1T eager"
-    command = eager.command(8000, max_num_seqs=4, max_model_len=64, threads=2)
+    command = list(eager.spec(max_num_seqs=4, max_model_len=64, threads=2).argv)
     assert command[command.index("--torch-threads") + 1] == "1"
     assert command[-2:] == ["--fused-decode", "false"]
-    assert "--fused-decode" not in fused.command(8000, max_num_seqs=4, max_model_len=64, threads=2)
+    assert "--fused-decode" not in fused.spec(max_num_seqs=4, max_model_len=64, threads=2).argv

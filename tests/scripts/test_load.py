@@ -12,15 +12,14 @@ import json
 import math
 import socket
 import statistics
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import load
 import pytest
-import uvicorn
+from harness.threaded_server import serve_in_thread
+from harness.wait import wait_until
 from loadgen import (
     Api,
     CancelMode,
@@ -32,6 +31,7 @@ from loadgen import (
     Outcome,
     RequestRecord,
     Slo,
+    Transport,
     WorkloadConfig,
     run_load,
 )
@@ -215,20 +215,9 @@ def usage(body: dict, sent: int) -> dict:
 @pytest.fixture(scope="module")
 def server() -> Iterator[FakeServer]:
     fake = FakeServer()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    fake.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uv = uvicorn.Server(uvicorn.Config(fake.app(), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert time.monotonic() < deadline, "fake server did not start"
-        time.sleep(0.01)
-    yield fake
-    uv.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with serve_in_thread(fake.app(), lifespan="off") as threaded:
+        fake.url = threaded.url
+        yield fake
 
 
 @pytest.fixture
@@ -499,9 +488,7 @@ def test_cancel_with_disconnect_closes_the_stream(fake: FakeServer) -> None:
     assert [r.output_tokens for r in result.records] == [2, 2]
     assert all(r.e2e_s < 0.5 for r in result.records)
     assert fake.deleted == []
-    deadline = time.monotonic() + 3
-    while len(fake.abandoned) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: len(fake.abandoned) >= 2, 3, what="the server seeing both clients leave")
     assert sorted(fake.abandoned) == sorted(r.spec.request_id for r in result.records)
 
 
@@ -571,6 +558,58 @@ def test_openai_stream_format(fake: FakeServer) -> None:
     body = fake.bodies[0]
     assert body["model"] == "m" and body["stream_options"] == {"include_usage": True}
     assert fake.authorizations == ["Bearer k", "Bearer k"]
+
+
+def test_a_scripts_own_specs_set_each_request_and_record_the_cancel(fake: FakeServer) -> None:
+    fake.script = Script(first_token_delay_s=0.01, token_delay_s=0.01)
+    specs = [
+        RequestSpec(0, "mix-0", "plain one", max_tokens=3, cancel_after_tokens=None, stream=False),
+        RequestSpec(1, "mix-1", "deleted", max_tokens=40, cancel_after_tokens=2),
+        RequestSpec(
+            2,
+            "mix-2",
+            "left",
+            max_tokens=40,
+            cancel_after_tokens=2,
+            cancel_mode=CancelMode.DISCONNECT,
+        ),
+        RequestSpec(3, "mix-3", "full", max_tokens=4, cancel_after_tokens=None, ignore_eos=True),
+    ]
+    config = config_for(fake.url, concurrency=1, num_requests=None, duration_s=30.0)
+    records = run_load_specs(config, specs)
+
+    assert [r.spec.request_id for r in records] == ["mix-0", "mix-1", "mix-2", "mix-3"]
+    assert [b["stream"] for b in fake.bodies] == [False, True, True, True]
+    assert fake.bodies[3]["ignore_eos"] is True and fake.bodies[0]["ignore_eos"] is False
+    plain, deleted, left, full = records
+    assert (plain.outcome, plain.streamed, plain.output_tokens) == (Outcome.OK, False, 3)
+    assert (deleted.outcome, deleted.finish_reason) == (Outcome.CANCELLED, "cancelled")
+    assert deleted.cancel_confirmed is True and fake.deleted == ["mix-1"]
+    assert left.outcome is Outcome.CANCELLED and left.final_events == 0
+    assert left.cancel_confirmed is None  # nothing was DELETEd: the client left
+    assert (full.outcome, full.output_tokens, full.final_events) == (Outcome.OK, 4, 1)
+    assert all(r.server_request_id is None for r in records)  # the fake sends no id back
+
+
+def run_load_specs(config: LoadConfig, specs: list[RequestSpec]) -> tuple[RequestRecord, ...]:
+    return asyncio.run(run_load(config, specs=specs)).records
+
+
+def test_aiohttp_transport_sends_plain_requests(fake: FakeServer) -> None:
+    fake.script = Script(first_token_delay_s=0.01, token_delay_s=0.01)
+    workload = WorkloadConfig(prompt_len=3, output_len=4, stream=False)
+    for loop in ({"concurrency": 2}, {"concurrency": None, "rate": 200.0}):
+        fake.reset()
+        fake.script = Script(first_token_delay_s=0.01, token_delay_s=0.01)
+        config = config_for(
+            fake.url, **loop, num_requests=4, workload=workload, transport=Transport.AIOHTTP
+        )
+        result = run(config)
+        assert [r.outcome for r in result.records] == [Outcome.OK] * 4
+        assert all((r.output_tokens, r.prompt_tokens) == (4, 3) for r in result.records)
+        assert sorted(fake.request_ids) == sorted(r.spec.request_id for r in result.records)
+    with pytest.raises(ValueError, match="needs --no-stream"):
+        config_for(fake.url, transport=Transport.AIOHTTP)
 
 
 def test_refused_connection_is_a_transport_error() -> None:

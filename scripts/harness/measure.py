@@ -1,114 +1,25 @@
-"""What `bench.py` measures with: server subprocesses, /metrics snapshots, and load runs marked
-with server-side snapshots at chosen instants.
+"""A load run marked with the server's state at chosen instants: metrics, server and client CPU,
+and both sides' CPU starvation, so a benchmark can measure a steady window that skips the
+ramp-up and the drain.
 
-Servers are started with `server_process` (``launched``). `measure` runs one load against one and
-takes a `Mark` (metrics, server and client CPU seconds) before the load, at each requested instant
-of the run clock (so a steady-state window can skip the ramp-up and the drain), and after it.
+    run = await measure(server, config, instants=(1.5, 8.0))
+    window = run.window()           # between the two instants
+    window.counter("slotserve_generated_tokens_total") / window.seconds
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import httpx
 from loadgen import LoadConfig, LoadResult, Outcome, RequestRecord, run_load
-from prometheus_client.parser import text_string_to_metric_families
-from server_process import ROOT, SCRIPTS, Server, ServerSpec, launched, runqueue_wait_s  # noqa: F401
 
-# --------------------------------------------------------------------------- /metrics
-
-
-@dataclass(frozen=True, slots=True)
-class HistogramDelta:
-    """A Prometheus histogram's observations between two scrapes."""
-
-    bounds: tuple[float, ...]  # upper bounds, ascending, the last +Inf
-    cumulative: tuple[float, ...]  # observations <= each bound
-    total: float  # sum of the observed values
-
-    @property
-    def count(self) -> float:
-        return self.cumulative[-1] if self.cumulative else 0.0
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-    def quantile(self, q: float) -> float | None:
-        """Bucket-derived quantile as Prometheus' ``histogram_quantile`` computes it: linear
-        inside the bucket that holds rank ``q * count``, from 0 for the first bucket; the largest
-        finite bound when it falls in the +Inf bucket."""
-        if not self.count:
-            return None
-        rank = q * self.count
-        lower, below = 0.0, 0.0
-        for bound, count in zip(self.bounds, self.cumulative, strict=True):
-            if count >= rank:
-                if math.isinf(bound):
-                    return lower
-                if count == below:
-                    return bound
-                return lower + (bound - lower) * (rank - below) / (count - below)
-            lower, below = bound, count
-        return lower
-
-    def bucket_counts(self) -> list[tuple[float, float]]:
-        """(upper bound, observations in that bucket alone), +Inf included."""
-        counts, below = [], 0.0
-        for bound, count in zip(self.bounds, self.cumulative, strict=True):
-            counts.append((bound, count - below))
-            below = count
-        return counts
-
-
-@dataclass(frozen=True, slots=True)
-class Metrics:
-    """One scrape of /metrics: every sample by (name, sorted labels)."""
-
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-    @classmethod
-    def parse(cls, text: str) -> Metrics:
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return cls(samples)
-
-    def value(self, name: str, **labels: str) -> float:
-        return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-    def histogram(self, name: str) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-        buckets = sorted(
-            (float(dict(labels)["le"]), value)
-            for (sample, labels), value in self.samples.items()
-            if sample == name + "_bucket"
-        )
-        return (
-            tuple(bound for bound, _ in buckets),
-            tuple(count for _, count in buckets),
-            self.value(name + "_sum"),
-        )
-
-
-def counter_delta(before: Metrics, after: Metrics, name: str, **labels: str) -> float:
-    return after.value(name, **labels) - before.value(name, **labels)
-
-
-def histogram_delta(before: Metrics, after: Metrics, name: str) -> HistogramDelta:
-    bounds, cumulative_after, sum_after = after.histogram(name)
-    _, cumulative_before, sum_before = before.histogram(name)
-    if len(cumulative_before) != len(cumulative_after):
-        cumulative_before = (0.0,) * len(cumulative_after)
-    cumulative = tuple(a - b for a, b in zip(cumulative_after, cumulative_before, strict=True))
-    return HistogramDelta(bounds, cumulative, sum_after - sum_before)
-
-
-# --------------------------------------------------------------------------- measured runs
+from harness.metrics import HistogramDelta, Metrics, counter_delta, histogram_delta, scrape
+from harness.process_stats import ProcessStats
+from harness.server import Server
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +132,9 @@ async def measure(server: Server, config: LoadConfig, instants: Sequence[float] 
 
 async def take_mark(http: httpx.AsyncClient, server: Server, origin: float | None) -> Mark:
     sent = time.perf_counter()
-    server_cpu, client_cpu = server.cpu_seconds(), time.process_time()
-    server_wait, client_wait = server.wait_seconds(), runqueue_wait_s("self")
-    metrics = None
-    if server.spec.has_metrics:
-        response = await http.get(server.url + "/metrics")
-        response.raise_for_status()
-        metrics = Metrics.parse(response.text)
+    client = ProcessStats()
+    server_cpu, client_cpu = server.stats.cpu_seconds(), time.process_time()
+    server_wait, client_wait = server.stats.runqueue_wait_s(), client.runqueue_wait_s()
+    metrics = await scrape(http, server.url) if server.spec.has_metrics else None
     at_s = 0.0 if origin is None else (sent + time.perf_counter()) / 2 - origin
     return Mark(at_s, metrics, server_cpu, client_cpu, server_wait, client_wait)

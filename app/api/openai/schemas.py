@@ -1,4 +1,5 @@
-"""Pydantic models of the OpenAI-compatible API (``/v1/...``): validation happens here, once.
+"""Request bodies of the OpenAI-compatible API (``/v1/...``): validation happens here, once, and
+each body becomes the wire-neutral ``GenerationParams`` (``generation_params()``).
 
 Bodies follow OpenAI's field names and defaults. Like OpenAI, unknown fields are accepted (the
 route logs and ignores them). Known fields are checked against the native ranges of
@@ -19,12 +20,13 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
-    field_serializer,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
 
+from app.api.request_builder import ChatPrompt, GenerationParams, TextPrompt, TokenBudget
 from app.api.schemas import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SEED_LIMIT
+from app.engine.chat_template import ChatMessage
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -129,6 +131,23 @@ class OpenAIRequestBody(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def streamed(self) -> bool:
+        return bool(self.stream)
+
+    def _params(self, prompt: TextPrompt | ChatPrompt, budget: TokenBudget) -> GenerationParams:
+        """The fields both endpoints share, OpenAI's defaults applied."""
+        return GenerationParams(
+            prompt=prompt,
+            budget=budget,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=tuple(self.stop),
+            ignore_eos=bool(self.ignore_eos),
+        )
+
 
 class CompletionRequestBody(OpenAIRequestBody):
     """Body of ``POST /v1/completions``; ``prompt`` is one string (or a list of one string)."""
@@ -144,6 +163,11 @@ class CompletionRequestBody(OpenAIRequestBody):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+
+    def generation_params(self) -> GenerationParams:
+        """``max_tokens`` defaults to 16, as at OpenAI."""
+        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        return self._params(TextPrompt(self.prompt), TokenBudget(max_tokens))
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -249,6 +273,21 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
     tools: list[dict[str, Any]] | None = None
     response_format: ResponseFormat | None = None
 
+    def generation_params(self) -> GenerationParams:
+        """``max_completion_tokens``, else ``max_tokens``, else the context left after the
+        prompt; ``developer`` turns are rendered as ``system`` ones."""
+        if self.max_completion_tokens is not None:
+            budget = TokenBudget(self.max_completion_tokens, "max_completion_tokens")
+        elif self.max_tokens is not None:
+            budget = TokenBudget(self.max_tokens, "max_tokens")
+        else:
+            budget = TokenBudget(None, "max_completion_tokens")
+        turns = tuple(
+            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
+            for m in self.messages
+        )
+        return self._params(ChatPrompt(turns), budget)
+
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, logprobs: bool | None) -> bool | None:
@@ -269,117 +308,3 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
         if tools:
             raise _unsupported("tools are not supported")
         return tools
-
-
-# --------------------------------------------------------------------------- answers
-
-
-FinishReasonName = Literal["stop", "length", "cancelled"]
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: FinishReasonName | None
-
-
-class CompletionResponse(BaseModel):
-    """Answer of ``/v1/completions``; also each streamed chunk (with ``usage`` null, except in
-    the usage chunk, whose ``choices`` is empty)."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    system_fingerprint: None = None
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ChatMessageOut(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChatMessageOut
-    logprobs: None = None
-    finish_reason: FinishReasonName
-
-
-class ChatCompletionResponse(BaseModel):
-    """Answer of ``/v1/chat/completions`` with ``stream`` false."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    system_fingerprint: None = None
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatDelta(BaseModel):
-    """New text of a streamed answer: ``role`` only in the first chunk, empty in the last."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: None = None
-    finish_reason: FinishReasonName | None
-
-    @field_serializer("delta")
-    def _delta_without_nulls(self, delta: ChatDelta) -> dict[str, str]:
-        return delta.model_dump(exclude_none=True)
-
-
-class ChatCompletionChunk(BaseModel):
-    """One ``data:`` event of a streamed chat answer."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: None = None
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    """The served model. ``chat_template`` says whose template renders chats: ``"model"`` (the
-    model file's own) or ``"chatml-fallback"`` (the model has none)."""
-
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "slotserve"
-    max_model_len: int
-    chat_template: Literal["model", "chatml-fallback"]
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class OpenAIErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class OpenAIErrorResponse(BaseModel):
-    error: OpenAIErrorDetail

@@ -1,0 +1,149 @@
+"""The OpenAI wire formats of an answer (``app.api.answers.AnswerFormat``): ``/v1/completions``
+and ``/v1/chat/completions``, whole or as ``data: {chunk}`` events ended by ``data: [DONE]``.
+
+A stream is the chunks of new text (text held back by the engine waits for the next chunk), a
+final chunk with the finish reason and an empty text or delta, the usage chunk when the request
+asked for it (``stream_options.include_usage``; ``choices`` empty), then ``[DONE]``. A failure
+after the stream began is an error chunk, then ``[DONE]``. Ids are the native request ids, so
+``DELETE /generate/{id}`` cancels an OpenAI request too; ``cancelled`` is the native finish
+reason, since OpenAI has none for it and ``stop`` would pass a cut answer off as a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sse_starlette import ServerSentEvent
+
+from app.api.answers import finish_reason_name
+from app.api.errors import APIError
+from app.api.openai.errors import openai_error_body
+from app.api.openai.responses import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatMessageOut,
+    CompletionChoice,
+    CompletionResponse,
+    Usage,
+)
+from app.engine.request import FinalEvent, TokenEvent
+
+SSE_LINE_END = "\n"  # chunks are written "data: {json}\n\n", as OpenAI writes them
+
+
+def usage(final: FinalEvent) -> Usage:
+    return Usage(
+        prompt_tokens=final.prompt_tokens,
+        completion_tokens=final.completion_tokens,
+        total_tokens=final.prompt_tokens + final.completion_tokens,
+    )
+
+
+def data_event(payload: dict[str, object] | str) -> ServerSentEvent:
+    """One ``data:`` event: compact JSON (or the literal ``[DONE]``)."""
+    if not isinstance(payload, str):
+        payload = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return ServerSentEvent(data=payload, sep=SSE_LINE_END)
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenAIAnswer(ABC):
+    """What both endpoints' answers share: the identity of every chunk, the end of a stream
+    (the finish reason's chunk, the usage chunk when asked, ``[DONE]``) and the error chunk.
+
+    Attributes:
+        id: the request id. created: Unix seconds. model: the served model's name.
+        include_usage: a stream ends with the usage chunk.
+    """
+
+    id: str
+    created: int
+    model: str
+    include_usage: bool = False
+    sse_separator: str | None = SSE_LINE_END
+
+    @abstractmethod
+    def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
+        """One chunk (or whole answer) of this endpoint with these choices."""
+
+    @abstractmethod
+    def _last_choice(self, finish_reason: str) -> object:
+        """The choice of the chunk that carries the finish reason."""
+
+    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+        yield data_event(self._chunk([self._last_choice(finish_reason_name(final.finish_reason))]))
+        if self.include_usage:
+            yield data_event(self._chunk([], usage(final)))
+
+    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
+        yield data_event(openai_error_body(error))
+
+    def closing(self) -> Iterable[ServerSentEvent]:
+        yield data_event("[DONE]")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionAnswer(_OpenAIAnswer):
+    """``/v1/completions``: ``text_completion`` objects, whole and as chunks."""
+
+    def response(self, final: FinalEvent) -> dict[str, object]:
+        reason = finish_reason_name(final.finish_reason)
+        return self._chunk([CompletionChoice(text=final.text, finish_reason=reason)], usage(final))
+
+    def opening(self) -> Iterable[ServerSentEvent]:
+        return ()
+
+    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+        if event.text:  # text held back (a partial character or stop string) waits
+            yield data_event(self._chunk([CompletionChoice(text=event.text, finish_reason=None)]))
+
+    def _last_choice(self, finish_reason: str) -> CompletionChoice:
+        return CompletionChoice(text="", finish_reason=finish_reason)
+
+    def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
+        return CompletionResponse(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        ).model_dump()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatAnswer(_OpenAIAnswer):
+    """``/v1/chat/completions``: a ``chat.completion``, or ``chat.completion.chunk`` events whose
+    first delta carries the role and whose last is empty."""
+
+    def response(self, final: FinalEvent) -> dict[str, object]:
+        return ChatCompletionResponse(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[
+                ChatChoice(
+                    message=ChatMessageOut(content=final.text),
+                    finish_reason=finish_reason_name(final.finish_reason),
+                )
+            ],
+            usage=usage(final),
+        ).model_dump()
+
+    def opening(self) -> Iterable[ServerSentEvent]:
+        delta = ChatDelta(role="assistant", content="")
+        yield data_event(self._chunk([ChatChunkChoice(delta=delta, finish_reason=None)]))
+
+    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+        if event.text:  # text held back (a partial character or stop string) waits
+            delta = ChatDelta(content=event.text)
+            yield data_event(self._chunk([ChatChunkChoice(delta=delta, finish_reason=None)]))
+
+    def _last_choice(self, finish_reason: str) -> ChatChunkChoice:
+        return ChatChunkChoice(delta=ChatDelta(), finish_reason=finish_reason)
+
+    def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        ).model_dump()

@@ -1,0 +1,115 @@
+"""Response bodies of the OpenAI-compatible API: whole answers, stream chunks, models, errors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, field_serializer
+
+from app.api.schemas import FinishReasonName
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class _Completion(BaseModel):
+    """The head every completion object carries (``object`` is set by each kind)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReasonName | None
+
+
+class CompletionResponse(_Completion):
+    """Answer of ``/v1/completions``; also each streamed chunk (with ``usage`` null, except in
+    the usage chunk, whose ``choices`` is empty)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: FinishReasonName
+
+
+class ChatCompletionResponse(_Completion):
+    """Answer of ``/v1/chat/completions`` with ``stream`` false."""
+
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    """New text of a streamed answer: ``role`` only in the first chunk, empty in the last."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReasonName | None
+
+    @field_serializer("delta")
+    def _delta_without_nulls(self, delta: ChatDelta) -> dict[str, str]:
+        return delta.model_dump(exclude_none=True)
+
+
+class ChatCompletionChunk(_Completion):
+    """One ``data:`` event of a streamed chat answer."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    """The served model. ``chat_template`` says whose template renders chats: ``"model"`` (the
+    model file's own) or ``"chatml-fallback"`` (the model has none)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "slotserve"
+    max_model_len: int
+    chat_template: Literal["model", "chatml-fallback"]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorResponse(BaseModel):
+    error: OpenAIErrorDetail

@@ -1,0 +1,172 @@
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (JSON, or SSE with ``stream: true``), on the native request path.
+
+Each generating route: the key, the early refusal (429/503, before the body is read), the body
+validated once (``schemas``), ``RequestBuilder.build`` (a chat is rendered with the model's own
+chat template), then ``app.api.answers.answer`` in its format (``answers``). Errors are rendered
+in OpenAI's shape (``errors``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TypeVar
+
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+from app.api.admission import read_body, refuse_if_overloaded
+from app.api.answers import AnswerFormat, answer
+from app.api.errors import APIError
+from app.api.openai.answers import ChatAnswer, CompletionAnswer
+from app.api.openai.errors import V1_PREFIX, OpenAIRoute, invalid_field
+from app.api.openai.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    OpenAIErrorResponse,
+)
+from app.api.openai.schemas import (
+    ChatCompletionRequestBody,
+    CompletionRequestBody,
+    OpenAIRequestBody,
+)
+from app.api.request_builder import RequestOrigin
+from app.api.resources import ServerResources, resources_of
+
+logger = logging.getLogger(__name__)
+
+_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": OpenAIErrorResponse} for status in (400, 401, 404, 409, 413, 429, 500, 503)
+}
+
+router = APIRouter(prefix=V1_PREFIX, route_class=OpenAIRoute, tags=["openai"])
+
+
+def _body_schema(model: type[OpenAIRequestBody]) -> dict[str, object]:
+    """The OpenAPI request body of a route that parses its body itself (nested models inlined:
+    pydantic's ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: object) -> object:
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/$defs/"):
+                return inline(definitions[reference.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline(schema)}},
+        }
+    }
+
+
+@router.get("/models", response_model=ModelList, responses=_ERROR_RESPONSES)
+async def list_models(request: Request) -> ModelList:
+    """The one served model."""
+    resources = resources_of(request)
+    resources.guard.owner_of(request)
+    return ModelList(data=[_model_card(resources)])
+
+
+@router.get("/models/{model_id:path}", response_model=ModelCard, responses=_ERROR_RESPONSES)
+async def retrieve_model(model_id: str, request: Request) -> ModelCard:
+    """The served model, or 404 for any other name."""
+    resources = resources_of(request)
+    resources.guard.owner_of(request)
+    card = _model_card(resources)
+    if model_id != card.id:
+        raise APIError(
+            404, "not_found", f"no model {model_id!r}; serving {card.id!r}", param="model"
+        )
+    return card
+
+
+@router.post(
+    "/completions",
+    response_model=CompletionResponse,
+    responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_body_schema(CompletionRequestBody),
+)
+async def create_completion(request: Request) -> Response:
+    """Continues one prompt. ``max_tokens`` defaults to 16, as at OpenAI."""
+    return await _generate(request, CompletionRequestBody, CompletionAnswer)
+
+
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_body_schema(ChatCompletionRequestBody),
+)
+async def create_chat_completion(request: Request) -> Response:
+    """Answers a conversation, rendered with the model's chat template."""
+    return await _generate(request, ChatCompletionRequestBody, ChatAnswer)
+
+
+_Body = TypeVar("_Body", bound=CompletionRequestBody | ChatCompletionRequestBody)
+
+
+async def _generate(
+    request: Request,
+    body_model: type[_Body],
+    answer_format: type[CompletionAnswer] | type[ChatAnswer],
+) -> Response:
+    """What both generating routes do, in this order (see the module doc)."""
+    arrived_at = time.perf_counter()
+    resources = resources_of(request)
+    origin = RequestOrigin(request.state.request_id, resources.guard.owner_of(request), arrived_at)
+    refuse_if_overloaded(resources)
+    body = parse_body(body_model, await read_body(request, resources.config.max_body_bytes))
+    generation = await resources.builder.build(body.generation_params(), origin)
+    writer = openai_answer_format(answer_format, body, origin.request_id, resources)
+    return await answer(request, resources, generation, writer, stream=body.streamed)
+
+
+def openai_answer_format(
+    answer_format: type[CompletionAnswer] | type[ChatAnswer],
+    body: OpenAIRequestBody,
+    request_id: str,
+    resources: ServerResources,
+) -> AnswerFormat:
+    """How the answer to ``body`` is written (also by the batch runner, so that its answers
+    are these routes' own): the request id as the object's id, created now, the model's name."""
+    return answer_format(
+        id=request_id,
+        created=int(time.time()),
+        model=resources.engine.capabilities.name,
+        include_usage=body.include_usage,
+    )
+
+
+def parse_body(model: type[_Body], raw: bytes) -> _Body:
+    """Validates the body (JSON whatever the Content-Type); unknown fields are logged.
+
+    Raises:
+        APIError: 400 naming the first bad field (``invalid_field``).
+    """
+    try:
+        body = model.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        raise invalid_field(exc) from None
+    if body.model_extra:
+        logger.debug("ignoring unknown fields %s", sorted(body.model_extra))
+    return body
+
+
+def _model_card(resources: ServerResources) -> ModelCard:
+    engine = resources.engine
+    return ModelCard(
+        id=engine.capabilities.name,
+        created=int(time.time()),
+        max_model_len=engine.capabilities.context_length,
+        chat_template="model" if engine.chat_template.from_model else "chatml-fallback",
+    )
