@@ -19,6 +19,8 @@ from app.api.server import create_app, drain_app
 from app.batch import command as batch_command
 from app.batch.config import BatchConfig
 from app.config import ServerConfig
+from app.models.loading import inspect_model
+from app.models.refusal import ModelRefused
 
 logger = logging.getLogger("app")
 
@@ -91,7 +93,14 @@ class Serve(ServerConfig):
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         config = ServerConfig(**self.model_dump())
-        app = create_app(config)
+        # The model is checked before the port opens: a model that cannot be served is one
+        # line naming the path and the reason, and exit status 2 (no traceback, no server).
+        try:
+            model_plan = inspect_model(config)
+        except ModelRefused as refused:
+            print(f"python -m app serve: error: {refused}", file=sys.stderr)
+            raise SystemExit(2) from None
+        app = create_app(config, model_plan=model_plan)
         server = DrainingServer(
             uvicorn.Config(
                 app,

@@ -19,8 +19,18 @@ class ServerConfig(BaseSettings):
         env_prefix="SLOTSERVE_", cli_kebab_case=True, extra="forbid", frozen=True
     )
 
-    model: Literal["smollm2", "mock"] = Field(
-        "smollm2", description="smollm2: SmolLM2-135M-Instruct; mock: the deterministic byte model"
+    model: str = Field(
+        "smollm2",
+        min_length=1,
+        description="smollm2: the bundled SmolLM2-135M-Instruct; mock: the deterministic byte "
+        "model; or PATH: a .gguf file or a Hugging Face model directory (config.json, "
+        "*.safetensors, tokenizer.json) of the llama, mistral, qwen2 or qwen3 architecture",
+    )
+    served_model_name: str | None = Field(
+        None,
+        min_length=1,
+        description="the model's name in /info, /v1/models and every answer; unset: the GGUF's "
+        "general.name, else the directory's name (smollm2: SmolLM2-135M-Instruct)",
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free port)")
@@ -47,7 +57,10 @@ class ServerConfig(BaseSettings):
         "several keys separated by commas; empty: no key",
     )
     max_model_len: int = Field(
-        2048, ge=16, description="context length per sequence (tokens); sizes the KV cache"
+        2048,
+        ge=16,
+        description="context length per sequence (tokens); sizes the KV cache; capped at the "
+        "model's own context length",
     )
     max_num_batched_tokens: int | None = Field(
         None,
@@ -63,11 +76,12 @@ class ServerConfig(BaseSettings):
         description="weights and KV cache dtype of the real model (bfloat16: ~2x the decode "
         "throughput of float32, greedy tokens 98% the same; see docs/MODEL_PERF.md)",
     )
-    quantization: Literal["none", "int8", "int4"] = Field(
-        "none",
-        description="real model, needs --dtype bfloat16: int4 computes with the GGUF's own "
-        "4-bit codes (CPU only), int8 re-quantises to weight-only int8; both are faster for "
-        "steps of a few rows (int4 <= 4, int8 <= 2: a few streams) and the same above",
+    quantization: Literal["auto", "none", "int8", "int4"] = Field(
+        "auto",
+        description="real model: auto picks int4 for a GGUF whose projections are Q4_0/Q4_1 "
+        "(on the CPU in bfloat16), else none; int4 computes with the GGUF's own 4-bit codes "
+        "(CPU only, ~2x the tok/s of none for a few streams, the same above), int8 "
+        "re-quantises to weight-only int8; both need --dtype bfloat16; none: dense weights",
     )
     fused_decode: bool = Field(
         True,

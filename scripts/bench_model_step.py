@@ -45,7 +45,7 @@ from scenarios.model_step import (
     measure_threads,
 )
 
-from app.models.smollm2 import load_smollm2
+from app.models.load_plan import load_checkpoint
 
 
 def main() -> None:
@@ -84,7 +84,8 @@ def main() -> None:
     if parts & {"decode", "threads", "mixed", "agreement"}:
         max_slots = max(max(args.batches), 16)
         runners = {
-            c.name: load_smollm2(
+            c.name: load_checkpoint(
+                "smollm2",
                 max_num_seqs=max_slots,
                 max_model_len=512,
                 dtype=c.dtype,
@@ -102,7 +103,9 @@ def main() -> None:
             name: measure_mixed(runner, args) for name, runner in runners.items()
         }
     if "agreement" in parts:
-        reference = runners.get("float32") or load_smollm2(max_num_seqs=1, max_model_len=512)
+        reference = runners.get("float32") or load_checkpoint(
+            "smollm2", max_num_seqs=1, max_model_len=512
+        )
         report["agreement_with_float32"] = {
             name: measure_agreement(reference, runner, args.agreement_tokens)
             for name, runner in runners.items()

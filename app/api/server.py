@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client import Histogram
@@ -26,6 +27,9 @@ from app.engine.model_thread import ModelThread
 from app.engine.policy import make_policy
 from app.models.base import Model
 from app.models.loading import load_model
+
+if TYPE_CHECKING:  # the real model's modules load only for a real model
+    from app.models.load_plan import LoadPlan
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +62,17 @@ async def watch_event_loop_lag(
         histogram.observe(max(0.0, clock() - asked))
 
 
-def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
+def create_app(
+    config: ServerConfig, *, model: Model | None = None, model_plan: LoadPlan | None = None
+) -> FastAPI:
     """Builds the app. The model is loaded (or ``model`` used) when the app starts.
 
     Args:
         config: server settings.
         model: an already-built model (tests); None loads the one ``config`` names.
+        model_plan: that model, already opened and checked (``app.models.loading.
+            inspect_model``, which the command line runs before the port opens); None: it is
+            checked when the app starts.
     """
 
     @asynccontextmanager
@@ -71,7 +80,12 @@ def create_app(config: ServerConfig, *, model: Model | None = None) -> FastAPI:
         # Loaded on the thread that will step it: one OpenMP team (app.engine.model_thread).
         model_thread = ModelThread()
         try:
-            loaded = model if model is not None else await model_thread.run(load_model, config)
+            if model is not None:
+                loaded = model
+            elif model_plan is not None:  # checked on the command line already
+                loaded = await model_thread.run(load_model, config, model_plan)
+            else:
+                loaded = await model_thread.run(load_model, config)
         except BaseException:
             model_thread.shutdown()
             raise

@@ -53,4 +53,14 @@ class PromptEncoder:
             ChatTemplateError: the template refused the conversation (roles out of order...).
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self.encode_text(self.chat_template.render(messages))
+        text = self.chat_template.render(messages)
+        # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
+        # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's
+        # byte tokenizer adds none and has no such method.
+        encode = getattr(self._tokenizer, "encode_without_special_tokens", None)
+        if encode is None:
+            return self.encode_text(text)
+        try:
+            return tuple(encode(text))
+        except Exception as exc:
+            raise TokenizationError(str(exc)) from exc

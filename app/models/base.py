@@ -196,7 +196,7 @@ class Tokenizer(Protocol):
 
 @runtime_checkable
 class Model(Protocol):
-    """A model the scheduler can step. Implementations: ``MockModelRunner``, ``LlamaModelRunner``.
+    """A model the scheduler can step. Implementations: ``MockModelRunner``, ``ModelRunner``.
 
     ``step`` runs in a worker thread, never concurrently with itself or with ``release``.
 

@@ -1,5 +1,5 @@
 /*
- * Fused CPU kernels for the decode steps of a Llama model in bfloat16: the per-layer glue
+ * Fused CPU kernels for the decode steps of a Llama-family model in bfloat16: the per-layer glue
  * between the projections, one call where eager torch runs 5-10 small ops. Built and loaded
  * by app/models/fused_decode.py (cc -O3 -march=native, -fopenmp when torch's libgomp is in
  * the process). They work on plain row-major arrays; only the attention uses threads.
@@ -124,7 +124,7 @@ static inline float exp_approx(float x) {
  * out:      [rows, dim] bfloat16, contiguous.
  *
  * inv = bf16(1 / sqrt(sum(x^2) / dim + eps)) in float32; out = bf16(x * inv), then
- * bf16(out * weight) when a weight is given: the rounding of LlamaModel._normed.
+ * bf16(out * weight) when a weight is given: the rounding of DecoderModel._normed.
  */
 void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
                  bf16 *out, int64_t rows, int64_t dim, float eps) {
@@ -181,7 +181,7 @@ void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
     }
 }
 
-/* Hugging Face's rotary embedding of one head, rounded as LlamaModel's _apply_rope: with
+/* Hugging Face's rotary embedding of one head, rounded as decoder.apply_rope: with
  * cos = (c, c) and sin = (-s, s) per position, out = bf16(bf16(x * cos) + swap(x) * sin). */
 static void rope_head(const bf16 *x, const bf16 *cos, const bf16 *sin, float *out,
                       int64_t head_dim) {
@@ -207,6 +207,10 @@ static void rope_head(const bf16 *x, const bf16 *cos, const bf16 *sin, float *ou
  * out:       [rows, n_heads * head_dim] bfloat16, contiguous.
  * threads:   how many OpenMP threads share the rows, split by their lengths.
  *
+ * q_norm, k_norm: NULL, or [head_dim] bfloat16 RMSNorm weights applied to every query head and
+ *            every key head before the rotary embedding (Qwen3's per-head q/k norm), rounded as
+ *            sl_rms_norm rounds; eps is their epsilon.
+ *
  * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). Row r
  * attends to positions 0..positions[r] of its slot (its own new key included), with scores
  * scaled by 1 / sqrt(head_dim) and a float32 softmax; the output is rounded once.
@@ -226,7 +230,21 @@ struct attention_args {
     int64_t n_heads;
     int64_t n_kv_heads;
     int64_t head_dim;
+    const bf16 *q_norm;
+    const bf16 *k_norm;
+    float eps;
 };
+
+/* One head of the QKV row, RMS-normalised into scratch when the model norms its heads
+ * (Qwen3); the head itself otherwise. sl_rms_norm leaves x alone without a residual. */
+static const bf16 *normed_head(const bf16 *head, const bf16 *weight, float eps, bf16 *scratch,
+                               int64_t head_dim) {
+    if (weight == NULL) {
+        return head;
+    }
+    sl_rms_norm((bf16 *)head, head_dim, NULL, weight, scratch, 1, head_dim, eps);
+    return scratch;
+}
 
 static void attend_rows(const struct attention_args *a, int64_t begin, int64_t end,
                         float *scores) {
@@ -237,6 +255,7 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
     float query[MAX_GROUP][MAX_HEAD_DIM];
     float key[MAX_HEAD_DIM];
     float acc[MAX_GROUP][MAX_HEAD_DIM];
+    bf16 normed[MAX_HEAD_DIM];
     if (head_dim > MAX_HEAD_DIM || group > MAX_GROUP || head_dim % LANES != 0) {
         return; /* the Python side checks the shapes before calling */
     }
@@ -251,14 +270,18 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
             bf16 *slot_keys = a->keys + base;
             bf16 *slot_values = a->values + base;
             /* The new key (rotated) and value go into the cache first. */
-            rope_head(row + (n_heads + kv) * head_dim, cos, sin, key, head_dim);
+            const bf16 *new_key = normed_head(row + (n_heads + kv) * head_dim, a->k_norm, a->eps,
+                                              normed, head_dim);
+            rope_head(new_key, cos, sin, key, head_dim);
             for (int64_t d = 0; d < head_dim; ++d) {
                 slot_keys[position * head_dim + d] = float_to_bf16(key[d]);
             }
             memcpy(slot_values + position * head_dim, row + (n_heads + n_kv_heads + kv) * head_dim,
                    (size_t)head_dim * sizeof(bf16));
             for (int64_t g = 0; g < group; ++g) {
-                rope_head(row + (kv * group + g) * head_dim, cos, sin, query[g], head_dim);
+                const bf16 *head = normed_head(row + (kv * group + g) * head_dim, a->q_norm,
+                                               a->eps, normed, head_dim);
+                rope_head(head, cos, sin, query[g], head_dim);
             }
             /* Scores: each cached key is read once for the whole query group. */
             for (int64_t t = 0; t < length; ++t) {
@@ -335,10 +358,12 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
                          const bf16 *rope_sin, const int64_t *positions, const int64_t *slots,
                          bf16 *keys, bf16 *values, int64_t cache_len, float *scores,
                          int64_t scores_per_thread, bf16 *out, int64_t rows, int64_t n_heads,
-                         int64_t n_kv_heads, int64_t head_dim, int64_t threads) {
-    const struct attention_args args = {qkv,    qkv_stride, rope_cos, rope_sin, positions,
-                                        slots,  keys,       values,   cache_len, out,
-                                        n_heads, n_kv_heads, head_dim};
+                         int64_t n_kv_heads, int64_t head_dim, int64_t threads,
+                         const bf16 *q_norm, const bf16 *k_norm, float eps) {
+    const struct attention_args args = {qkv,     qkv_stride, rope_cos, rope_sin,  positions,
+                                        slots,   keys,       values,   cache_len, out,
+                                        n_heads, n_kv_heads, head_dim, q_norm,    k_norm,
+                                        eps};
 #ifndef _OPENMP
     threads = 1; /* built without OpenMP (app/models/fused_decode.py says when) */
     (void)scores_per_thread;

@@ -59,7 +59,7 @@ class FusedDecodeKernels:
         """The cheap half of memory safety, on each call's main input: bfloat16, rows
         contiguous. (Checking every argument's device and layout cost ~1.5 us a tensor, ~0.4 ms
         a step; the model's own tensors are CPU bfloat16 by construction, see
-        ``llama._fused_decode_for``.)
+        ``decoder._fused_decode_for``.)
 
         Raises:
             ValueError: it is not.
@@ -119,12 +119,15 @@ class FusedDecodeKernels:
         n_heads: int,
         n_kv_heads: int,
         threads: int = 1,
+        qk_norm: torch.Tensor | None = None,
+        eps: float = 0.0,
     ) -> torch.Tensor:
         """Rope, K/V cache write and attention for single-token rows.
 
         Args:
             qkv: ``[rows, (n_heads + 2 * n_kv_heads) * head_dim]``, the QKV projection.
-            rope_cos, rope_sin: ``[max_positions, head_dim]`` (``LlamaModel``'s tables).
+            rope_cos, rope_sin: ``[max_positions, head_dim]`` (``DecoderModel``'s tables,
+                :mod:`app.models.rope`).
             positions, slots: ``[rows]`` int64; each row's position and cache slot.
             keys, values: one layer of the cache, ``[slots, n_kv_heads, cache_len, head_dim]``.
             scores: float32 workspace, ``[threads, n]`` with ``n >= n_heads / n_kv_heads *
@@ -132,6 +135,10 @@ class FusedDecodeKernels:
             threads: OpenMP threads sharing the rows, split by their lengths. They come from
                 the process's OpenMP runtime, which is torch's (its ``libgomp.so.1`` is
                 loaded first), so they are torch's own idle intra-op threads.
+            qk_norm: None, or ``[n_heads + n_kv_heads, head_dim]``, the per-head RMSNorm weights
+                of the query heads then the key heads (Qwen3; ``LayerWeights.qk_norm``: one
+                ``q_norm`` row repeated, then one ``k_norm`` row repeated), applied before rope
+                with epsilon ``eps``.
 
         Returns:
             ``[rows, n_heads * head_dim]`` attention output (before the output projection).
@@ -139,6 +146,12 @@ class FusedDecodeKernels:
         rows = qkv.shape[0]
         head_dim = keys.shape[-1]
         self._check(qkv)
+        q_norm = k_norm = None
+        if qk_norm is not None:
+            if qk_norm.shape != (n_heads + n_kv_heads, head_dim):
+                raise ValueError(f"qk_norm {tuple(qk_norm.shape)} for {n_heads}+{n_kv_heads} heads")
+            self._check(qk_norm)
+            q_norm, k_norm = qk_norm[0].data_ptr(), qk_norm[n_heads].data_ptr()
         out = torch.empty((rows, n_heads * head_dim), dtype=torch.bfloat16)
         self.library.sl_decode_attention(
             qkv.data_ptr(),
@@ -158,6 +171,9 @@ class FusedDecodeKernels:
             n_kv_heads,
             head_dim,
             min(threads, scores.shape[0]) if scores.dim() == 2 else 1,
+            q_norm,
+            k_norm,
+            eps,
         )
         return out
 
@@ -205,6 +221,9 @@ def _declare(library: ctypes.CDLL) -> None:
         _c_int64,  # n_kv_heads
         _c_int64,  # head_dim
         _c_int64,  # threads
+        _c_void_p,  # q_norm
+        _c_void_p,  # k_norm
+        _c_float,  # eps
     ]
     library.sl_decode_attention.restype = None
 
@@ -234,14 +253,20 @@ def _torch_libgomp() -> str | None:
     torch's own worker threads. A second OpenMP runtime (or threads of our own) would fight
     torch's spinning workers for the cores: splitting the attention over a POSIX thread made a
     64-row step 1.2-1.4x slower, over torch's OpenMP team 0.8x.
+
+    Only a library named ``libgomp.so.1`` counts: that is the soname ``-fopenmp`` code links
+    to. Wheels that bundle their own copy under another name (sentencepiece's
+    ``libgomp-<hash>.so.1.0.0``, which ``gguf`` imports when it is installed) are not what the
+    kernels bind to.
     """
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
     for line in maps.splitlines():
-        if "/libgomp" in line:
-            return line.split()[-1]
+        path = line.split()[-1]
+        if Path(path).name.startswith("libgomp.so.1"):
+            return path
     return None
 
 

@@ -1,7 +1,8 @@
-"""Weight-only 4-bit projections on the CPU from the GGUF's own Q4_1 codes.
+"""Weight-only 4-bit projections on the CPU from a GGUF's own Q4_0 / Q4_1 codes.
 
 A GGML Q4_1 block holds 32 consecutive weights of a row as 4-bit codes ``q`` in ``0..15`` with
-an fp16 scale ``d`` and an fp16 minimum ``m``: ``w = d * q + m``. torch's CPU int4 kernel,
+an fp16 scale ``d`` and an fp16 minimum ``m``: ``w = d * q + m``; a Q4_0 block is the same with
+``m = -8d`` (:class:`app.models.q4_codes.Q4Codes` holds both). torch's CPU int4 kernel,
 ``aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scale_and_zeros)``, computes with
 ``w = (q - 8) * scale + zero`` per group of ``group_size`` input columns, so the codes go in
 unchanged (group size 32) with ``scale = d`` and ``zero = m + 8 * d``.
@@ -41,21 +42,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from app.models.gguf_file import (
-    Q4_1_BLOCK,
-    GGUFFile,
-    LlamaHParams,
-    Q4_1Codes,
-    read_llama_q4_1,
-)
-
-if TYPE_CHECKING:  # app.models.llama may import this module: its names are imported late
-    from app.models.llama import LinearKernel, WideLinear
+from app.models.projections import LinearKernel, WideLinear, dense_projection
+from app.models.q4_codes import Q4_BLOCK, Q4Codes
 
 # Rows up to which the int4 kernel is used; above, ``Int4Linear.wide`` (bfloat16). The kernel
 # works in blocks of 4 rows and dequantises the weights again for each block, so 5 rows cost
@@ -66,7 +58,7 @@ if TYPE_CHECKING:  # app.models.llama may import this module: its names are impo
 INT4_MAX_ROWS = 4
 
 # Input columns per (scale, zero) pair: one Q4_1 block.
-INT4_GROUP_SIZE = Q4_1_BLOCK
+INT4_GROUP_SIZE = Q4_BLOCK
 
 # ``_convert_weight_to_int4pack_for_cpu``'s ``innerKTiles``: ignored by the CPU packing (the
 # packed tensor is the same for 1, 2, 4 and 8); 2 keeps its ``K % (16 * tiles)`` check at 32.
@@ -113,7 +105,7 @@ def q4_1_scale_and_zero(
         d, m: float32 ``[out, in / 32]``.
     """
     out_features = codes.shape[0]
-    mean_code = codes.reshape(out_features, -1, Q4_1_BLOCK).mean(axis=-1, dtype=np.float64)
+    mean_code = codes.reshape(out_features, -1, Q4_BLOCK).mean(axis=-1, dtype=np.float64)
     scale = torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)).to(torch.bfloat16)
     exact_mean = d.astype(np.float64) * mean_code + m.astype(np.float64)
     zero = exact_mean - scale.double().numpy() * (mean_code - 8.0)
@@ -173,75 +165,57 @@ class _Int4Kernel:
 
 @dataclass(frozen=True, slots=True)
 class Int4Linear:
-    """Weight-only int4 with the GGUF's Q4_1 codes: ``y = x @ W.T`` for ``W [out, in]``, the
-    Q4_1 weights (up to bfloat16 rounding of their scales, see the module docstring).
+    """Weight-only int4 with a GGUF's Q4_0/Q4_1 codes: ``y = x @ W.T + bias`` for ``W [out,
+    in]``, the file's 4-bit weights (up to bfloat16 rounding of their scales, see the module
+    docstring).
 
     ``x [M, in]`` bfloat16 with ``M <= INT4_MAX_ROWS`` goes through the int4 kernel (``int4``);
-    larger ``M`` through ``wide``, a bfloat16 projection of the Q4_1 weights ``d * q + m``
-    rounded to bfloat16 (see the module docstring for how the two differ). CPU only. Memory for
-    the model's 30 layers: 50.6 MiB of int4 codes, 12.7 MiB of scales and zeros, plus
+    larger ``M`` through ``wide``, a bfloat16 projection of the exact 4-bit weights ``d * q +
+    m`` rounded to bfloat16 (see the module docstring for how the two differ). CPU only. Memory
+    for SmolLM2's 30 layers: 50.6 MiB of int4 codes, 12.7 MiB of scales and zeros, plus
     ``wide``'s bfloat16 copy (202.5 MiB).
     """
 
     int4: _Int4Kernel
     wide: WideLinear
+    bias: torch.Tensor | None = None  # bfloat16 [out]
     # Rows that must be batch-invariant always take the int4 kernel, in calls of at most this
     # many rows (a row's result there does not depend on the call: tested for 1..64 rows).
     exact_rows = INT4_MAX_ROWS
 
     @classmethod
-    def from_q4_1(
+    def from_codes(
         cls,
-        codes: np.ndarray | Sequence[np.ndarray],
-        d: np.ndarray | Sequence[np.ndarray],
-        m: np.ndarray | Sequence[np.ndarray],
+        parts: Q4Codes | Sequence[Q4Codes],
         *,
-        kernel: LinearKernel | None = None,
+        kernel: LinearKernel = LinearKernel.DENSE,
+        bias: torch.Tensor | None = None,
     ) -> Int4Linear:
-        """Build from Q4_1 codes (uint8 ``[out, in]``, 0..15) and their float32 ``d``/``m``
-        (``[out, in / 32]``), e.g. :func:`app.models.gguf_file.read_llama_q4_1`'s fields.
-
-        Sequences are concatenated along the output dimension, in order (fused QKV: q, k, v;
-        gate/up: gate, up). ``kernel`` is how ``wide`` computes (ONEDNN: packed bfloat16;
-        None: DENSE, ``F.linear``).
+        """Build from 4-bit matrices (:meth:`app.models.gguf_file.GGUFFile.q4_codes`),
+        concatenated along the output dimension in order (fused QKV: q, k, v; gate/up: gate,
+        up). ``kernel`` is how ``wide`` computes; ``bias`` is bfloat16 ``[out]`` or None.
 
         Raises:
             ValueError: ``out`` is not a multiple of 16, ``in`` not of 32, or shapes disagree.
         """
-        # [out, in] uint8; [out, in / 32] float32 twice
-        codes_np, d_np, m_np = (_concatenate(part) for part in (codes, d, m))
-        out_features, in_features = codes_np.shape
+        parts = [parts] if isinstance(parts, Q4Codes) else list(parts)
+        codes = _concatenate([p.codes for p in parts])
+        d = _concatenate([p.d for p in parts])
+        m = _concatenate([p.m for p in parts])
+        out_features, in_features = codes.shape
         groups = (out_features, in_features // INT4_GROUP_SIZE)
-        if in_features % INT4_GROUP_SIZE or d_np.shape != groups or m_np.shape != groups:
+        if in_features % INT4_GROUP_SIZE or d.shape != groups or m.shape != groups:
             raise ValueError(
-                f"codes {codes_np.shape} with d {d_np.shape}, m {m_np.shape}: expected groups of "
+                f"codes {codes.shape} with d {d.shape}, m {m.shape}: expected groups of "
                 f"{INT4_GROUP_SIZE} input columns"
             )
         if out_features % 16:
             raise ValueError(f"the int4 kernel needs out_features % 16 == 0, got {out_features}")
-        scale, zero = q4_1_scale_and_zero(codes_np, d_np, m_np)
-        exact = Q4_1Codes(codes_np, d_np, m_np).dequantize()  # float32 [out, in]
+        scale, zero = q4_1_scale_and_zero(codes, d, m)
+        exact = Q4Codes(codes, d, m).dequantize()  # float32 [out, in]
         weight = torch.from_numpy(exact).to(torch.bfloat16)
-        int4 = _Int4Kernel.pack(torch.from_numpy(codes_np), scale, zero)
-        from app.models.llama import LinearKernel, _wide_linear  # late: llama may import us
-
-        return cls(int4, _wide_linear(weight, kernel or LinearKernel.DENSE))
-
-    @classmethod
-    def from_gguf(
-        cls,
-        file: GGUFFile,
-        hparams: LlamaHParams,
-        names: Sequence[str],
-        *,
-        kernel: LinearKernel | None = None,
-    ) -> Int4Linear:
-        """The Q4_1 matrices ``names`` of ``file`` (Q/K un-permuted), fused along the output
-        dimension in order. Raises ValueError for a tensor that is not Q4_1."""
-        parts = [read_llama_q4_1(file, name, hparams) for name in names]
-        return cls.from_q4_1(
-            [p.codes for p in parts], [p.d for p in parts], [p.m for p in parts], kernel=kernel
-        )
+        int4 = _Int4Kernel.pack(torch.from_numpy(codes), scale, zero)
+        return cls(int4, dense_projection(weight, kernel, bias), bias)
 
     @property
     def out_features(self) -> int:
@@ -254,17 +228,18 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, in]`` bfloat16 -> ``[M, out]`` bfloat16."""
         if x.shape[0] <= INT4_MAX_ROWS:
-            return self.int4(x)
+            out = self.int4(x)
+            return out if self.bias is None else out.add_(self.bias)
         return self.wide(x)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W.T`` (bfloat16 ``[M, out]``); ``residual`` is not modified."""
         if x.shape[0] <= INT4_MAX_ROWS:
-            return self.int4(x).add_(residual)
+            return self(x).add_(residual)
         return self.wide.add_to(residual, x)
 
 
-def _concatenate(parts: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
-    if isinstance(parts, np.ndarray):
-        return np.ascontiguousarray(parts)
+def _concatenate(parts: Sequence[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return np.ascontiguousarray(parts[0])
     return np.ascontiguousarray(np.concatenate(list(parts), axis=0))

@@ -1,28 +1,47 @@
-"""Builds the model a config asks for (the only place that knows every implementation)."""
+"""Builds the model a config asks for (the only place that knows every implementation).
+
+The real model is planned and checked first (:func:`inspect_model`, on the command line before
+the port opens: every refusal is one line there) and loaded later on the model thread
+(:func:`load_model`); :mod:`app.models.load_plan` does both. The mock needs neither torch nor
+a plan, so the real model's modules are imported only for a real model.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from app.config import ServerConfig
 from app.models.base import Model
 from app.models.mock import MockModelRunner
 
+if TYPE_CHECKING:
+    from app.models.load_plan import LoadPlan
+
 logger = logging.getLogger(__name__)
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` becomes ``cuda`` when torch sees a GPU, else ``cpu``."""
-    if device != "auto":
-        return device
-    import torch  # local: the mock server must not need torch loaded
+def inspect_model(config: ServerConfig) -> LoadPlan | None:
+    """Open and check the configured model and decide how to load it; None for the mock.
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    Raises:
+        ModelRefused: the model cannot be served (:func:`app.models.load_plan.plan_load`).
+    """
+    if config.model == "mock":
+        return None
+    from app.models.load_plan import LoadOptions, plan_load  # the real model's modules
+
+    return plan_load(config.model, LoadOptions.from_config(config))
 
 
-def load_model(config: ServerConfig) -> Model:
-    """Loads the configured model; may take seconds for the real one. Raises on failure."""
+def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
+    """Loads the configured model; may take seconds for the real one. ``plan``: what
+    :func:`inspect_model` gave for this config (None: inspected here).
+
+    Raises:
+        ModelRefused: the model cannot be served. Anything else: the load failed.
+    """
     started = time.perf_counter()
     model: Model
     if config.model == "mock":
@@ -33,20 +52,16 @@ def load_model(config: ServerConfig) -> Model:
             fail_every=config.mock_fail_every,
         )
     else:
-        import torch  # local: the mock server must not need torch loaded
+        import torch  # the real model's modules
 
-        from app.models.smollm2 import load_smollm2
+        from app.models.load_plan import load_runner
 
         if config.torch_threads is not None:
             torch.set_num_threads(config.torch_threads)
-        model = load_smollm2(
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len,
-            dtype=config.dtype,
-            device=resolve_device(config.device),
-            quantization=config.quantization,
-            fused_decode=config.fused_decode,
-        )
+        if plan is None:
+            plan = inspect_model(config)
+            assert plan is not None  # not the mock
+        model = load_runner(plan)
     logger.info(
         "loaded %s (%s) in %.2f s",
         model.capabilities.name,

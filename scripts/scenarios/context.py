@@ -11,6 +11,7 @@ import httpx
 from harness.server import Server, ServerSpec
 from loadgen import LoadConfig, WorkloadConfig
 from rich.console import Console
+
 from scenarios.plan import Plan
 
 REQUEST_TIMEOUT_S = 300.0

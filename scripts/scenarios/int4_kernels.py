@@ -9,9 +9,12 @@ from collections.abc import Callable
 
 import torch
 
-from app.models.gguf_file import GGUFFile, read_llama_q4_1, smollm2_gguf_path
+from app.models.gguf_file import GGUFFile
 from app.models.int4 import Int4Linear
-from app.models.llama import Int8Linear, LinearKernel, PackedLinear
+from app.models.int8 import Int8Linear
+from app.models.model_tensors import ModelTensors
+from app.models.projections import LinearKernel, PackedLinear
+from app.models.smollm2 import smollm2_gguf_path
 
 PROJECTIONS = (
     ("attn_q", "attn_k", "attn_v"),
@@ -24,7 +27,8 @@ PROJECTIONS = (
 def load(layers: int) -> dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]]:
     """Per kernel name, ``(projection, in_features)`` for every matrix of ``layers`` layers."""
     file = GGUFFile(smollm2_gguf_path())
-    hparams = file.llama_hparams()
+    architecture = file.architecture()
+    tensors = ModelTensors(file, architecture, file.hparams(architecture))
     kernels: dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]] = {
         "bf16": [],
         "int8": [],
@@ -32,8 +36,7 @@ def load(layers: int) -> dict[str, list[tuple[Callable[[torch.Tensor], torch.Ten
     }
     for i in range(layers):
         for group in PROJECTIONS:
-            names = [f"blk.{i}.{name}.weight" for name in group]
-            parts = [read_llama_q4_1(file, name, hparams) for name in names]
+            parts = [tensors.q4_codes(name, i) for name in group]
             weight = torch.cat([torch.from_numpy(p.dequantize()) for p in parts])
             in_features = weight.shape[1]
             kernels["bf16"].append(
@@ -48,9 +51,7 @@ def load(layers: int) -> dict[str, list[tuple[Callable[[torch.Tensor], torch.Ten
                     in_features,
                 )
             )
-            int4 = Int4Linear.from_q4_1(
-                [p.codes for p in parts], [p.d for p in parts], [p.m for p in parts]
-            )
+            int4 = Int4Linear.from_codes(parts)
             kernels["int4"].append((int4.int4.__call__, in_features))
     return kernels
 

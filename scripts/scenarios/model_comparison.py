@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.server import running
+
+from app.models.gguf_file import GGUFFile
+from app.models.gguf_tokenizer import GGUFTokenizer
+from app.models.smollm2 import smollm2_gguf_path
 from scenarios.model_serving import (
     LLAMA_CPP_ISSUE,
     HttpSystem,
@@ -28,9 +32,6 @@ from scenarios.model_serving import (
     ttft_under_load,
 )
 from scenarios.transformers_reference import TransformersSystem, agreement
-
-from app.models.gguf_file import GGUFFile, smollm2_gguf_path
-from app.models.gguf_tokenizer import GGUFTokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ from harness.server import ServerSpec
 from harness.sse import parse_events
 from harness.wait import wait_for
 
-from app.models.gguf_file import smollm2_gguf_path
 from app.models.gguf_tokenizer import GGUFTokenizer
+from app.models.smollm2 import smollm2_gguf_path
 
 READY_TIMEOUT_S = 300.0  # loading SmolLM2 (and building the fused kernels) on a busy machine
 

@@ -18,9 +18,12 @@ from harness.process_stats import MIB, ProcessStats
 from harness.server import SCRIPTS
 
 from app.models.base import SamplingParams, StepBatch, StepRow
+from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.int4 import INT4_MAX_ROWS, Int4Linear
-from app.models.llama import DenseLinear, Int8Linear, PackedLinear
-from app.models.smollm2 import LlamaModelRunner, load_smollm2
+from app.models.int8 import Int8Linear
+from app.models.load_plan import load_checkpoint
+from app.models.projections import DenseLinear, PackedLinear
+from app.models.runner import ModelRunner
 
 ENTRY_POINT = SCRIPTS / "bench_model_step.py"  # runs ``measure_rss_child`` in a fresh process
 
@@ -81,7 +84,7 @@ def measure_bandwidth() -> dict[str, float]:
     return result
 
 
-def weight_bytes_per_step(runner: LlamaModelRunner, rows: int) -> int:
+def weight_bytes_per_step(runner: ModelRunner, rows: int) -> int:
     """Bytes of projection weights one step of ``rows`` decode rows reads (each matrix once)."""
 
     def size(linear) -> int:
@@ -105,7 +108,7 @@ def weight_bytes_per_step(runner: LlamaModelRunner, rows: int) -> int:
     return total
 
 
-def kv_bytes_per_position(runner: LlamaModelRunner) -> int:
+def kv_bytes_per_position(runner: ModelRunner) -> int:
     return runner.cache.bytes_per_slot // runner.cache.keys.shape[3]
 
 
@@ -115,7 +118,7 @@ def kv_bytes_per_position(runner: LlamaModelRunner) -> int:
 class DecodeLoop:
     """``batch`` slots prefilled with a prompt, then greedy decode steps of all of them."""
 
-    def __init__(self, runner: LlamaModelRunner, batch: int, prompt_len: int) -> None:
+    def __init__(self, runner: ModelRunner, batch: int, prompt_len: int) -> None:
         self.runner, self.batch = runner, batch
         for slot in range(batch):
             runner.release(slot)
@@ -141,7 +144,7 @@ class DecodeLoop:
 
 
 def measure_decode(
-    runners: dict[str, LlamaModelRunner], args: argparse.Namespace, bandwidth_gb_s: float | None
+    runners: dict[str, ModelRunner], args: argparse.Namespace, bandwidth_gb_s: float | None
 ) -> list[dict]:
     results = []
     for batch in args.batches:
@@ -175,7 +178,7 @@ def measure_decode(
     return results
 
 
-def measure_threads(runner: LlamaModelRunner, args: argparse.Namespace) -> list[dict]:
+def measure_threads(runner: ModelRunner, args: argparse.Namespace) -> list[dict]:
     results = []
     before = torch.get_num_threads()
     for batch in args.batches:
@@ -202,7 +205,7 @@ def measure_threads(runner: LlamaModelRunner, args: argparse.Namespace) -> list[
 # --------------------------------------------------------------------------- mixed vs alternating
 
 
-def measure_mixed(runner: LlamaModelRunner, args: argparse.Namespace) -> dict:
+def measure_mixed(runner: ModelRunner, args: argparse.Namespace) -> dict:
     """15 decode rows + a 100-token chunk: one mixed step vs two steps."""
     decoders, chunk_slot, chunk = 15, 15, prompt_ids(100, 99)
     loop = DecodeLoop(runner, decoders, args.prompt_len)
@@ -249,9 +252,7 @@ def measure_mixed(runner: LlamaModelRunner, args: argparse.Namespace) -> dict:
 # --------------------------------------------------------------------------- agreement
 
 
-def measure_agreement(
-    reference: LlamaModelRunner, candidate: LlamaModelRunner, num_tokens: int
-) -> dict:
+def measure_agreement(reference: ModelRunner, candidate: ModelRunner, num_tokens: int) -> dict:
     """Teacher-forced greedy agreement and the largest |logit difference| (with the float32
     logit range for scale), over ``AGREEMENT_PROMPTS``."""
     agreed = total = 0
@@ -277,10 +278,8 @@ def measure_agreement(
     }
 
 
-def _logits(runner: LlamaModelRunner, row: StepRow) -> torch.Tensor:
+def _logits(runner: ModelRunner, row: StepRow) -> torch.Tensor:
     """The float32 logits of one row (a step through the runner's model and cache)."""
-    from app.models.llama import ForwardPlan, RowSpec
-
     plan = ForwardPlan.build(
         [RowSpec(row.slot, row.token_ids, row.position, True)], cache=runner.cache
     )
@@ -296,8 +295,12 @@ def measure_rss_child(config: Config) -> dict:
     512-token chunks, and with every cache position written."""
     import app.api.server  # noqa: F401  (the server's own imports, for a like-for-like RSS)
 
-    runner = load_smollm2(
-        max_num_seqs=16, max_model_len=2048, dtype=config.dtype, quantization=config.quantization
+    runner = load_checkpoint(
+        "smollm2",
+        max_num_seqs=16,
+        max_model_len=2048,
+        dtype=config.dtype,
+        quantization=config.quantization,
     )
     result = {"config": config.name, "after_load_mib": rss_mib()}
     for slot in range(16):

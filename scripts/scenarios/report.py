@@ -163,6 +163,16 @@ OTHER_TABLES = (
         "MODEL_PERF.md: one step's projections in bfloat16, int8 and int4",
         "python scripts/bench_int4.py",
     ),
+    (
+        'MODEL_PERF.md, "Any model": this code\'s decode steps, load time and RSS against '
+        "another checkout, interleaved",
+        "python scripts/bench_model_ab.py --base CHECKOUT",
+    ),
+    (
+        'MODEL_PERF.md, "Any model": greedy agreement with float32 of each configuration '
+        "(the default's quality check)",
+        "python scripts/bench_model_quality.py",
+    ),
     ("ROBUSTNESS.md: soak (nothing leaks)", "python scripts/soak.py"),
     ("ROBUSTNESS.md: overload burst (429 latency)", "python scripts/overload_burst.py"),
     ("README.md: 1 vs 2 mock replicas behind nginx", "python scripts/bench_replicas.py"),

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from harness.server import ROOT
 from rich.console import Console
+
 from scenarios.cancel_storm import scenario_cancel_storm
 from scenarios.concurrency import scenario_concurrency
 from scenarios.context import Context

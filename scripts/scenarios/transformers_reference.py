@@ -8,9 +8,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.models.smollm2 import smollm2_gguf_path
 from scenarios.model_serving import StreamRecord, Wave, make_prompt
-
-from app.models.gguf_file import smollm2_gguf_path
 
 
 @dataclass(frozen=True, slots=True)

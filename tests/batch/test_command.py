@@ -62,7 +62,10 @@ def test_a_run_writes_every_line_and_ends_with_the_summary(tmp_path):
             ["-i", "{tmp}/in.jsonl", "-o", "{tmp}/in.jsonl"],
             "the output {tmp}/in.jsonl is the input",
         ),
-        (["-i", "{tmp}/in.jsonl", "-o", "-", "--model", "no-such-model"], "--model: Input should"),
+        (
+            ["-i", "{tmp}/in.jsonl", "-o", "-", "--model", "no-such-model"],
+            "cannot load the model 'no-such-model': no-such-model: no such file or directory",
+        ),
         (["-i", "{tmp}/in.jsonl", "-o", "-", "--max-num-seqs", "0"], "--max-num-seqs: Input"),
         (["-i", "{tmp}/in.jsonl", "-o", "-", "--max-num-batched-tokens", "1"], "Value error, max_"),
         (["-o", "-"], "--input: Field required"),

@@ -15,6 +15,7 @@ from app.engine.request import GenerationRequest
 from app.llm import LLM, Generation, SamplingOptions
 from app.models.base import SamplingParams, StepBatch, StepOutput
 from app.models.mock import MOCK_EOS_TOKEN_ID, MockModelRunner
+from app.models.refusal import ModelRefused
 
 PROMPTS = [f"prompt {i} 中文" for i in range(7)]
 
@@ -27,12 +28,18 @@ def test_loads_the_mock_by_name_with_the_servers_settings():
 
 
 @pytest.mark.parametrize(
-    "settings",
-    [{"model": "no-such-model"}, {"model": "mock", "max_num_seqs": 0}, {"model": "mock", "x": 1}],
+    "settings", [{"model": "mock", "max_num_seqs": 0}, {"model": "mock", "x": 1}]
 )
 def test_bad_settings_are_refused_as_the_server_refuses_its_flags(settings):
     with pytest.raises(pydantic.ValidationError):
         LLM(**settings)
+
+
+def test_a_model_that_cannot_be_served_is_refused_as_the_server_refuses_it():
+    """--model takes a path too (issue 8): a name that is neither a bundled model nor a path is
+    the loader's one-line refusal, as on the command line."""
+    with pytest.raises(ModelRefused, match="^no-such-model: no such file or directory$"):
+        LLM(model="no-such-model")
 
 
 async def test_same_results_as_the_servers_engine():

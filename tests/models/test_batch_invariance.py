@@ -13,20 +13,16 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from app.models.gguf_file import GGUFFile, smollm2_gguf_path
-from app.models.gguf_tokenizer import GGUFTokenizer
+from app.models.decoder import DecoderModel
+from app.models.forward_plan import ForwardPlan, RowSpec
+from app.models.gguf_file import GGUFFile
 from app.models.int4 import int4_kernel_status
-from app.models.llama import (
-    EXACT_ROWS_ONEDNN_BF16,
-    ForwardPlan,
-    KVCache,
-    LinearKernel,
-    LlamaModel,
-    LlamaWeights,
-    Quantization,
-    RowSpec,
-    select_linear_kernel,
-)
+from app.models.kv_cache import KVCache
+from app.models.projections import EXACT_ROWS_ONEDNN_BF16, LinearKernel, select_linear_kernel
+from app.models.smollm2 import smollm2_gguf_path
+from app.models.tokenizers import load_gguf_tokenizer
+from app.models.weights import Quantization
+from tests.models.stepping import decoder_of
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +32,19 @@ MAX_LEN = 256
 TARGET = 7  # the target's slot in the crowd
 
 
-def _model(dtype: torch.dtype, quantization: Quantization) -> LlamaModel:
-    file = GGUFFile(smollm2_gguf_path())
-    hparams = file.llama_hparams()
+def _model(dtype: torch.dtype, quantization: Quantization) -> DecoderModel:
     kernel, _ = select_linear_kernel(CPU, dtype)
-    weights = LlamaWeights.from_gguf(
-        file, hparams, dtype=dtype, device=CPU, quantization=quantization, kernel=kernel
+    return decoder_of(
+        smollm2_gguf_path(),
+        dtype=dtype,
+        quantization=quantization,
+        kernel=kernel,
+        max_model_len=MAX_LEN,
     )
-    return LlamaModel(hparams, weights, max_model_len=MAX_LEN)
 
 
 @pytest.fixture(scope="module", params=["bfloat16", "int8", "int4"])
-def model(request: pytest.FixtureRequest) -> LlamaModel:
+def model(request: pytest.FixtureRequest) -> DecoderModel:
     if request.param == "bfloat16":
         return _model(torch.bfloat16, Quantization.NONE)
     if request.param == "int4" and not int4_kernel_status()[0]:
@@ -55,9 +52,9 @@ def model(request: pytest.FixtureRequest) -> LlamaModel:
     return _model(torch.bfloat16, Quantization(request.param))
 
 
-def test_greedy_answer_is_paris(model: LlamaModel) -> None:
+def test_greedy_answer_is_paris(model: DecoderModel) -> None:
     """A sanity check of each kind of weights: greedy decoding of a known prompt."""
-    tokenizer = GGUFTokenizer(GGUFFile(smollm2_gguf_path()))
+    tokenizer = load_gguf_tokenizer(GGUFFile(smollm2_gguf_path()))
     prompt = tokenizer.encode("The capital of France is")
     steps = [[RowSpec(0, prompt, 0, True)]]
     cache = KVCache(model.hparams, max_num_seqs=1, max_model_len=64, dtype=model.dtype, device=CPU)
@@ -71,7 +68,7 @@ def test_greedy_answer_is_paris(model: LlamaModel) -> None:
 
 
 def _target_logits(
-    model: LlamaModel, steps: list[list[RowSpec]], target_slot: int
+    model: DecoderModel, steps: list[list[RowSpec]], target_slot: int
 ) -> list[torch.Tensor]:
     """Run ``steps`` on a fresh cache; the target's logits of every step that asks for them."""
     cache = KVCache(
@@ -104,7 +101,7 @@ def torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("torch_threads")
-def test_a_seeded_row_computes_the_same_alone_and_in_any_crowd(model: LlamaModel) -> None:
+def test_a_seeded_row_computes_the_same_alone_and_in_any_crowd(model: DecoderModel) -> None:
     generator = torch.Generator().manual_seed(0)
     vocab = model.hparams.vocab_size
 

@@ -10,23 +10,17 @@ import pytest
 import torch
 
 from app.models.base import SamplingParams, StepBatch, StepRow
-from app.models.gguf_file import GGUFFile, map_q8_0_rows, read_llama_tensor, smollm2_gguf_path
-from app.models.llama import (
-    INT8_MAX_ROWS,
-    KEY_ALIGN,
-    DenseLinear,
-    ForwardPlan,
-    Int8Embedding,
-    Int8Linear,
-    KVCache,
-    LinearKernel,
-    PackedLinear,
-    Q8_0Embedding,
-    RowSpec,
-    select_linear_kernel,
-)
+from app.models.embeddings import FileRowsEmbedding
+from app.models.forward_plan import ForwardPlan, RowSpec
+from app.models.gguf_file import GGUFFile
+from app.models.hparams import HParams
+from app.models.int8 import INT8_MAX_ROWS, Int8Embedding, Int8Linear
+from app.models.kv_cache import KEY_ALIGN, KVCache
+from app.models.load_plan import load_checkpoint
+from app.models.projections import DenseLinear, LinearKernel, PackedLinear, select_linear_kernel
+from app.models.runner import ModelRunner
 from app.models.sampler import ARGMAX_BLOCK, argmax_rows
-from app.models.smollm2 import LlamaModelRunner, load_smollm2
+from app.models.smollm2 import smollm2_gguf_path
 from tests.models.stepping import GREEDY, generate_alone, generate_together
 
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
@@ -35,13 +29,20 @@ ONEDNN = select_linear_kernel(CPU, torch.bfloat16)[0] is LinearKernel.ONEDNN
 
 
 @pytest.fixture(scope="module")
-def bf16_runner() -> LlamaModelRunner:
-    return load_smollm2(max_num_seqs=8, max_model_len=256, dtype="bfloat16")
+def bf16_runner() -> ModelRunner:
+    return load_checkpoint("smollm2", max_num_seqs=8, max_model_len=256, dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")
-def int8_runner() -> LlamaModelRunner:
-    return load_smollm2(max_num_seqs=8, max_model_len=256, dtype="bfloat16", quantization="int8")
+def int8_runner() -> ModelRunner:
+    return load_checkpoint(
+        "smollm2", max_num_seqs=8, max_model_len=256, dtype="bfloat16", quantization="int8"
+    )
+
+
+def _smollm2_hparams() -> HParams:
+    file = GGUFFile(smollm2_gguf_path())
+    return file.hparams(file.architecture())
 
 
 def _weights(out_features: int, in_features: int, seed: int = 0) -> torch.Tensor:
@@ -84,7 +85,7 @@ def test_int8_kernels_agree_with_each_other_and_the_float_weight() -> None:
     assert torch.equal(linear.add_to(residual, x[:1]), narrow[:1] + residual)
 
 
-def test_int8_embedding_reads_the_lm_head_rows(int8_runner: LlamaModelRunner) -> None:
+def test_int8_embedding_reads_the_lm_head_rows(int8_runner: ModelRunner) -> None:
     weights = int8_runner.model.weights
     assert isinstance(weights.embedding, Int8Embedding)
     assert isinstance(weights.lm_head, Int8Linear)
@@ -100,9 +101,10 @@ def test_int8_embedding_reads_the_lm_head_rows(int8_runner: LlamaModelRunner) ->
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_q8_0_embedding_reads_the_dense_matrix_values(dtype: torch.dtype) -> None:
     file = GGUFFile(smollm2_gguf_path())
-    hparams = file.llama_hparams()
-    dense = torch.from_numpy(read_llama_tensor(file, "token_embd.weight", hparams)).to(dtype)
-    lookup = Q8_0Embedding(map_q8_0_rows(file, "token_embd.weight"), dtype)
+    hparams = file.hparams(file.architecture())
+    assert file.tensor_type("token_embd.weight") == "Q8_0"
+    dense = torch.from_numpy(file.read_tensor("token_embd.weight")).to(dtype)
+    lookup = FileRowsEmbedding(file.tensor_rows("token_embd.weight"), dtype)
     ids = torch.cat([torch.tensor([0, 1, hparams.vocab_size - 1, 1]), torch.randperm(49152)[:3000]])
     rows = lookup(ids)
     assert rows.dtype == dtype and rows.shape == (len(ids), hparams.embedding_length)
@@ -111,13 +113,13 @@ def test_q8_0_embedding_reads_the_dense_matrix_values(dtype: torch.dtype) -> Non
 
 @pytest.mark.skipif(not ONEDNN, reason="needs oneDNN bfloat16")
 def test_bf16_lm_head_is_packed_and_the_lookup_reads_the_file(
-    bf16_runner: LlamaModelRunner,
+    bf16_runner: ModelRunner,
 ) -> None:
     weights = bf16_runner.model.weights
     assert isinstance(weights.lm_head, PackedLinear)
-    assert isinstance(weights.embedding, Q8_0Embedding)
+    assert isinstance(weights.embedding, FileRowsEmbedding)
     file = GGUFFile(smollm2_gguf_path())
-    dense = torch.from_numpy(read_llama_tensor(file, "token_embd.weight", file.llama_hparams()))
+    dense = torch.from_numpy(file.read_tensor("token_embd.weight"))
     x = torch.randn(5, dense.shape[1]).to(torch.bfloat16)
     # the packed head multiplies by the same bfloat16 matrix as the dense tied one
     torch.testing.assert_close(
@@ -128,7 +130,7 @@ def test_bf16_lm_head_is_packed_and_the_lookup_reads_the_file(
     )
 
 
-def test_decode_attention_layouts_agree(runner: LlamaModelRunner) -> None:
+def test_decode_attention_layouts_agree(runner: ModelRunner) -> None:
     """Query heads folded into the query axis, or SDPA's own GQA: the same attention."""
     model = runner.model
     cache = KVCache(
@@ -154,9 +156,9 @@ def test_decode_attention_layouts_agree(runner: LlamaModelRunner) -> None:
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
 def test_a_mixed_step_equals_separate_steps(
     kind: str,
-    runner: LlamaModelRunner,
-    bf16_runner: LlamaModelRunner,
-    int8_runner: LlamaModelRunner,
+    runner: ModelRunner,
+    bf16_runner: ModelRunner,
+    int8_runner: ModelRunner,
 ) -> None:
     """Decode rows and a prompt chunk in one step give the tokens they give in steps of their
     own (the scheduler mixes them whenever the token budget allows)."""
@@ -192,7 +194,7 @@ def test_a_mixed_step_equals_separate_steps(
 
 
 def test_seeded_sampling_is_batch_invariant_in_float32_with_one_thread(
-    runner: LlamaModelRunner,
+    runner: ModelRunner,
 ) -> None:
     """The float32 model keeps the API's seeded batch invariance with one torch thread, where
     decode attention takes SDPA's own GQA layout except in steps with a seeded row. (bfloat16,
@@ -227,7 +229,7 @@ def test_seeded_sampling_is_batch_invariant_in_float32_with_one_thread(
 
 
 def test_kv_cache_is_zero_and_writable() -> None:
-    hp = GGUFFile(smollm2_gguf_path()).llama_hparams()
+    hp = _smollm2_hparams()
     cache = KVCache(hp, max_num_seqs=2, max_model_len=30, dtype=torch.bfloat16, device=CPU)
     # positions are padded to whole KEY_ALIGN blocks (attention reads whole blocks): 30 -> 32
     assert cache.keys.shape == (

@@ -12,9 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from app.models.decoder import DecoderModel, apply_rope
+from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.fused_decode import FusedDecodeKernels, load_fused_decode
-from app.models.llama import ForwardPlan, KVCache, LlamaModel, RowSpec, _apply_rope
-from app.models.smollm2 import LlamaModelRunner, load_smollm2
+from app.models.kv_cache import KVCache
+from app.models.load_plan import load_checkpoint
+from app.models.runner import ModelRunner
+from tests.checkpoints import ARCHITECTURES
+from tests.models.stepping import decoder_of
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
@@ -121,7 +126,7 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
     assert torch.equal(got, alone)
 
     heads = qkv.view(4, -1, head_dim)
-    rotated = _apply_rope(
+    rotated = apply_rope(
         heads[:, : n_heads + n_kv], cos[positions][:, None], sin[positions][:, None]
     )
     expected_keys, expected_values = keys_before.clone(), values_before.clone()
@@ -139,12 +144,62 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
         torch.testing.assert_close(got[row].float(), reference, rtol=2**-7, atol=2e-3)
 
 
+def test_decode_attention_norms_query_and_key_heads_first(kernels: FusedDecodeKernels) -> None:
+    """Qwen3's per-head q/k RMSNorm inside the kernel: the keys it writes and the attention it
+    computes are the eager path's (norm, then rope) up to the order of a float32 sum."""
+    n_heads, n_kv, head_dim, cache_len, eps = 8, 2, 128, 32, 1e-6
+    slots, positions = torch.tensor([1, 0]), torch.tensor([5, 20])
+    keys = _random(2, n_kv, cache_len, head_dim, seed=11)
+    values = _random(2, n_kv, cache_len, head_dim, seed=12)
+    before = keys.clone()
+    qkv = _random(2, (n_heads + 2 * n_kv) * head_dim, seed=13, scale=3.0)
+    q_norm, k_norm = (
+        1 + 0.3 * _random(head_dim, seed=14).float(),
+        1 + 0.3 * _random(head_dim, seed=15).float(),
+    )
+    qk_norm = torch.cat([q_norm.expand(n_heads, -1), k_norm.expand(n_kv, -1)]).to(BF16)
+    angles = torch.arange(cache_len, dtype=torch.float64)[:, None] * (
+        1.0 / 1e6 ** (torch.arange(0, head_dim // 2, dtype=torch.float64) / (head_dim // 2))
+    )
+    cos = torch.cat((angles.cos(), angles.cos()), -1).to(BF16)
+    sin = torch.cat((-angles.sin(), angles.sin()), -1).to(BF16)
+    scores = torch.empty((1, n_heads // n_kv * cache_len), dtype=torch.float32)
+    got = kernels.decode_attention(
+        qkv, cos, sin, positions, slots, keys, values, scores,
+        n_heads=n_heads, n_kv_heads=n_kv, qk_norm=qk_norm, eps=eps,
+    )  # fmt: skip
+
+    heads = qkv.view(2, -1, head_dim)[:, : n_heads + n_kv]
+    inv = torch.rsqrt(heads.float().pow(2).mean(-1, keepdim=True) + eps).to(BF16)
+    normed = (heads * inv).mul_(qk_norm)
+    rotated = apply_rope(normed, cos[positions][:, None], sin[positions][:, None])
+    for row, (slot, position) in enumerate(zip(slots.tolist(), positions.tolist(), strict=True)):
+        written = keys[slot, :, position]
+        torch.testing.assert_close(
+            written.float(), rotated[row, n_heads:].float(), rtol=2**-7, atol=1e-2
+        )
+        assert _share_equal(written, rotated[row, n_heads:]) > 0.95
+        others = torch.ones(cache_len, dtype=torch.bool)
+        others[position] = False
+        assert torch.equal(keys[slot][:, others], before[slot][:, others])
+        q = rotated[row, :n_heads].float()[None, :, None, :]
+        k = keys[slot, :, : position + 1].float()[None]
+        v = values[slot, :, : position + 1].float()[None]
+        reference = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).reshape(-1)
+        torch.testing.assert_close(got[row].float(), reference, rtol=2**-6, atol=5e-3)
+    with pytest.raises(ValueError, match="qk_norm"):
+        kernels.decode_attention(
+            qkv, cos, sin, positions, slots, keys, values, scores,
+            n_heads=n_heads, n_kv_heads=n_kv, qk_norm=qk_norm[:4], eps=eps,
+        )  # fmt: skip
+
+
 # --------------------------------------------------------------------------- in the model
 
 
 @pytest.fixture(scope="module")
-def bf16_runner() -> LlamaModelRunner:
-    return load_smollm2(max_num_seqs=4, max_model_len=256, dtype="bfloat16")
+def bf16_runner() -> ModelRunner:
+    return load_checkpoint("smollm2", max_num_seqs=4, max_model_len=256, dtype="bfloat16")
 
 
 class _CountingKernels:
@@ -165,14 +220,14 @@ class _CountingKernels:
         return self.inner.decode_attention(*args, **kwargs)
 
 
-def _prefill(model: LlamaModel, cache: KVCache, prompts: list[list[int]]) -> None:
+def _prefill(model: DecoderModel, cache: KVCache, prompts: list[list[int]]) -> None:
     with torch.inference_mode():
         for slot, prompt in enumerate(prompts):
             model.forward(ForwardPlan.build([RowSpec(slot, prompt, 0, False)], cache=cache), cache)
 
 
 def test_fused_steps_follow_the_float32_model_as_the_eager_ones_do(
-    kernels: FusedDecodeKernels, bf16_runner: LlamaModelRunner, runner: LlamaModelRunner
+    kernels: FusedDecodeKernels, bf16_runner: ModelRunner, runner: ModelRunner
 ) -> None:
     """Teacher-forced on float32's greedy tokens: the fused bfloat16 decode step agrees with
     float32 as often as the eager one (98.7% against 98.8% at 32 rows in the benchmark's
@@ -213,7 +268,7 @@ def test_fused_steps_follow_the_float32_model_as_the_eager_ones_do(
 
 
 def test_only_plain_decode_steps_take_the_fused_kernels(
-    kernels: FusedDecodeKernels, bf16_runner: LlamaModelRunner
+    kernels: FusedDecodeKernels, bf16_runner: ModelRunner
 ) -> None:
     """Seeded rows (batch invariance needs the eager path's exact rounding) and steps with a
     prompt chunk stay eager."""
@@ -241,6 +296,47 @@ def test_only_plain_decode_steps_take_the_fused_kernels(
         model.fused_decode = kernels
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_every_architecture_takes_the_fused_kernels(
+    kernels: FusedDecodeKernels, tiny_checkpoints, architecture: str
+) -> None:
+    """Qwen2's biases (in the QKV projection) and Qwen3's q/k norm (in the attention kernel)
+    included: fused bfloat16 decode steps follow the eager bfloat16 ones and float32."""
+    path = tiny_checkpoints.hf(architecture)
+    model = decoder_of(path, dtype=BF16, max_model_len=64)
+    reference = decoder_of(path, dtype=torch.float32, max_model_len=64, fused_decode=False)
+    assert model.fused_decode is not None, model.fused_decode_status
+    prompts = [[1, 4093, 198, 504, 3575], [33, 34, 35], [216, 4649, 314, 2, 9, 10, 11]]
+    cache = KVCache(model.hparams, max_num_seqs=3, max_model_len=64, dtype=BF16, device=CPU)
+    reference_cache = KVCache(
+        model.hparams, max_num_seqs=3, max_model_len=64, dtype=torch.float32, device=CPU
+    )
+    _prefill(model, cache, prompts)
+    _prefill(reference, reference_cache, prompts)
+    counting = _CountingKernels(kernels)
+    tokens, lengths = [13, 14, 15], [len(p) for p in prompts]
+    agree = {"fused": 0, "eager": 0}
+    with torch.inference_mode():
+        for _ in range(8):
+            rows = [RowSpec(slot, [tokens[slot]], lengths[slot], True) for slot in range(3)]
+            expected = reference.forward(
+                ForwardPlan.build(rows, cache=reference_cache), reference_cache
+            )
+            plan = ForwardPlan.build(rows, cache=cache)
+            model.fused_decode = None
+            eager = model.forward(plan, cache)
+            model.fused_decode = counting
+            fused = model.forward(plan, cache)  # rewrites the same positions
+            torch.testing.assert_close(fused.float(), eager.float(), rtol=0.05, atol=0.05)
+            torch.testing.assert_close(fused.float(), expected, rtol=0.05, atol=0.08)
+            agree["fused"] += int((fused.argmax(-1) == expected.argmax(-1)).sum())
+            agree["eager"] += int((eager.argmax(-1) == expected.argmax(-1)).sum())
+            tokens = expected.argmax(-1).tolist()
+            lengths = [length + 1 for length in lengths]
+    assert counting.attention_calls == 8 * model.hparams.block_count
+    assert agree["fused"] >= agree["eager"] - 2, agree
+
+
 # --------------------------------------------------------------------------- the build
 
 
@@ -257,7 +353,7 @@ def test_the_build_is_cached_on_disk(fresh_loader: Path) -> None:
     assert not list(fresh_loader.glob("*.partial"))
 
 
-def _greedy(runner: LlamaModelRunner, text: str, count: int) -> bytes:
+def _greedy(runner: ModelRunner, text: str, count: int) -> bytes:
     prompt = runner.tokenizer.encode(text)
     plan = ForwardPlan.build([RowSpec(0, prompt, 0, True)], cache=runner.cache)
     generated: list[int] = []
@@ -275,14 +371,16 @@ def test_a_failed_build_leaves_the_model_on_its_eager_path(
     monkeypatch.setenv("CC", "false")  # a "compiler" that fails
     kernels, how = load_fused_decode()
     assert kernels is None and "build failed" in how
-    runner = load_smollm2(max_num_seqs=1, max_model_len=64, dtype="bfloat16")
+    runner = load_checkpoint("smollm2", max_num_seqs=1, max_model_len=64, dtype="bfloat16")
     assert runner.model.fused_decode is None
     assert "build failed" in runner.model.fused_decode_status
     assert _greedy(runner, "The capital of France is", 3).startswith(b" Paris")
 
 
 def test_fused_decode_false_keeps_the_eager_path() -> None:
-    runner = load_smollm2(max_num_seqs=1, max_model_len=64, dtype="bfloat16", fused_decode=False)
+    runner = load_checkpoint(
+        "smollm2", max_num_seqs=1, max_model_len=64, dtype="bfloat16", fused_decode=False
+    )
     assert runner.model.fused_decode is None
     assert "--fused-decode false" in runner.model.fused_decode_status
     assert _greedy(runner, "The capital of France is", 3).startswith(b" Paris")

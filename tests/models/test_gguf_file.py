@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.models.gguf_file import GGUFFile, smollm2_gguf_path, unpermute_rope_rows
+from app.models.gguf_file import GGUFFile
+from app.models.model_tensors import unpermute_rope_rows
+from app.models.smollm2 import smollm2_gguf_path
 
 
 def _llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
@@ -24,7 +26,7 @@ def test_unpermute_undoes_the_converter_permutation() -> None:
 
 def test_smollm2_hyper_parameters() -> None:
     file = GGUFFile(smollm2_gguf_path())
-    hparams = file.llama_hparams()
+    hparams = file.hparams(file.architecture())
     assert (hparams.block_count, hparams.embedding_length, hparams.feed_forward_length) == (
         30,
         576,

@@ -1,4 +1,5 @@
-"""Q4_1 codes read from the SmolLM2 GGUF, and the int4 projection built on them."""
+"""Q4_1 codes read from the SmolLM2 GGUF (Q4_0 ones from a tiny GGUF), and the int4 projection
+built on them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from app.models.gguf_file import GGUFFile, read_llama_q4_1, read_llama_tensor, smollm2_gguf_path
 from app.models.int4 import (
     INT4_MAX_ROWS,
     Int4Linear,
@@ -14,7 +14,13 @@ from app.models.int4 import (
     int4_kernel_status,
     q4_1_scale_and_zero,
 )
-from app.models.llama import LinearKernel, select_linear_kernel
+from app.models.load_plan import LoadOptions, plan_load
+from app.models.model_tensors import ModelTensors
+from app.models.projections import LinearKernel, select_linear_kernel
+from app.models.q4_codes import Q4Codes
+from app.models.refusal import ModelRefused
+from app.models.smollm2 import smollm2_gguf_path
+from tests.models.stepping import open_tensors
 
 KERNEL_AVAILABLE, KERNEL_REASON = int4_kernel_status()
 needs_kernel = pytest.mark.skipif(not KERNEL_AVAILABLE, reason=KERNEL_REASON)
@@ -26,18 +32,17 @@ def _relative(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def gguf_file() -> GGUFFile:
-    return GGUFFile(smollm2_gguf_path())
+def smollm2() -> ModelTensors:
+    return open_tensors(smollm2_gguf_path())
 
 
-@pytest.mark.parametrize(
-    "name", ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.7.ffn_down.weight"]
-)
-def test_q4_1_codes_match_gguf_dequantize(gguf_file: GGUFFile, name: str) -> None:
+@pytest.mark.parametrize("part, layer", [("attn_q", 0), ("attn_k", 0), ("ffn_down", 7)])
+def test_q4_1_codes_match_gguf_dequantize(smollm2: ModelTensors, part: str, layer: int) -> None:
     """codes * d + m is, bit for bit, what gguf's dequantize gives (Q/K rows un-permuted)."""
-    hparams = gguf_file.llama_hparams()
-    q4 = read_llama_q4_1(gguf_file, name, hparams)
-    reference = read_llama_tensor(gguf_file, name, hparams)
+    assert smollm2.tensor_type(part, layer) == "Q4_1"
+    q4 = smollm2.q4_codes(part, layer)
+    assert q4 is not None
+    reference = smollm2.read(part, layer)
     assert q4.codes.dtype == np.uint8 and q4.codes.shape == reference.shape
     assert q4.d.shape == q4.m.shape == (reference.shape[0], reference.shape[1] // 32)
     assert q4.d.dtype == q4.m.dtype == np.float32
@@ -45,9 +50,22 @@ def test_q4_1_codes_match_gguf_dequantize(gguf_file: GGUFFile, name: str) -> Non
     np.testing.assert_array_equal(q4.dequantize(), reference)
 
 
-def test_read_llama_q4_1_refuses_other_types(gguf_file: GGUFFile) -> None:
-    with pytest.raises(ValueError, match="not Q4_1"):
-        read_llama_q4_1(gguf_file, "token_embd.weight", gguf_file.llama_hparams())
+def test_q4_0_codes_match_gguf_dequantize(tiny_checkpoints) -> None:
+    """Q4_0's d * (q - 8) comes back as Q4_1 codes with m = -8d, bit for bit."""
+    tensors = open_tensors(tiny_checkpoints.gguf("llama", "Q4_0"))
+    for part in ("attn_q", "attn_k", "ffn_up"):
+        assert tensors.tensor_type(part, 1) == "Q4_0"
+        q4 = tensors.q4_codes(part, 1)
+        assert q4 is not None and int(q4.codes.max()) <= 15
+        np.testing.assert_array_equal(q4.dequantize(), tensors.read(part, 1))
+
+
+def test_int4_refuses_a_file_whose_projections_are_not_4_bit(tiny_checkpoints) -> None:
+    path = tiny_checkpoints.gguf("llama", "Q8_0")
+    assert open_tensors(path).q4_codes("attn_q", 0) is None
+    options = LoadOptions(max_num_seqs=1, dtype="bfloat16", quantization="int4")
+    with pytest.raises(ModelRefused, match=r"int4 needs Q4_0/Q4_1 projections; blk\.0\..* is Q8_0"):
+        plan_load(str(path), options)
 
 
 def test_scale_and_zero_approximate_q4_1() -> None:
@@ -65,15 +83,13 @@ def test_scale_and_zero_approximate_q4_1() -> None:
 
 
 @pytest.fixture(scope="module")
-def qkv(gguf_file: GGUFFile) -> tuple[Int4Linear, torch.Tensor, torch.Tensor]:
+def qkv(smollm2: ModelTensors) -> tuple[Int4Linear, torch.Tensor, torch.Tensor]:
     """Layer 3's fused QKV as Int4Linear (dense wide path), the weights the int4 kernel uses and
     the exact Q4_1 weights, both float32 ``[960, 576]``."""
     if not KERNEL_AVAILABLE:
         pytest.skip(KERNEL_REASON)
-    hparams = gguf_file.llama_hparams()
-    names = [f"blk.3.attn_{p}.weight" for p in "qkv"]
-    linear = Int4Linear.from_gguf(gguf_file, hparams, names)
-    parts = [read_llama_q4_1(gguf_file, name, hparams) for name in names]
+    parts = [smollm2.q4_codes(f"attn_{p}", 3) for p in "qkv"]
+    linear = Int4Linear.from_codes(parts)
     codes = np.concatenate([p.codes for p in parts])
     scale, zero = q4_1_scale_and_zero(
         codes, np.concatenate([p.d for p in parts]), np.concatenate([p.m for p in parts])
@@ -145,23 +161,23 @@ def test_wide_path_agrees_with_the_int4_kernel(qkv) -> None:
 
 
 @needs_kernel
-def test_onednn_wide_path(gguf_file: GGUFFile) -> None:
+def test_onednn_wide_path(smollm2: ModelTensors) -> None:
     kernel, reason = select_linear_kernel(torch.device("cpu"), torch.bfloat16)
     if kernel is not LinearKernel.ONEDNN:
         pytest.skip(reason)
-    hparams = gguf_file.llama_hparams()
-    dense = Int4Linear.from_gguf(gguf_file, hparams, ["blk.1.ffn_down.weight"])
-    packed = Int4Linear.from_gguf(gguf_file, hparams, ["blk.1.ffn_down.weight"], kernel=kernel)
+    codes = smollm2.q4_codes("ffn_down", 1)
+    dense = Int4Linear.from_codes(codes)
+    packed = Int4Linear.from_codes(codes, kernel=kernel)
     x = torch.randn(INT4_MAX_ROWS + 1, 1536, generator=torch.Generator().manual_seed(5))
     x = x.to(torch.bfloat16)
     assert _relative(packed(x), dense(x)) < 4e-3
     assert torch.equal(packed(x[:1]), dense(x[:1]))  # the same int4 kernel
 
 
-def test_from_q4_1_checks_shapes() -> None:
+def test_from_codes_checks_shapes() -> None:
     codes = np.zeros((24, 64), dtype=np.uint8)  # 24 output rows: not a multiple of 16
     d = np.ones((24, 2), dtype=np.float32)
     with pytest.raises(ValueError, match="% 16"):
-        Int4Linear.from_q4_1(codes, d, d)
+        Int4Linear.from_codes(Q4Codes(codes, d, d))
     with pytest.raises(ValueError, match="groups of 32"):
-        Int4Linear.from_q4_1(np.zeros((16, 48), dtype=np.uint8), d[:16], d[:16])
+        Int4Linear.from_codes(Q4Codes(np.zeros((16, 48), dtype=np.uint8), d[:16], d[:16]))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.models.llama import ForwardPlan, KVCache, LlamaModel, RowSpec
-from app.models.smollm2 import LlamaModelRunner
+from app.models.decoder import DecoderModel
+from app.models.forward_plan import ForwardPlan, RowSpec
+from app.models.kv_cache import KVCache
+from app.models.runner import ModelRunner
 
 DECODE_STEPS = 8
 PROMPT_LENGTHS = (3, 11, 17, 29)
@@ -20,7 +22,7 @@ def _prompt(length: int, salt: int) -> list[int]:
 class Sequences:
     """Greedy decoding of several sequences on a private cache, recording logits per step."""
 
-    def __init__(self, model: LlamaModel, max_num_seqs: int) -> None:
+    def __init__(self, model: DecoderModel, max_num_seqs: int) -> None:
         self.model = model
         self.cache = KVCache(
             model.hparams,
@@ -45,7 +47,7 @@ class Sequences:
         return RowSpec(slot, [generated[-1]], prompt_length + len(generated) - 1, True)
 
 
-def _alone(model: LlamaModel, prompts: dict[int, list[int]]) -> Sequences:
+def _alone(model: DecoderModel, prompts: dict[int, list[int]]) -> Sequences:
     sequences = Sequences(model, max_num_seqs=8)
     for slot, prompt in prompts.items():
         sequences.run([RowSpec(slot, prompt, 0, True)])
@@ -56,7 +58,7 @@ def _alone(model: LlamaModel, prompts: dict[int, list[int]]) -> Sequences:
 
 @pytest.mark.parametrize("slots", [(0, 1, 2, 3), (1, 3, 4, 7)], ids=["dense", "with-holes"])
 def test_ragged_batch_equals_one_sequence_at_a_time(
-    runner: LlamaModelRunner, slots: tuple[int, ...]
+    runner: ModelRunner, slots: tuple[int, ...]
 ) -> None:
     prompts = {slot: _prompt(n, slot) for slot, n in zip(slots, PROMPT_LENGTHS, strict=True)}
     expected = _alone(runner.model, prompts)
@@ -87,7 +89,7 @@ def test_ragged_batch_equals_one_sequence_at_a_time(
     assert worst < 2e-3
 
 
-def test_masked_positions_of_other_slots_are_never_read(runner: LlamaModelRunner) -> None:
+def test_masked_positions_of_other_slots_are_never_read(runner: ModelRunner) -> None:
     """Poisoning everything outside a slot's valid positions changes nothing."""
     model = runner.model
     prompts = {0: _prompt(5, 0), 2: _prompt(9, 1)}

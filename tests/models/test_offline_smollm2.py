@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from app.llm import LLM, SamplingOptions
 from app.models.base import StepBatch, StepRow
-from app.models.smollm2 import LlamaModelRunner
+from app.models.runner import ModelRunner
 from tests.models.conftest import MAX_NUM_SEQS
 from tests.models.stepping import GREEDY
 
 
-def test_llm_generates_on_smollm2(runner: LlamaModelRunner) -> None:
+def test_llm_generates_on_smollm2(runner: ModelRunner) -> None:
     llm = LLM(runner, max_num_seqs=MAX_NUM_SEQS)
     prompts = ["The capital of France is", "One, two, three,"]
     results = llm.generate(prompts, SamplingOptions(max_tokens=4, temperature=0))
@@ -22,7 +22,7 @@ def test_llm_generates_on_smollm2(runner: LlamaModelRunner) -> None:
     assert all(runner.slot_length(slot) == 0 for slot in range(MAX_NUM_SEQS))  # all released
 
 
-def test_torch_runner_leaves_inert_slots_alone(runner: LlamaModelRunner) -> None:
+def test_torch_runner_leaves_inert_slots_alone(runner: ModelRunner) -> None:
     prompt = tuple(runner.tokenizer.encode("Once upon a time"))
     held = tuple(runner.tokenizer.encode("A slot that sits out this step"))
     runner.step(StepBatch((StepRow(0, prompt, 0, True, GREEDY), StepRow(1, held, 0, True, GREEDY))))

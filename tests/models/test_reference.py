@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from app.models.base import StepBatch, StepRow
-from app.models.gguf_file import smollm2_gguf_path
-from app.models.llama import ForwardPlan, KVCache, RowSpec
-from app.models.smollm2 import LlamaModelRunner, load_smollm2
+from app.models.forward_plan import ForwardPlan, RowSpec
+from app.models.kv_cache import KVCache
+from app.models.load_plan import load_checkpoint
+from app.models.runner import ModelRunner
+from app.models.smollm2 import smollm2_gguf_path
 from tests.models.stepping import GREEDY, generate_alone
 
 PROMPT = "The capital of France is"
@@ -26,7 +28,7 @@ def hf_model():
     return model.eval()
 
 
-def _last_logits(runner: LlamaModelRunner, ids: list[int]) -> torch.Tensor:
+def _last_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
     model = runner.model
     cache = KVCache(
         model.hparams, max_num_seqs=1, max_model_len=64, dtype=model.dtype, device=model.device
@@ -37,7 +39,7 @@ def _last_logits(runner: LlamaModelRunner, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_greedy_tokens_and_logits_match_transformers(runner: LlamaModelRunner, hf_model) -> None:
+def test_greedy_tokens_and_logits_match_transformers(runner: ModelRunner, hf_model) -> None:
     ids = runner.tokenizer.encode(PROMPT)
     with torch.inference_mode():
         hf_logits = hf_model(torch.tensor([ids])).logits[0, -1]
@@ -61,7 +63,7 @@ AGREEMENT_PROMPTS = (
 )
 
 
-def _greedy_agreement(reference: LlamaModelRunner, candidate: LlamaModelRunner) -> float:
+def _greedy_agreement(reference: ModelRunner, candidate: ModelRunner) -> float:
     """Teacher-forced: at every position both models have seen the reference's tokens; the
     share of positions where the candidate's greedy token equals the reference's."""
     agreed = total = 0
@@ -78,8 +80,8 @@ def _greedy_agreement(reference: LlamaModelRunner, candidate: LlamaModelRunner) 
 
 
 @pytest.mark.slow
-def test_bfloat16_mostly_agrees_with_float32(runner: LlamaModelRunner) -> None:
-    bf16 = load_smollm2(max_num_seqs=1, max_model_len=128, dtype="bfloat16")
+def test_bfloat16_mostly_agrees_with_float32(runner: ModelRunner) -> None:
+    bf16 = load_checkpoint("smollm2", max_num_seqs=1, max_model_len=128, dtype="bfloat16")
     assert bf16.capabilities.backend == "torch-cpu-bfloat16"
     rate = _greedy_agreement(runner, bf16)
     print(f"bfloat16 vs float32 greedy agreement (teacher-forced): {rate:.1%}")
@@ -87,8 +89,10 @@ def test_bfloat16_mostly_agrees_with_float32(runner: LlamaModelRunner) -> None:
 
 
 @pytest.mark.slow
-def test_int8_mostly_agrees_with_float32(runner: LlamaModelRunner) -> None:
-    int8 = load_smollm2(max_num_seqs=1, max_model_len=128, dtype="bfloat16", quantization="int8")
+def test_int8_mostly_agrees_with_float32(runner: ModelRunner) -> None:
+    int8 = load_checkpoint(
+        "smollm2", max_num_seqs=1, max_model_len=128, dtype="bfloat16", quantization="int8"
+    )
     assert int8.capabilities.backend == "torch-cpu-bfloat16-int8"
     chunk = int8.step(StepBatch((StepRow(0, (5, 6), 0, False, GREEDY),)))  # no logits wanted
     assert chunk.next_token_ids == (None,)

@@ -1,4 +1,4 @@
-"""LlamaModelRunner through the Model protocol: validation, slot reuse, seeded sampling,
+"""ModelRunner through the Model protocol: validation, slot reuse, seeded sampling,
 chunked prefill."""
 
 from __future__ import annotations
@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from app.models.base import Model, SamplingParams, StepBatch, StepRow
-from app.models.smollm2 import LlamaModelRunner
+from app.models.runner import ModelRunner
 from tests.models.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS
 from tests.models.stepping import GREEDY, generate_alone, generate_together
 
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
 
 
-def _fresh_runner(runner: LlamaModelRunner) -> LlamaModelRunner:
+def _fresh_runner(runner: ModelRunner) -> ModelRunner:
     """A new runner (new cache, new generators) sharing the loaded weights."""
-    return LlamaModelRunner(
+    return ModelRunner(
         name="fresh",
         model=runner.model,
         tokenizer=runner.tokenizer,
@@ -24,7 +24,7 @@ def _fresh_runner(runner: LlamaModelRunner) -> LlamaModelRunner:
     )
 
 
-def test_capabilities(runner: LlamaModelRunner) -> None:
+def test_capabilities(runner: ModelRunner) -> None:
     caps = runner.capabilities
     assert isinstance(runner, Model)
     assert caps.name == "SmolLM2-135M-Instruct"
@@ -37,13 +37,13 @@ def test_capabilities(runner: LlamaModelRunner) -> None:
     assert 1 <= caps.max_tokens_per_row <= MAX_MODEL_LEN
 
 
-def test_greedy_answer_is_sensible(runner: LlamaModelRunner) -> None:
+def test_greedy_answer_is_sensible(runner: ModelRunner) -> None:
     prompt = runner.tokenizer.encode("The capital of France is")
     tokens = generate_alone(runner, 0, prompt, 4)
     assert runner.tokenizer.decode_bytes(tokens).startswith(b" Paris")
 
 
-def test_reused_slot_never_reads_the_previous_sequence(runner: LlamaModelRunner) -> None:
+def test_reused_slot_never_reads_the_previous_sequence(runner: ModelRunner) -> None:
     tok = runner.tokenizer
     long_prompt = tok.encode("Once upon a time, in a kingdom far away, there lived a dragon " * 4)
     short_prompt = tok.encode("The capital of France is")
@@ -60,7 +60,7 @@ def test_reused_slot_never_reads_the_previous_sequence(runner: LlamaModelRunner)
     assert reused[1] == generate_alone(_fresh_runner(runner), 0, short_prompt, 8)
 
 
-def test_seeded_sampling_is_the_same_alone_and_in_a_crowd(runner: LlamaModelRunner) -> None:
+def test_seeded_sampling_is_the_same_alone_and_in_a_crowd(runner: ModelRunner) -> None:
     prompt = runner.tokenizer.encode("Write a short poem about the sea.")
     alone = generate_alone(runner, 3, prompt, 12, SEEDED)
 
@@ -87,7 +87,7 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_crowd(runner: LlamaModelRunn
     assert other_seed != alone
 
 
-def test_prompt_fed_in_chunks_gives_the_same_next_token(runner: LlamaModelRunner) -> None:
+def test_prompt_fed_in_chunks_gives_the_same_next_token(runner: ModelRunner) -> None:
     prompt = tuple(runner.tokenizer.encode("A long prompt that arrives in several pieces, " * 3))
     whole = runner.step(StepBatch((StepRow(0, prompt, 0, True, GREEDY),))).next_token_ids
     runner.release(0)
@@ -110,7 +110,7 @@ def test_prompt_fed_in_chunks_gives_the_same_next_token(runner: LlamaModelRunner
     ],
     ids=["slot", "empty", "position", "too-long", "vocab"],
 )
-def test_invalid_rows_raise_and_change_nothing(runner: LlamaModelRunner, row: StepRow) -> None:
+def test_invalid_rows_raise_and_change_nothing(runner: ModelRunner, row: StepRow) -> None:
     runner.step(StepBatch((StepRow(0, (10, 11), 0, False, GREEDY),)))
     with pytest.raises(ValueError):
         runner.step(StepBatch((StepRow(1, (12,), 0, False, GREEDY), row)))
@@ -119,7 +119,7 @@ def test_invalid_rows_raise_and_change_nothing(runner: LlamaModelRunner, row: St
     runner.release(0)
 
 
-def test_a_slot_twice_in_one_step_is_rejected(runner: LlamaModelRunner) -> None:
+def test_a_slot_twice_in_one_step_is_rejected(runner: ModelRunner) -> None:
     row = StepRow(0, (5,), 0, True, GREEDY)
     with pytest.raises(ValueError):
         runner.step(StepBatch((row, row)))

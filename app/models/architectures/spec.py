@@ -1,0 +1,114 @@
+"""What an architecture is to the model layer: a declaration, not code.
+
+Every architecture served here is a Llama-style decoder (RMSNorm, rotary attention with grouped
+KV heads, SwiGLU MLP), so one forward (:mod:`app.models.decoder`) runs them all. An
+architecture says only how its checkpoints differ: which optional weights exist (QKV biases,
+per-head q/k norms), whether llama.cpp's converter permuted its Q/K rows, how its config.json
+switches a sliding window on, and under which names its files know it. The readers turn that
+into :class:`app.models.hparams.HParams` and the per-layer weight record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TensorNames:
+    """Where each weight of the shared forward lives in one checkpoint format.
+
+    Per-layer names hold ``{i}`` for the layer index. Matrices are ``[out, in]``. A
+    projection's bias, where a checkpoint has one, is named as its weight with ``.bias`` for
+    ``.weight`` (both formats do so).
+    """
+
+    token_embedding: str
+    output: str
+    output_norm: str
+    attn_norm: str
+    attn_q: str
+    attn_k: str
+    attn_v: str
+    attn_output: str
+    attn_q_norm: str
+    attn_k_norm: str
+    ffn_norm: str
+    ffn_gate: str
+    ffn_up: str
+    ffn_down: str
+
+    def of(self, part: str, layer: int | None = None) -> str:
+        """The file's name of ``part`` (a field name), for ``layer`` when it is per layer."""
+        name: str = getattr(self, part)
+        return name if layer is None else name.format(i=layer)
+
+    def bias_of(self, part: str, layer: int | None = None) -> str:
+        """The name of ``part``'s bias (which a checkpoint may or may not hold)."""
+        return self.of(part, layer).removesuffix(".weight") + ".bias"
+
+
+# transformers' module names (LlamaForCausalLM and the models derived from it).
+HF_NAMES = TensorNames(
+    token_embedding="model.embed_tokens.weight",
+    output="lm_head.weight",
+    output_norm="model.norm.weight",
+    attn_norm="model.layers.{i}.input_layernorm.weight",
+    attn_q="model.layers.{i}.self_attn.q_proj.weight",
+    attn_k="model.layers.{i}.self_attn.k_proj.weight",
+    attn_v="model.layers.{i}.self_attn.v_proj.weight",
+    attn_output="model.layers.{i}.self_attn.o_proj.weight",
+    attn_q_norm="model.layers.{i}.self_attn.q_norm.weight",
+    attn_k_norm="model.layers.{i}.self_attn.k_norm.weight",
+    ffn_norm="model.layers.{i}.post_attention_layernorm.weight",
+    ffn_gate="model.layers.{i}.mlp.gate_proj.weight",
+    ffn_up="model.layers.{i}.mlp.up_proj.weight",
+    ffn_down="model.layers.{i}.mlp.down_proj.weight",
+)
+
+# llama.cpp's names (gguf-py's MODEL_TENSOR names, the same for llama, qwen2 and qwen3).
+GGUF_NAMES = TensorNames(
+    token_embedding="token_embd.weight",
+    output="output.weight",
+    output_norm="output_norm.weight",
+    attn_norm="blk.{i}.attn_norm.weight",
+    attn_q="blk.{i}.attn_q.weight",
+    attn_k="blk.{i}.attn_k.weight",
+    attn_v="blk.{i}.attn_v.weight",
+    attn_output="blk.{i}.attn_output.weight",
+    attn_q_norm="blk.{i}.attn_q_norm.weight",
+    attn_k_norm="blk.{i}.attn_k_norm.weight",
+    ffn_norm="blk.{i}.ffn_norm.weight",
+    ffn_gate="blk.{i}.ffn_gate.weight",
+    ffn_up="blk.{i}.ffn_up.weight",
+    ffn_down="blk.{i}.ffn_down.weight",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """One architecture of the Llama family.
+
+    Attributes:
+        name: our name for it (``/info``, errors, logs).
+        hf_model_types: config.json ``model_type`` values it serves.
+        gguf_architectures: ``general.architecture`` values it serves. llama.cpp's converter
+            writes Mistral models as ``llama``, so only the llama architecture claims that name.
+        qkv_bias: the Q, K and V projections carry biases (required tensors).
+        qk_norm: per-head RMSNorm of queries and keys before rope (required tensors).
+        gguf_permutes_qk: llama.cpp's converter permuted the rows of ``attn_q``/``attn_k`` (and
+            of their biases) for its adjacent-pair rope; the loader undoes it.
+        sliding_window_switch: the config.json key that turns the window on (Qwen's
+            ``use_sliding_window``); None when a non-null ``sliding_window`` means it is used
+            (Mistral).
+        hf_names, gguf_names: where the weights are in each format.
+    """
+
+    name: str
+    hf_model_types: tuple[str, ...]
+    gguf_architectures: tuple[str, ...]
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    gguf_permutes_qk: bool = False
+    sliding_window_switch: str | None = None
+    hf_names: TensorNames = HF_NAMES
+    gguf_names: TensorNames = GGUF_NAMES

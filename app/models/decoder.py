@@ -1,0 +1,212 @@
+"""The one forward of every architecture: a Llama-style decoder over packed rows and a per-slot
+KV cache.
+
+One call to :meth:`DecoderModel.forward` computes one scheduler step for every row at once:
+the tokens of all rows are packed into one sequence (:mod:`app.models.forward_plan`), every
+projection (fused QKV, output, fused gate/up, down, LM head) runs once over all of them, and
+attention runs in the plan's groups (:mod:`app.models.attention`). What differs between
+architectures reaches this module as data in :class:`app.models.weights.LayerWeights`: a bias
+inside the QKV projection, a ``qk_norm`` tensor, rope tables built from the model's own
+frequencies (:mod:`app.models.rope`).
+
+Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op overhead, see
+``docs/MODEL_PERF.md``):
+
+* the RMSNorm weights of ``attn_norm`` and ``ffn_norm`` are folded into the input columns of
+  the fused QKV and gate/up matrices at load, so the normalisation is a per-token scale,
+  ``x * (1 / rms(x))``: four small ops instead of ``F.rms_norm``'s eight;
+* the residual adds are fused into the output and down projections (``add_to``);
+* decode-only steps without a seeded row run the glue between the projections in fused C
+  kernels (:mod:`app.models.fused_decode`), for every architecture here: Qwen2's biases are in
+  the QKV projection and Qwen3's q/k norm is part of the fused attention kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from app.models.attention import attend
+from app.models.forward_plan import ForwardPlan
+from app.models.fused_decode import FusedDecodeKernels, check_attention_shapes, load_fused_decode
+from app.models.hparams import HParams
+from app.models.kv_cache import KVCache
+from app.models.projections import project
+from app.models.rope import rope_tables
+from app.models.weights import ModelWeights, Quantization
+
+
+class DecoderModel:
+    """The forward pass. Holds weights and rope tables; reads and writes a :class:`KVCache`.
+
+    ``fused_decode``: let decode-only steps without a seeded row, on the CPU in bfloat16, use
+    the fused kernels of :mod:`app.models.fused_decode`; ``fused_decode_status`` says whether
+    they are used, and why not.
+    """
+
+    def __init__(
+        self,
+        hparams: HParams,
+        weights: ModelWeights,
+        *,
+        max_model_len: int,
+        fused_decode: bool = True,
+    ):
+        self.hparams = hparams
+        self.weights = weights
+        dtype, device = weights.output_norm.dtype, weights.output_norm.device
+        self.dtype, self.device = dtype, device
+        # [max_model_len, head_dim] each (see apply_rope)
+        self._rope_cos, self._rope_sin = rope_tables(
+            hparams, max_model_len, dtype=dtype, device=device
+        )
+        self._rms_eps = torch.tensor(hparams.rms_norm_eps, dtype=torch.float32, device=device)
+        self.fused_decode: FusedDecodeKernels | None = None
+        self.fused_decode_status = "eager decode (--fused-decode false)"
+        if fused_decode:
+            self.fused_decode, self.fused_decode_status = _fused_decode_for(hparams, dtype, device)
+
+    @property
+    def quantization(self) -> Quantization:
+        return self.weights.quantization
+
+    def forward(self, plan: ForwardPlan, cache: KVCache) -> torch.Tensor:
+        """Run all layers over the packed tokens, writing their K/V into ``cache``.
+
+        Returns logits ``[len(plan.logits_index), vocab]`` in the model dtype (a bfloat16
+        model's LM head rounds to bfloat16, as Hugging Face's does). Call under
+        ``torch.inference_mode()``.
+        """
+        if (
+            self.fused_decode is not None
+            and plan.decode is not None
+            and not plan.prefills
+            and plan.exact_tokens is None
+        ):
+            return self._forward_fused_decode(plan, cache, self.fused_decode)
+        w, hp = self.weights, self.hparams
+        hidden = w.embedding(plan.token_ids)
+        cos = self._rope_cos[plan.positions][:, None, :]
+        sin = self._rope_sin[plan.positions][:, None, :]
+        qk_width = hp.q_width + hp.kv_width
+        ffn = hp.feed_forward_length
+        num_tokens = hidden.shape[0]
+        exact = plan.exact_tokens
+        for index, layer in enumerate(w.layers):
+            qkv = project(layer.qkv, self._normed(hidden, layer.attn_norm), exact)
+            qk = qkv[:, :qk_width].view(num_tokens, -1, hp.head_dim)
+            if layer.qk_norm is not None:
+                qk = self._normed(qk, layer.qk_norm)
+            qk = apply_rope(qk, cos, sin)
+            queries = qk[:, : hp.head_count]
+            keys = qk[:, hp.head_count :]
+            values = qkv[:, qk_width:].view(num_tokens, hp.head_count_kv, hp.head_dim)
+            cache.write(index, plan.cache_index, keys, values)
+            attended = attend(index, queries, plan, cache)
+            hidden = project(layer.attn_output, attended, exact, residual=hidden)
+            gate_up = project(layer.gate_up, self._normed(hidden, layer.ffn_norm), exact)
+            activated = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
+            hidden = project(layer.down, activated, exact, residual=hidden)
+        return self._logits(hidden, plan, plan.exact_logits)
+
+    def _forward_fused_decode(
+        self, plan: ForwardPlan, cache: KVCache, kernels: FusedDecodeKernels
+    ) -> torch.Tensor:
+        """:meth:`forward` for a step of only single-token rows, none of them
+        ``batch_invariant``, with the glue between projections in four fused calls per layer
+        (:mod:`app.models.fused_decode`). Same results as the eager path up to rounding order
+        (tested), not bit-equal: a seeded row never comes here."""
+        w, hp = self.weights, self.hparams
+        eps = hp.rms_norm_eps
+        decode = plan.decode
+        assert decode is not None
+        # torch's threads share the attention (they sit idle between the projections).
+        threads = min(torch.get_num_threads(), decode.count)
+        # Softmax scores of one KV head's query group, every position up to the longest row,
+        # per thread.
+        scores = torch.empty((threads, hp.group_size * decode.key_length), dtype=torch.float32)
+        hidden = w.embedding(plan.token_ids)
+        normed = kernels.rms_norm(hidden, w.layers[0].attn_norm, eps)
+        for index, layer in enumerate(w.layers):
+            attended = kernels.decode_attention(
+                layer.qkv(normed),
+                self._rope_cos,
+                self._rope_sin,
+                plan.positions,
+                plan.slots,
+                cache.keys[index],
+                cache.values[index],
+                scores,
+                n_heads=hp.head_count,
+                n_kv_heads=hp.head_count_kv,
+                threads=threads,
+                qk_norm=layer.qk_norm,
+                eps=eps,
+            )
+            attn_out = layer.attn_output(attended)
+            normed = kernels.rms_norm(attn_out, layer.ffn_norm, eps, residual=hidden)
+            hidden = attn_out  # now holds the residual sum
+            down = layer.down(kernels.silu_mul(layer.gate_up(normed)))
+            # The next layer's attention norm (None: folded into its QKV). After the last layer
+            # only the residual add is wanted: the output norm is torch's, as on the eager path
+            # (through this kernel, greedy agreement with float32 fell from 98.7% to 98.3% at
+            # 32 rows x 24 steps).
+            following = w.layers[index + 1].attn_norm if index + 1 < len(w.layers) else None
+            normed = kernels.rms_norm(down, following, eps, residual=hidden)
+            hidden = down
+        return self._logits(hidden, plan, None)
+
+    def _logits(
+        self, hidden: torch.Tensor, plan: ForwardPlan, exact: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The output norm and LM head for the rows that want logits."""
+        if plan.logits_index.numel() == 0:  # only prompt chunks that sample nothing
+            return hidden.new_empty((0, self.hparams.vocab_size))
+        w = self.weights
+        last = F.rms_norm(
+            hidden[plan.logits_index], w.output_norm.shape, w.output_norm, self.hparams.rms_norm_eps
+        )
+        return project(w.lm_head, last, exact)
+
+    def _normed(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """RMSNorm over the last axis of ``x`` (``[N, hidden]``, or ``[N, heads, head_dim]``
+        for the q/k norm): ``x / rms(x)``, times ``weight`` (broadcast over the leading axes)
+        unless it was folded into the next projection (``weight`` None)."""
+        normed = x * self._inv_rms(x)
+        return normed if weight is None else normed.mul_(weight)
+
+    def _inv_rms(self, x: torch.Tensor) -> torch.Tensor:
+        """``1 / sqrt(mean(x ** 2) + eps)`` over the last axis, keepdim, in the dtype of ``x``.
+
+        Computed in float32 and rounded once, as Hugging Face's RMSNorm does. (Rounding the
+        norm to bfloat16 first saves one small op but measurably costs: greedy agreement with
+        float32 fell from 98.4% to 96.9% on the benchmark's prompts.)"""
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        inv = torch.rsqrt(torch.addcmul(self._rms_eps, norm, norm, value=1.0 / x.shape[-1]))
+        return inv if inv.dtype == x.dtype else inv.to(x.dtype)
+
+
+def _fused_decode_for(
+    hparams: HParams, dtype: torch.dtype, device: torch.device
+) -> tuple[FusedDecodeKernels | None, str]:
+    """The fused decode kernels if this model can use them, else None; and why."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return None, f"eager decode ({dtype} on {device}; fused kernels are CPU bfloat16 only)"
+    unfit = check_attention_shapes(hparams.head_count, hparams.head_count_kv, hparams.head_dim)
+    if unfit is not None:
+        return None, f"eager decode ({unfit})"
+    kernels, how = load_fused_decode()
+    return kernels, how if kernels is not None else f"eager decode (fused kernels: {how})"
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face rotary embedding on ``x [N, heads, D]``.
+
+    ``cos`` is ``[N, 1, D]`` (the angle cosines repeated for both halves) and ``sin`` is
+    ``[N, 1, D]`` with the first half negated, so that with ``swapped = (x2, x1)`` the result
+    ``x * cos + swapped * sin`` is ``(x1 cos - x2 sin, x2 cos + x1 sin)``: pairs are
+    ``(x[i], x[i + D/2])`` (``rotate_half``; see :mod:`app.models.rope`).
+    """
+    rows, heads, head_dim = x.shape
+    swapped = x.view(rows, heads, 2, head_dim // 2).flip(-2).view(rows, heads, head_dim)
+    return torch.addcmul(x * cos, swapped, sin)

@@ -1,0 +1,214 @@
+"""Planning one forward: which packed tokens go where, and how attention is grouped.
+
+One step's rows are *packed* into one sequence of ``N`` tokens (no padding), so every matmul
+runs once over all of them. Only attention depends on which slot a token belongs to; it runs
+in groups planned by :class:`ForwardPlan`:
+
+* **single-token rows** (decode steps, and one-token prompts) in *one* attention call, however
+  different their lengths: the slots ``[slot_start, slot_stop)`` spanned by those rows are read
+  as a view of the cache (no copy), padded to the longest length, with a mask that hides each
+  slot's positions ``>= its length`` (and every position of a slot in the span that has no row
+  this step), so stale cache content is never attended to;
+* **each multi-token row** (a prompt chunk) in its own attention call with a causal mask offset
+  by the row's start position. Padding would make every row as long as the longest chunk, in
+  the matmuls as well as in attention. Measured (bfloat16, 2-core CPU): 15 decode rows plus
+  one 128-token chunk take 228 ms packed as here; a forward over 16 rows of 128 tokens, the
+  least that padding would cost, takes 622 ms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from app.models.kv_cache import KVCache, align_keys
+
+
+@dataclass(frozen=True, slots=True)
+class RowSpec:
+    """What the forward needs to know about one row (a slot's new tokens this step)."""
+
+    slot: int
+    token_ids: Sequence[int]
+    position: int
+    want_logits: bool
+    # True: compute this row exactly as it would be computed in any other batch (a seeded
+    # request, API.md); costs extra matmul calls once a step has more rows than a call may hold
+    # exactly (see app.models.projections).
+    batch_invariant: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillGroup:
+    """Attention work of one multi-token row: packed tokens ``[start, stop)`` of ``slot``.
+
+    ``mask`` is ``[1, 1, T, key_length]``, additive (see :func:`_additive_mask`): query ``i``
+    sees keys ``<= position + i``; ``key_length`` is ``position + T`` padded to ``KEY_ALIGN``
+    (SDPA's own ``is_causal`` would tie the result to the chunk's length).
+    """
+
+    slot: int
+    start: int
+    stop: int
+    key_length: int
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Attention work of all single-token rows: packed tokens ``[0, count)``.
+
+    Attributes:
+        slot_start, slot_stop: the span of slots read as one view of the cache.
+        row_offsets: ``[count]`` int64, ``slot - slot_start`` of each packed token.
+        key_length: longest ``position + 1`` among the rows, padded to ``KEY_ALIGN`` (keys
+            read per slot).
+        mask: ``[slot_stop - slot_start, 1, 1, key_length]``, additive; a slot of the
+            span with no row may attend only to position 0, so its (discarded) output is finite.
+            None when no position needs hiding (every slot of the span has a row of length
+            ``key_length``).
+        dense: True when every slot of the span has a row (no scatter/gather needed).
+        fold_query_heads: how grouped-query attention is laid out: the ``group_size`` query
+            heads of a KV head as its ``group_size`` query rows (True), or SDPA's own
+            ``enable_gqa`` with one query row per head (False). The CPU flash kernel splits its
+            work differently. With 1 thread ``enable_gqa`` is ~1.4x faster. With 2 threads,
+            whole decode steps without HTTP ran 0.90-0.95x as long with ``enable_gqa`` at 64
+            rows, but in the server (HTTP, interleaved A/B, 6 waves each) folding gave 4% more
+            tokens/s at 16 streams and 6% more at 64 (probably the event loop sharing the
+            cores: fewer, larger SDPA tasks suffer less from it), and the two tied at 1 and 4
+            streams. So: folded with more than one thread, and always in a step with a
+            ``batch_invariant`` row: the CPU kernel can round a lone query row (query length
+            1) an ulp away from the same row computed inside a longer query block, so a
+            seeded row's one-token prompt chunk would not compute as it does inside a longer
+            chunk; folded (query length ``group_size``), it does
+            (``tests/models/test_batch_invariance.py``, one thread). True on other devices
+            (not measured).
+    """
+
+    count: int
+    slot_start: int
+    slot_stop: int
+    row_offsets: torch.Tensor
+    key_length: int
+    mask: torch.Tensor | None
+    dense: bool
+    fold_query_heads: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardPlan:
+    """Everything one forward needs, built once per step and shared by all layers.
+
+    Packed order: the single-token rows sorted by slot, then each multi-token row.
+
+    Attributes:
+        token_ids, positions, slots: ``[N]`` int64, one entry per packed token.
+        cache_index: ``[N * n_kv_heads]`` int64, where each token's K/V go
+            (:meth:`app.models.kv_cache.KVCache.write_index`).
+        decode: the single-token rows' attention group, or None when there are none.
+        prefills: one group per multi-token row.
+        logits_index: ``[R]`` int64, packed index of the last token of each row that wants
+            logits, in the order of the rows given to :meth:`build`.
+        exact_tokens: int64 packed indices of the tokens of ``batch_invariant`` rows, or None
+            when there are none.
+        exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
+            want logits, or None when there are none.
+    """
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    cache_index: torch.Tensor
+    decode: DecodeGroup | None
+    prefills: tuple[PrefillGroup, ...]
+    logits_index: torch.Tensor
+    exact_tokens: torch.Tensor | None = None
+    exact_logits: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, rows: Sequence[RowSpec], *, cache: KVCache) -> ForwardPlan:
+        """Plan a forward over ``rows`` (distinct slots, each with >= 1 token)."""
+        dtype, device = cache.keys.dtype, cache.keys.device
+        single = sorted((r for r in rows if len(r.token_ids) == 1), key=lambda r: r.slot)
+        multi = [r for r in rows if len(r.token_ids) > 1]
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        exact_tokens: list[int] = []
+        last_index: dict[int, int] = {}
+        for row in (*single, *multi):
+            if row.batch_invariant:
+                exact_tokens.extend(range(len(token_ids), len(token_ids) + len(row.token_ids)))
+            token_ids.extend(row.token_ids)
+            positions.extend(range(row.position, row.position + len(row.token_ids)))
+            slots.extend([row.slot] * len(row.token_ids))
+            last_index[row.slot] = len(token_ids) - 1
+        logit_rows = [r for r in rows if r.want_logits]
+        exact_logits = [i for i, r in enumerate(logit_rows) if r.batch_invariant]
+
+        def as_tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        prefills = []
+        start = len(single)
+        for row in multi:
+            stop = start + len(row.token_ids)
+            prefills.append(_plan_prefill(row, start, stop, dtype, device))
+            start = stop
+        position_tensor, slot_tensor = as_tensor(positions), as_tensor(slots)
+        return cls(
+            token_ids=as_tensor(token_ids),
+            positions=position_tensor,
+            slots=slot_tensor,
+            cache_index=cache.write_index(slot_tensor, position_tensor),
+            decode=_plan_decode(single, dtype, device) if single else None,
+            prefills=tuple(prefills),
+            logits_index=as_tensor([last_index[r.slot] for r in logit_rows]),
+            exact_tokens=as_tensor(exact_tokens) if exact_tokens else None,
+            exact_logits=as_tensor(exact_logits) if exact_logits else None,
+        )
+
+
+def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """0 where ``allowed``, -inf elsewhere, in the model dtype: built once per step so that SDPA
+    does not convert a boolean mask in every layer. Every query row allows >= 1 key."""
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    return mask.masked_fill_(~allowed, float("-inf")).to(device)
+
+
+def _plan_decode(rows: Sequence[RowSpec], dtype: torch.dtype, device: torch.device) -> DecodeGroup:
+    slot_start, slot_stop = rows[0].slot, rows[-1].slot + 1
+    row_lengths = [row.position + 1 for row in rows]
+    key_length = align_keys(max(row_lengths))
+    offsets = [row.slot - slot_start for row in rows]
+    dense = len(rows) == slot_stop - slot_start
+    mask = None
+    if not (dense and min(row_lengths) == key_length):
+        lengths = torch.ones(slot_stop - slot_start, dtype=torch.int64)  # rowless: position 0
+        lengths[offsets] = torch.tensor(row_lengths)
+        allowed = torch.arange(key_length)[None, :] < lengths[:, None]
+        mask = _additive_mask(allowed[:, None, None, :], dtype, device)
+    return DecodeGroup(
+        count=len(rows),
+        slot_start=slot_start,
+        slot_stop=slot_stop,
+        row_offsets=torch.tensor(offsets, dtype=torch.int64, device=device),
+        key_length=key_length,
+        mask=mask,
+        dense=dense,
+        fold_query_heads=device.type != "cpu"
+        or torch.get_num_threads() > 1
+        or any(row.batch_invariant for row in rows),
+    )
+
+
+def _plan_prefill(
+    row: RowSpec, start: int, stop: int, dtype: torch.dtype, device: torch.device
+) -> PrefillGroup:
+    key_length = align_keys(row.position + stop - start)
+    query_positions = torch.arange(row.position, row.position + stop - start)
+    allowed = torch.arange(key_length)[None, :] <= query_positions[:, None]
+    mask = _additive_mask(allowed[None, None], dtype, device)
+    return PrefillGroup(slot=row.slot, start=start, stop=stop, key_length=key_length, mask=mask)

@@ -1,0 +1,123 @@
+"""A Hugging Face ``config.json`` read into :class:`app.models.hparams.HParams`, without
+transformers.
+
+Both generations of the file are read:
+
+* transformers 4 writes ``rope_theta`` at the top level and the scaling as ``rope_scaling``
+  (``{"rope_type": "llama3", "factor": 8.0, ...}``, older files ``"type"`` instead of
+  ``"rope_type"``; ``null`` for none);
+* transformers 5 writes both in ``rope_parameters`` (``{"rope_type": "default", "rope_theta":
+  ...}``).
+
+Sliding windows: a Mistral config with ``sliding_window`` set, or a Qwen config with
+``use_sliding_window: true``, has its context capped at the window (see
+:mod:`app.models.architectures.mistral`); the loader logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from app.models.architectures import Architecture
+from app.models.hparams import HParams, RopeScaling, RopeScalingKind
+from app.models.refusal import UnsupportedModel
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def hparams_from_config(
+    config: dict[str, Any], architecture: Architecture, *, has_output_weight: bool
+) -> HParams:
+    """The hyper-parameters of ``config`` (a parsed config.json).
+
+    Args:
+        has_output_weight: the checkpoint holds an output matrix (``lm_head.weight``): decides
+            tied embeddings when the config does not say.
+
+    Raises:
+        UnsupportedModel: a quantised checkpoint, an activation other than SiLU, MLP biases,
+            an unsupported rope type (named), a missing key, or an untied config without an
+            output matrix.
+    """
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
+        raise UnsupportedModel(f"quantized checkpoints ({method}) are not supported")
+    activation = config.get("hidden_act", "silu")
+    if activation != "silu":
+        raise UnsupportedModel(f"activation {activation!r} is not supported (only silu)")
+    if config.get("mlp_bias"):
+        raise UnsupportedModel("mlp_bias is not supported")
+
+    def required(key: str) -> Any:
+        if config.get(key) is None:
+            raise UnsupportedModel(f"config.json has no {key!r}")
+        return config[key]
+
+    hidden = int(required("hidden_size"))
+    heads = int(required("num_attention_heads"))
+    tied = bool(config.get("tie_word_embeddings", not has_output_weight))
+    if not tied and not has_output_weight:
+        raise UnsupportedModel("tie_word_embeddings is false but there is no output matrix")
+    theta, scaling = _rope(config)
+    window = _sliding_window(config, architecture)
+    context = int(required("max_position_embeddings"))
+    return HParams(
+        architecture=architecture.name,
+        block_count=int(required("num_hidden_layers")),
+        embedding_length=hidden,
+        feed_forward_length=int(required("intermediate_size")),
+        head_count=heads,
+        head_count_kv=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // max(heads, 1)),
+        rope_freq_base=theta,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        context_length=context if window is None else min(context, window),
+        vocab_size=int(required("vocab_size")),
+        tied_embeddings=tied,
+        rope_scaling=scaling,
+        qkv_bias=architecture.qkv_bias or bool(config.get("attention_bias")),
+        qk_norm=architecture.qk_norm,
+        sliding_window=window,
+    )
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """``(theta, scaling)`` from transformers 5's ``rope_parameters`` or transformers 4's
+    ``rope_theta`` + ``rope_scaling``."""
+    parameters = config.get("rope_parameters")
+    if isinstance(parameters, dict) and any(isinstance(v, dict) for v in parameters.values()):
+        raise UnsupportedModel("per-layer rope_parameters are not supported")
+    parameters = dict(parameters or config.get("rope_scaling") or {})
+    theta = float(parameters.get("rope_theta", config.get("rope_theta", 10000.0)))
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        supported = ", ".join(SUPPORTED_ROPE_TYPES)
+        raise UnsupportedModel(f"rope type {rope_type!r} is not supported (supported: {supported})")
+    if rope_type == "default":
+        return theta, None
+    factor = float(parameters.get("factor", 1.0))
+    if rope_type == "linear":
+        return theta, None if factor == 1.0 else RopeScaling(RopeScalingKind.LINEAR, factor=factor)
+    original = parameters.get(
+        "original_max_position_embeddings", config.get("original_max_position_embeddings", 8192)
+    )
+    return theta, RopeScaling(
+        RopeScalingKind.LLAMA3,
+        factor=factor,
+        low_freq_factor=float(parameters.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(parameters.get("high_freq_factor", 4.0)),
+        original_context_length=int(original),
+    )
+
+
+def _sliding_window(config: dict[str, Any], architecture: Architecture) -> int | None:
+    """The window the model attends over, or None for full attention."""
+    window = config.get("sliding_window")
+    switch = architecture.sliding_window_switch
+    if window is None or (switch is not None and not config.get(switch, False)):
+        return None
+    return int(window)

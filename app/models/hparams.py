@@ -1,0 +1,137 @@
+"""The hyper-parameters of a decoder-only transformer, whatever file they were read from.
+
+:class:`HParams` is what the shared forward (:mod:`app.models.decoder`), the KV cache and the
+weight loader need to know about a model. The file readers fill it: a GGUF file from its
+``{arch}.*`` metadata (:meth:`app.models.gguf_file.GGUFFile.hparams`), a Hugging Face directory
+from ``config.json`` (:func:`app.models.hf_config.hparams_from_config`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class RopeScalingKind(Enum):
+    """How the rotary frequencies of a model are changed from the plain ``theta ** (-2i / d)``.
+
+    LINEAR: every frequency divided by ``factor`` (positions interpolated; transformers'
+        ``rope_type: "linear"``, GGUF ``rope.scaling.type = linear``).
+    LLAMA3: Llama 3.1's frequency-dependent division (transformers' ``rope_type: "llama3"``):
+        long wavelengths divided by ``factor``, short ones kept, a smooth blend between.
+    FREQ_FACTORS: one divisor per frequency given by the file: llama.cpp's converter writes
+        Llama 3.1's scaling as the tensor ``rope_freqs.weight`` of these divisors.
+    """
+
+    LINEAR = "linear"
+    LLAMA3 = "llama3"
+    FREQ_FACTORS = "freq_factors"
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """A rope scaling and its parameters (see :class:`RopeScalingKind`).
+
+    Attributes:
+        kind: which scaling.
+        factor: LINEAR and LLAMA3: the largest divisor.
+        low_freq_factor, high_freq_factor, original_context_length: LLAMA3 only (transformers'
+            names ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
+        freq_factors: FREQ_FACTORS only, ``head_dim / 2`` divisors, one per frequency.
+    """
+
+    kind: RopeScalingKind
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context_length: int = 8192
+    freq_factors: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HParams:
+    """Hyper-parameters of one model of the Llama family.
+
+    Attributes:
+        architecture: the architecture's name (``app.models.architectures``), e.g. "qwen2".
+        block_count: transformer layers.
+        embedding_length: hidden size.
+        feed_forward_length: inner size of the SwiGLU MLP.
+        head_count: query heads.
+        head_count_kv: key/value heads (grouped-query attention when < head_count).
+        head_dim: size of one head (Qwen3: its own key, not ``embedding_length / head_count``).
+        rope_freq_base: rotary theta.
+        rms_norm_eps: epsilon of every RMSNorm.
+        context_length: positions the model serves: the trained context, capped at the sliding
+            window when the model has one (attention over at most ``sliding_window`` positions
+            is then exactly full attention).
+        vocab_size: rows of the embedding and of the output head.
+        tied_embeddings: the output head is the token embedding (no separate output matrix).
+        rope_scaling: None for plain rope.
+        qkv_bias: the Q, K and V projections have biases (Qwen2).
+        qk_norm: each query and key head is RMS-normalised before rope (Qwen3).
+        sliding_window: the attention window the model was trained with, None when it attends
+            to every position; ``context_length`` is already capped at it.
+    """
+
+    architecture: str
+    block_count: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    head_dim: int
+    rope_freq_base: float
+    rms_norm_eps: float
+    context_length: int
+    vocab_size: int
+    tied_embeddings: bool
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head."""
+        return self.head_count // self.head_count_kv
+
+    @property
+    def q_width(self) -> int:
+        """Columns of the query projection's output: ``head_count * head_dim``."""
+        return self.head_count * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Columns of the key (and of the value) projection's output."""
+        return self.head_count_kv * self.head_dim
+
+    def inconsistency(self) -> str | None:
+        """Why these numbers cannot describe a model the forward can run, or None."""
+        positive = {
+            "block_count": self.block_count,
+            "embedding_length": self.embedding_length,
+            "feed_forward_length": self.feed_forward_length,
+            "head_count": self.head_count,
+            "head_count_kv": self.head_count_kv,
+            "head_dim": self.head_dim,
+            "context_length": self.context_length,
+            "vocab_size": self.vocab_size,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                return f"{name} is {value}"
+        if self.head_count % self.head_count_kv:
+            return (
+                f"{self.head_count} query heads are not a multiple of {self.head_count_kv} KV heads"
+            )
+        if self.head_dim % 2:
+            return f"head_dim {self.head_dim} is odd (rope rotates pairs)"
+        scaling = self.rope_scaling
+        if scaling is not None and scaling.kind is RopeScalingKind.FREQ_FACTORS:
+            if len(scaling.freq_factors) != self.head_dim // 2:
+                return (
+                    f"{len(scaling.freq_factors)} rope frequency factors for head_dim "
+                    f"{self.head_dim} (expected {self.head_dim // 2})"
+                )
+        return None

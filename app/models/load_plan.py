@@ -1,0 +1,246 @@
+"""Loading a real model in two phases, so that every refusal comes before the server opens its
+port (:mod:`app.models.loading` calls them for the server):
+
+1. :func:`plan_load` (the command line, before uvicorn starts): opens and checks the model
+   (:func:`app.models.source.open_model`), resolves ``--quantization auto``, caps the context,
+   and checks the memory estimate. It reads metadata only and runs no torch kernel, so it
+   starts no OpenMP team on the main thread (``app/engine/model_thread.py``).
+2. :func:`load_runner` (the app's lifespan, on the model thread): reads the weights and builds
+   the :class:`ModelRunner`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.config import ServerConfig
+from app.models.allocator import keep_step_buffers_in_the_heap, return_freed_memory_to_the_os
+from app.models.decoder import DecoderModel
+from app.models.int4 import int4_kernel_status
+from app.models.memory import MemoryEstimate, estimate_memory
+from app.models.projections import select_linear_kernel
+from app.models.refusal import ModelRefused
+from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
+from app.models.source import ModelSource, open_model
+from app.models.weight_loading import load_weights
+from app.models.weights import DTYPES, Quantization
+
+logger = logging.getLogger(__name__)
+
+INT4_FILE_TYPES = frozenset({"Q4_0", "Q4_1"})
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How to load a model (the model-layer flags of :class:`ServerConfig`).
+
+    Attributes:
+        max_num_seqs: batch slots (KV cache rows) to preallocate.
+        max_model_len: positions per slot; capped at the model's context length.
+        dtype: ``"float32"`` or ``"bfloat16"`` (weights, activations and KV cache).
+        device: a torch device string (``"cpu"``, ``"cuda"``, ...; not ``"auto"``).
+        quantization: ``"auto"``, ``"none"``, ``"int8"`` or ``"int4"`` (see
+            :func:`resolve_quantization`).
+        fused_decode: use the fused CPU decode kernels where they apply and build.
+        served_model_name: the name to serve under; None: the bundled model's name, the GGUF's
+            ``general.name``, or the directory's name.
+        prefill_chunk: most prompt tokens one row carries in a step.
+    """
+
+    max_num_seqs: int
+    max_model_len: int = 2048
+    dtype: str = "float32"
+    device: str = "cpu"
+    quantization: str = "none"
+    fused_decode: bool = True
+    served_model_name: str | None = None
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> LoadOptions:
+        return cls(
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len,
+            dtype=config.dtype,
+            device=resolve_device(config.device),
+            quantization=config.quantization,
+            fused_decode=config.fused_decode,
+            served_model_name=config.served_model_name,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    """Everything decided before the weights are read.
+
+    Attributes:
+        source: the opened, checked model.
+        options: what was asked.
+        dtype, device: resolved.
+        quantization: ``auto`` resolved; ``quantization_reason`` says why.
+        max_model_len: positions per slot (the asked value capped at the model's context).
+        memory: the estimate that was checked.
+    """
+
+    source: ModelSource
+    options: LoadOptions
+    dtype: torch.dtype
+    device: torch.device
+    quantization: Quantization
+    quantization_reason: str
+    max_model_len: int
+    memory: MemoryEstimate
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` becomes ``cuda`` when torch sees a GPU, else ``cpu``."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_quantization(
+    requested: str, source: ModelSource, dtype: torch.dtype, device: torch.device
+) -> tuple[Quantization, str]:
+    """The weight format to load, and why.
+
+    ``auto`` picks the fastest format whose greedy quality was checked against float32
+    (docs/MODEL_PERF.md, "The default"): the file's own Q4_0/Q4_1 codes in the int4 kernel when
+    every projection is stored so and the model runs on the CPU in bfloat16; otherwise dense in
+    the model dtype. Explicit choices are checked and kept.
+
+    Raises:
+        ModelRefused: an explicit choice that cannot run here (int8/int4 without bfloat16,
+            int4 off the CPU or on a file whose projections are not 4-bit).
+    """
+    types = source.tensors.projection_types()
+    not_4bit = next(((n, t) for n, t in types.items() if t not in INT4_FILE_TYPES), None)
+    cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+    kernel_present = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    if requested == "auto":
+        if not_4bit is not None:
+            name, kind = not_4bit
+            return Quantization.NONE, f"auto: {name} is {kind}, not 4-bit: dense {dtype}"
+        if not cpu_bf16 or not kernel_present:
+            return Quantization.NONE, "auto: the int4 kernel runs on the CPU in bfloat16 only"
+        return Quantization.INT4, "auto: the file's own 4-bit codes in the int4 kernel"
+    quantization = Quantization(requested)
+    if quantization is not Quantization.NONE and dtype != torch.bfloat16:
+        raise ModelRefused(source.path, f"--quantization {requested} needs --dtype bfloat16")
+    if quantization is Quantization.INT4:
+        if device.type != "cpu" or not kernel_present:
+            raise ModelRefused(source.path, "--quantization int4 runs on the CPU only")
+        if not_4bit is not None:
+            name, kind = not_4bit
+            raise ModelRefused(
+                source.path, f"--quantization int4 needs Q4_0/Q4_1 projections; {name} is {kind}"
+            )
+    return quantization, f"--quantization {requested}"
+
+
+def plan_load(model: str, options: LoadOptions) -> LoadPlan:
+    """Open and check ``model`` and decide how to load it (phase 1, see the module docstring).
+
+    Raises:
+        ModelRefused: the model cannot be served (see :func:`open_model`), an option does not
+            fit it, or the model and its KV cache would not fit in memory.
+    """
+    if options.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {options.dtype!r}")
+    if options.max_num_seqs < 1 or options.max_model_len < 1:
+        raise ValueError("max_num_seqs and max_model_len must be positive")
+    source = open_model(model, served_model_name=options.served_model_name)
+    dtype, device = DTYPES[options.dtype], torch.device(options.device)
+    quantization, reason = resolve_quantization(options.quantization, source, dtype, device)
+    max_model_len = min(options.max_model_len, source.hparams.context_length)
+    if max_model_len < options.max_model_len:
+        logger.info(
+            "max_model_len %d capped at the model's context length %d",
+            options.max_model_len,
+            max_model_len,
+        )
+    memory = estimate_memory(
+        source.hparams,
+        dtype=dtype,
+        device=device,
+        quantization=quantization,
+        max_num_seqs=options.max_num_seqs,
+        max_model_len=max_model_len,
+    )
+    if not memory.fits:
+        raise ModelRefused(
+            source.path,
+            memory.describe(max_num_seqs=options.max_num_seqs, max_model_len=max_model_len),
+        )
+    return LoadPlan(source, options, dtype, device, quantization, reason, max_model_len, memory)
+
+
+def load_runner(plan: LoadPlan) -> ModelRunner:
+    """Read the weights and build the runner (phase 2; call it on the model thread)."""
+    started = time.perf_counter()
+    source, options = plan.source, plan.options
+    quantization = plan.quantization
+    if quantization is Quantization.INT4 and options.quantization == "auto":
+        available, why = int4_kernel_status()
+        if not available:
+            logger.warning("int4 kernel unusable (%s): loading dense weights", why)
+            quantization = Quantization.NONE
+    kernel, kernel_reason = select_linear_kernel(plan.device, plan.dtype)
+    logger.info(
+        "%s: %s %s; weights %s (%s); projections %s (%s)",
+        source.path,
+        source.architecture.name,
+        source.checkpoint.format.value,
+        quantization.value,
+        plan.quantization_reason,
+        kernel.value,
+        kernel_reason,
+    )
+    weights = load_weights(
+        source.tensors,
+        dtype=plan.dtype,
+        device=plan.device,
+        quantization=quantization,
+        kernel=kernel,
+    )
+    model = DecoderModel(
+        source.hparams,
+        weights,
+        max_model_len=plan.max_model_len,
+        fused_decode=options.fused_decode,
+    )
+    runner = ModelRunner(
+        name=source.name,
+        model=model,
+        tokenizer=source.tokenizer,
+        max_num_seqs=options.max_num_seqs,
+        max_model_len=plan.max_model_len,
+        prefill_chunk=options.prefill_chunk,
+    )
+    return_freed_memory_to_the_os()
+    keep_step_buffers_in_the_heap()
+    logger.info("decode steps: %s", model.fused_decode_status)
+    logger.info(
+        "loaded %s (%s) in %.1f s; KV cache %.1f MiB (%.2f MiB per slot)",
+        source.name,
+        runner.capabilities.backend,
+        time.perf_counter() - started,
+        runner.cache.total_bytes / 2**20,
+        runner.cache.bytes_per_slot / 2**20,
+    )
+    return runner
+
+
+def load_checkpoint(model: str | Path, **options: object) -> ModelRunner:
+    """Plan and load in one call (tests, scripts): ``model`` is a bundled name or a path;
+    ``options`` are :class:`LoadOptions`' fields (``max_num_seqs`` is required).
+
+    Raises:
+        ModelRefused: as :func:`plan_load`.
+    """
+    return load_runner(plan_load(str(model), LoadOptions(**options)))  # type: ignore[arg-type]

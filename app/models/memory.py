@@ -1,0 +1,97 @@
+"""Will the model and its KV cache fit? An estimate from the hyper-parameters, before loading.
+
+The estimate counts what stays resident once every slot holds ``max_model_len`` positions: the
+weights in the format they are loaded in (the lookups that read the file's rows count nothing:
+those pages are file cache, reclaimable), the rope tables and the full KV cache (lazily zeroed,
+so a server that never fills it uses less; refusing on the full size is what keeps a busy one
+from being killed later). It is compared with the memory available now: psutil's
+``available`` for the CPU, the device's free memory for CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from app.models.hparams import HParams
+from app.models.kv_cache import kv_cache_bytes
+from app.models.weights import Quantization
+
+MIB = 2**20
+
+# Bytes per weight of a projection, besides the model dtype's own copy (int8 and int4 keep a
+# bfloat16 copy for wide steps: app.models.int8, app.models.int4).
+_EXTRA_BYTES_PER_WEIGHT = {
+    Quantization.NONE: 0.0,
+    Quantization.INT8: 1.0,  # int8 values (scales per row: negligible)
+    Quantization.INT4: 0.5 + 4 / 32,  # 4-bit codes, a bfloat16 scale and zero per 32
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes the loaded model will hold, and bytes available to hold them.
+
+    Attributes:
+        weights: projections, LM head, embedding (when not read from the file), norms, rope.
+        kv_cache: the KV cache with every position of every slot written.
+        available: free memory of the device now.
+        where: "RAM" or the device's name.
+    """
+
+    weights: int
+    kv_cache: int
+    available: int
+    where: str
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.available
+
+    def describe(self, *, max_num_seqs: int, max_model_len: int) -> str:
+        return (
+            f"model {self.weights / MIB:.0f} MiB + KV cache {self.kv_cache / MIB:.0f} MiB "
+            f"({max_num_seqs} slots x {max_model_len} positions) = {self.total / MIB:.0f} MiB, "
+            f"more than the {self.available / MIB:.0f} MiB of {self.where} available "
+            "(lower --max-num-seqs or --max-model-len)"
+        )
+
+
+def estimate_memory(
+    hparams: HParams,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: Quantization,
+    max_num_seqs: int,
+    max_model_len: int,
+) -> MemoryEstimate:
+    """The estimate for one load (see the module docstring)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    hidden = hparams.embedding_length
+    per_layer = hidden * (2 * hparams.q_width + 2 * hparams.kv_width)
+    per_layer += 3 * hidden * hparams.feed_forward_length
+    per_weight = itemsize + _EXTRA_BYTES_PER_WEIGHT[quantization]
+    projections = hparams.block_count * per_layer * per_weight
+    head = hparams.vocab_size * hidden * (itemsize + (quantization is not Quantization.NONE))
+    embedding = 0 if (hparams.tied_embeddings or device.type == "cpu") else head
+    rope = 2 * max_model_len * hparams.head_dim * itemsize
+    weights = int(projections + head + embedding + rope)
+    kv = kv_cache_bytes(
+        hparams, max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype
+    )
+    available, where = _available(device)
+    return MemoryEstimate(weights=weights, kv_cache=kv, available=available, where=where)
+
+
+def _available(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), torch.cuda.get_device_name(device)
+    return int(psutil.virtual_memory().available), "RAM"

@@ -1,0 +1,161 @@
+"""A checkpoint's tensors under the shared forward's names, in Hugging Face layout.
+
+:class:`ModelTensors` joins a file reader (:class:`app.models.checkpoint.Checkpoint`) to an
+architecture: it finds each weight under the format's name (:class:`TensorNames`), checks that
+every weight the forward needs is there with the shape the hyper-parameters imply, and undoes
+llama.cpp's Q/K row permutation for the architectures whose GGUFs have it.
+
+The permutation. ``convert_hf_to_gguf.py`` stores, within each head of ``attn_q`` / ``attn_k``
+(and their biases), Hugging Face row ``i`` at ``2i`` and row ``i + head_dim/2`` at ``2i + 1``,
+so that llama.cpp's rope, which rotates *adjacent* pairs ``(x[2i], x[2i+1])``, computes what
+Hugging Face's ``rotate_half`` computes on *split halves* ``(x[i], x[i + head_dim/2])``. We undo
+it and apply the split-half rope (:mod:`app.models.rope`): outputs compare tensor for tensor
+with transformers (which un-permutes the same way when it loads a GGUF), and rotating halves
+is two contiguous slices instead of a strided even/odd gather. A permutation of rows keeps
+every 32-column block whole, so 4-bit codes are un-permuted with their scales.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.models.architectures import Architecture, TensorNames
+from app.models.checkpoint import Checkpoint, CheckpointFormat, TensorRows
+from app.models.hparams import HParams
+from app.models.q4_codes import Q4Codes
+from app.models.refusal import UnsupportedModel
+
+LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def unpermute_order(rows: int, num_heads: int) -> np.ndarray:
+    """int64 ``[rows]``: ``permuted[order]`` is in Hugging Face order for rows
+    ``[num_heads * head_dim]`` written by the converter's ``permute``."""
+    head_dim = rows // num_heads
+    return np.arange(rows).reshape(num_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(rows)
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo ``convert_hf_to_gguf.py``'s ``permute`` of a Q or K projection (rows of a matrix,
+    or elements of a bias). Returns a new array in Hugging Face order."""
+    return weight[unpermute_order(weight.shape[0], num_heads)]
+
+
+class ModelTensors:
+    """Reads the weights of one model from its checkpoint, by the forward's part names
+    (:class:`TensorNames` fields: ``"attn_q"``, ``"ffn_down"``, ...).
+
+    Args:
+        checkpoint: the opened file.
+        architecture: what the file holds.
+        hparams: the file's hyper-parameters (shapes are checked against them).
+    """
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        architecture: Architecture,
+        hparams: HParams,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.hparams = hparams
+        gguf = checkpoint.format is CheckpointFormat.GGUF
+        self.names: TensorNames = architecture.gguf_names if gguf else architecture.hf_names
+        self._architecture = architecture
+        self._permuted = gguf and architecture.gguf_permutes_qk
+
+    # ------------------------------------------------------------------ checks
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """File name -> shape of every tensor the forward needs (optional biases excluded)."""
+        hp = self.hparams
+        hidden, ffn = hp.embedding_length, hp.feed_forward_length
+        shapes = {
+            self.names.of("token_embedding"): (hp.vocab_size, hidden),
+            self.names.of("output_norm"): (hidden,),
+        }
+        if not hp.tied_embeddings:
+            shapes[self.names.of("output")] = (hp.vocab_size, hidden)
+        for i in range(hp.block_count):
+            layer = {
+                "attn_norm": (hidden,),
+                "attn_q": (hp.q_width, hidden),
+                "attn_k": (hp.kv_width, hidden),
+                "attn_v": (hp.kv_width, hidden),
+                "attn_output": (hidden, hp.q_width),
+                "ffn_norm": (hidden,),
+                "ffn_gate": (ffn, hidden),
+                "ffn_up": (ffn, hidden),
+                "ffn_down": (hidden, ffn),
+            }
+            if hp.qk_norm:
+                layer |= {"attn_q_norm": (hp.head_dim,), "attn_k_norm": (hp.head_dim,)}
+            shapes |= {self.names.of(part, i): shape for part, shape in layer.items()}
+            if self._architecture.qkv_bias:
+                for part, width in (("attn_q", hp.q_width), ("attn_k", hp.kv_width)):
+                    shapes[self.names.bias_of(part, i)] = (width,)
+                shapes[self.names.bias_of("attn_v", i)] = (hp.kv_width,)
+        return shapes
+
+    def check(self) -> None:
+        """Raises UnsupportedModel naming the first weight that is missing or misshapen."""
+        for name, shape in self.expected_shapes().items():
+            if not self.checkpoint.has_tensor(name):
+                raise UnsupportedModel(f"tensor {name} is missing")
+            found = self.checkpoint.tensor_shape(name)
+            if found != shape:
+                raise UnsupportedModel(
+                    f"tensor {name} has shape {list(found)}, expected {list(shape)}"
+                )
+
+    # ------------------------------------------------------------------ reading
+
+    def name(self, part: str, layer: int | None = None) -> str:
+        return self.names.of(part, layer)
+
+    def tensor_type(self, part: str, layer: int | None = None) -> str:
+        return self.checkpoint.tensor_type(self.name(part, layer))
+
+    def read(self, part: str, layer: int | None = None) -> np.ndarray:
+        """float32 weight of ``part`` in Hugging Face layout (a writable copy)."""
+        array = self.checkpoint.read_tensor(self.name(part, layer))
+        order = self._row_order(part)
+        return array if order is None else array[order]
+
+    def read_bias(self, part: str, layer: int) -> np.ndarray | None:
+        """float32 bias of the projection ``part``, or None when the checkpoint has none."""
+        name = self.names.bias_of(part, layer)
+        if not self.checkpoint.has_tensor(name):
+            return None
+        array = self.checkpoint.read_tensor(name).reshape(-1)
+        order = self._row_order(part)
+        return array if order is None else array[order]
+
+    def q4_codes(self, part: str, layer: int) -> Q4Codes | None:
+        """The 4-bit codes of ``part`` when the file stores it as Q4_0/Q4_1, else None."""
+        codes = self.checkpoint.q4_codes(self.name(part, layer))
+        if codes is None:
+            return None
+        order = self._row_order(part)
+        return codes if order is None else codes.rows_permuted(order)
+
+    def rows(self, part: str) -> TensorRows:
+        """Memory-mapped rows of the embedding or output matrix (never permuted)."""
+        return self.checkpoint.tensor_rows(self.name(part))
+
+    def projection_types(self) -> dict[str, str]:
+        """File name -> type of every layer matrix (the input of ``--quantization auto``)."""
+        return {
+            self.name(part, i): self.tensor_type(part, i)
+            for i in range(self.hparams.block_count)
+            for part in LAYER_MATRICES
+        }
+
+    def _row_order(self, part: str) -> np.ndarray | None:
+        if not self._permuted:
+            return None
+        if part == "attn_q":
+            return unpermute_order(self.hparams.q_width, self.hparams.head_count)
+        if part == "attn_k":
+            return unpermute_order(self.hparams.kv_width, self.hparams.head_count_kv)
+        return None

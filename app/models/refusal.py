@@ -1,0 +1,28 @@
+"""Why a model cannot be served: the two exceptions every reader and the loader raise.
+
+A reader raises :class:`UnsupportedModel` with the reason alone; the loader, which knows the
+path the user gave, turns it into :class:`ModelRefused`, whose message is the one line the
+command line prints before it exits with status 2 (``app/__main__.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class UnsupportedModel(ValueError):
+    """A file this server cannot serve; the message is the reason, one line, for the user."""
+
+
+class ModelRefused(Exception):
+    """The model the user named cannot be served.
+
+    Attributes:
+        path: what the user gave (``--model``), or the file it resolved to.
+        reason: one line, e.g. ``"unsupported architecture 'phi3' (supported: ...)"``.
+    """
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason

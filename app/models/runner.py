@@ -1,0 +1,155 @@
+"""The model-agnostic runner: batch slots, the KV cache, step planning and the sampling
+hand-off, over the one shared forward (:class:`app.models.decoder.DecoderModel`).
+
+Ownership (rule R02): the runner owns the per-slot bookkeeping (``_slot_lengths``: how many
+positions of each slot's cache are valid), the :class:`KVCache` tensors it passes to the
+forward, and the :class:`Sampler` (per-slot generators). The scheduler only sends frozen
+:class:`StepBatch` messages and ``release`` calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow
+from app.models.base import Tokenizer as BaseTokenizer
+from app.models.decoder import DecoderModel
+from app.models.forward_plan import ForwardPlan, RowSpec
+from app.models.kv_cache import KVCache
+from app.models.sampler import Sampler, SampleRequest
+from app.models.weights import Quantization
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PREFILL_CHUNK = 512
+
+
+class Tokenizer(BaseTokenizer, Protocol):
+    """A model tokenizer that also says which token ids end generation."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+
+class ModelRunner:
+    """Steps a :class:`DecoderModel` over batch slots, keeping each slot's KV cache between
+    steps: the :class:`app.models.base.Model` the scheduler drives, for every architecture.
+
+    Attributes:
+        capabilities: what the scheduler may rely on (read once at start-up).
+        tokenizer: the model's tokenizer.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: DecoderModel,
+        tokenizer: Tokenizer,
+        max_num_seqs: int,
+        max_model_len: int,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.cache = KVCache(
+            model.hparams,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            dtype=model.dtype,
+            device=model.device,
+        )
+        self._sampler = Sampler(max_num_seqs)
+        self._slot_lengths = [0] * max_num_seqs
+        dtype_name = str(model.dtype).removeprefix("torch.")
+        if model.quantization is not Quantization.NONE:
+            dtype_name += f"-{model.quantization.value}"
+        self.capabilities = ModelCapabilities(
+            name=name,
+            backend=f"torch-{model.device.type}-{dtype_name}",
+            context_length=min(model.hparams.context_length, max_model_len),
+            max_num_seqs=max_num_seqs,
+            vocab_size=model.hparams.vocab_size,
+            eos_token_ids=frozenset(tokenizer.eos_token_ids),
+            keeps_kv_cache=True,
+            max_tokens_per_row=min(prefill_chunk, max_model_len),
+        )
+
+    def step(self, batch: StepBatch) -> StepOutput:
+        """Append every row's tokens to its slot and sample for rows with ``sample=True``.
+
+        Inert rows (``StepRow.padding``) leave their slot alone and get None.
+
+        Raises:
+            ValueError: a row is invalid (slot out of range or repeated, no tokens, too many
+                tokens, a position that is neither 0 nor the slot's length, past
+                ``max_model_len``, or a token id outside the vocabulary). Nothing changes.
+        """
+        if batch.has_inert_rows:
+            return batch.expand(self.step(batch.compacted()))
+        rows = batch.rows
+        self._validate(rows)
+        for row in rows:
+            if row.position == 0:
+                self._sampler.start_sequence(row.slot, row.sampling.seed)
+        plan = ForwardPlan.build(
+            [
+                RowSpec(r.slot, r.token_ids, r.position, r.sample, r.sampling.batch_invariant)
+                for r in rows
+            ],
+            cache=self.cache,
+        )
+        with torch.inference_mode():
+            logits = self.model.forward(plan, self.cache)
+            sampled = self._sampler.sample(
+                logits, [SampleRequest(r.slot, r.sampling) for r in rows if r.sample]
+            )
+        for row in rows:
+            self._slot_lengths[row.slot] = row.position + len(row.token_ids)
+        tokens = iter(sampled)
+        return StepOutput(tuple(next(tokens) if row.sample else None for row in rows))
+
+    def release(self, slot: int) -> None:
+        """Forget the slot's sequence. Its cache is not cleared: it is never read again."""
+        self._check_slot(slot)
+        self._slot_lengths[slot] = 0
+
+    def slot_length(self, slot: int) -> int:
+        """Positions currently held for ``slot`` (read-only view for tests and metrics)."""
+        return self._slot_lengths[slot]
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.capabilities.max_num_seqs:
+            raise ValueError(f"slot {slot} outside [0, {self.capabilities.max_num_seqs})")
+
+    def _validate(self, rows: Sequence[StepRow]) -> None:
+        if not rows:
+            raise ValueError("a step needs at least one row")
+        seen: set[int] = set()
+        vocab = self.capabilities.vocab_size
+        for row in rows:
+            self._check_slot(row.slot)
+            if row.slot in seen:
+                raise ValueError(f"slot {row.slot} appears twice in one step")
+            seen.add(row.slot)
+            count = len(row.token_ids)
+            most = self.capabilities.max_tokens_per_row
+            if not 1 <= count <= most:
+                raise ValueError(f"slot {row.slot}: {count} tokens, expected 1..{most}")
+            if row.position not in (0, self._slot_lengths[row.slot]):
+                raise ValueError(
+                    f"slot {row.slot}: position {row.position}, expected 0 or "
+                    f"{self._slot_lengths[row.slot]}"
+                )
+            if row.position + count > self.max_model_len:
+                raise ValueError(
+                    f"slot {row.slot}: positions up to {row.position + count} exceed "
+                    f"max_model_len {self.max_model_len}"
+                )
+            if not all(0 <= t < vocab for t in row.token_ids):
+                raise ValueError(f"slot {row.slot}: token id outside [0, {vocab})")

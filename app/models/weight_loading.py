@@ -1,0 +1,190 @@
+"""Building :class:`app.models.weights.ModelWeights` from a checkpoint, in one weight format.
+
+Per layer, in Hugging Face layout (:class:`app.models.model_tensors.ModelTensors`): Q, K and V
+are stacked into one projection, gate and up into another (one matmul each), with the RMSNorm
+weight folded into their input columns (``W @ (g * x) == (W * g) @ x``), so the forward's
+normalisation is a per-token scale (see :mod:`app.models.decoder`). Biases, where the file has
+them, go into the projection. int4 keeps the norms apart (a per-column factor would break the
+32-column groups of the codes).
+
+Embedding and LM head (tied: one matrix for both):
+
+* dense, packed for oneDNN: the packed head cannot serve lookups, so the lookup reads the file's
+  rows (:class:`app.models.embeddings.FileRowsEmbedding`; ``F.linear`` would reorder the matrix
+  on every call: 1.2-2x slower, docs/MODEL_PERF.md);
+* dense, not packed: tied to the very tensor;
+* int8 / int4: an int8 head; tied, the lookup reads its int8 rows.
+
+An untied embedding on the CPU is read from the file's rows (no copy in memory).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from app.models.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
+from app.models.int4 import Int4Linear, int4_kernel_status
+from app.models.int8 import Int8Embedding, Int8Linear
+from app.models.model_tensors import ModelTensors
+from app.models.projections import DenseLinear, LinearKernel, Projection, dense_projection
+from app.models.refusal import UnsupportedModel
+from app.models.weights import LayerWeights, ModelWeights, Quantization
+
+QKV = ("attn_q", "attn_k", "attn_v")
+GATE_UP = ("ffn_gate", "ffn_up")
+
+
+def load_weights(
+    tensors: ModelTensors,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: Quantization = Quantization.NONE,
+    kernel: LinearKernel = LinearKernel.DENSE,
+) -> ModelWeights:
+    """Read, fuse, fold, cast (or quantise) and move every weight.
+
+    Raises:
+        ValueError: int8/int4 without bfloat16, int4 off the CPU or without its kernel,
+            ``kernel`` ONEDNN off the CPU or without bfloat16.
+        UnsupportedModel: int4 asked for a file whose projections are not all Q4_0/Q4_1.
+    """
+    if quantization is not Quantization.NONE and dtype != torch.bfloat16:
+        raise ValueError(
+            f"{quantization.value} weights need dtype bfloat16 (the kernel's activations)"
+        )
+    if quantization is Quantization.INT4:
+        available, reason = int4_kernel_status()
+        if device.type != "cpu" or not available:
+            raise ValueError(f"int4 needs torch's CPU int4 kernel: {reason} on {device}")
+    if kernel is LinearKernel.ONEDNN and (device.type != "cpu" or dtype != torch.bfloat16):
+        raise ValueError("the oneDNN packed kernel needs bfloat16 on the CPU")
+    builder = _LayerBuilder(tensors, dtype, device, quantization, kernel)
+    layers = tuple(builder.layer(i) for i in range(tensors.hparams.block_count))
+    embedding, lm_head = builder.embedding_and_head()
+    return ModelWeights(
+        embedding=embedding,
+        lm_head=lm_head,
+        layers=layers,
+        output_norm=builder.vector("output_norm"),
+        kernel=kernel,
+        quantization=quantization,
+    )
+
+
+class _LayerBuilder:
+    """The choices of one load (dtype, device, format, kernel) applied tensor by tensor."""
+
+    def __init__(
+        self,
+        tensors: ModelTensors,
+        dtype: torch.dtype,
+        device: torch.device,
+        quantization: Quantization,
+        kernel: LinearKernel,
+    ) -> None:
+        self.tensors = tensors
+        self.dtype, self.device = dtype, device
+        self.quantization, self.kernel = quantization, kernel
+
+    def vector(self, part: str, layer: int | None = None) -> torch.Tensor:
+        """A 1-D weight (a norm) in the model dtype on the device."""
+        return self._to_model(self.tensors.read(part, layer))
+
+    def layer(self, i: int) -> LayerWeights:
+        if self.quantization is Quantization.INT4:
+            qkv, attn_output = self._int4(i, QKV), self._int4(i, ("attn_output",))
+            gate_up, down = self._int4(i, GATE_UP), self._int4(i, ("ffn_down",))
+            attn_norm, ffn_norm = self.vector("attn_norm", i), self.vector("ffn_norm", i)
+        else:
+            qkv = self._dense(i, QKV, norm="attn_norm")
+            attn_output = self._dense(i, ("attn_output",))
+            gate_up = self._dense(i, GATE_UP, norm="ffn_norm")
+            down = self._dense(i, ("ffn_down",))
+            attn_norm = ffn_norm = None
+        return LayerWeights(
+            qkv=qkv,
+            attn_output=attn_output,
+            gate_up=gate_up,
+            down=down,
+            attn_norm=attn_norm,
+            ffn_norm=ffn_norm,
+            qk_norm=self._qk_norm(i),
+        )
+
+    def embedding_and_head(self) -> tuple[Embedding, Projection]:
+        tensors, hp = self.tensors, self.tensors.hparams
+        head_part = "token_embedding" if hp.tied_embeddings else "output"
+        head_f32 = torch.from_numpy(tensors.read(head_part))
+        lm_head: Projection
+        if self.quantization is not Quantization.NONE:  # int4 too: an int8 head
+            int8 = Int8Linear.quantize(head_f32.to(self.device), self.dtype, self.kernel)
+            del head_f32
+            if hp.tied_embeddings:
+                return Int8Embedding(int8.qweight, int8.scales), int8
+            return self._untied_embedding(), int8
+        dense = head_f32.to(device=self.device, dtype=self.dtype).contiguous()
+        del head_f32
+        lm_head = dense_projection(dense, self.kernel)
+        if hp.tied_embeddings and isinstance(lm_head, DenseLinear):
+            return DenseEmbedding(lm_head.weight), lm_head  # tied to the very tensor
+        return self._untied_embedding(), lm_head
+
+    def _untied_embedding(self) -> Embedding:
+        """A lookup of the file's embedding rows that does not share the LM head's memory."""
+        if self.device.type == "cpu":
+            return FileRowsEmbedding(self.tensors.rows("token_embedding"), self.dtype)
+        return DenseEmbedding(self._to_model(self.tensors.read("token_embedding")))
+
+    def _dense(self, i: int, parts: tuple[str, ...], *, norm: str | None = None) -> Projection:
+        weight = torch.from_numpy(_stack([self.tensors.read(p, i) for p in parts]))
+        if norm is not None:
+            weight *= torch.from_numpy(self.tensors.read(norm, i))[None, :]
+        bias = self._bias(i, parts)
+        if self.quantization is Quantization.INT8:
+            return Int8Linear.quantize(weight.to(self.device), self.dtype, self.kernel, bias)
+        return dense_projection(weight.to(device=self.device, dtype=self.dtype), self.kernel, bias)
+
+    def _int4(self, i: int, parts: tuple[str, ...]) -> Int4Linear:
+        codes = []
+        for part in parts:
+            part_codes = self.tensors.q4_codes(part, i)
+            if part_codes is None:
+                name = self.tensors.name(part, i)
+                raise UnsupportedModel(
+                    f"--quantization int4 needs Q4_0/Q4_1 projections; {name} is "
+                    f"{self.tensors.tensor_type(part, i)}"
+                )
+            codes.append(part_codes)
+        return Int4Linear.from_codes(codes, kernel=self.kernel, bias=self._bias(i, parts))
+
+    def _bias(self, i: int, parts: tuple[str, ...]) -> torch.Tensor | None:
+        """The stacked biases of ``parts`` in the model dtype (zeros for a part without one),
+        or None when none of them has a bias."""
+        biases = [self.tensors.read_bias(part, i) for part in parts]
+        if all(b is None for b in biases):
+            return None
+        hp = self.tensors.hparams
+        widths = {"attn_q": hp.q_width, "attn_k": hp.kv_width, "attn_v": hp.kv_width}
+        filled = [
+            np.zeros(widths.get(part, hp.embedding_length), np.float32) if b is None else b
+            for part, b in zip(parts, biases, strict=True)
+        ]
+        return self._to_model(_stack(filled))
+
+    def _qk_norm(self, i: int) -> torch.Tensor | None:
+        hp = self.tensors.hparams
+        if not hp.qk_norm:
+            return None
+        q_norm = self.tensors.read("attn_q_norm", i)
+        k_norm = self.tensors.read("attn_k_norm", i)
+        rows = [q_norm] * hp.head_count + [k_norm] * hp.head_count_kv
+        return self._to_model(np.stack(rows))
+
+    def _to_model(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(device=self.device, dtype=self.dtype).contiguous()
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

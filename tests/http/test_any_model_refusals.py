@@ -1,0 +1,120 @@
+"""Every model the server cannot serve is refused by the real command line before the port
+opens: exit status 2, one line naming the path and the reason, no traceback. (More reasons,
+checked in-process: tests/models/test_loading.py.)"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import pytest
+
+from tests.checkpoints import write_gguf
+from tests.http.any_model import REPO, free_port
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Case:
+    path: Path
+    reason: str  # a regular expression the error line must contain after the path
+    flags: tuple[str, ...] = ()
+
+
+def _retyped_gguf(source: Path, target: Path, tensor: str, new_type: gguf.GGMLQuantizationType):
+    """A copy of ``source`` whose tensor ``tensor`` claims ``new_type`` in its header (a type of
+    the same block size and bytes, so the file still parses)."""
+    data = bytearray(source.read_bytes())
+    name = tensor.encode()
+    at = data.find(struct.pack("<Q", len(name)) + name)
+    assert at > 0
+    dims_at = at + 8 + len(name)
+    (n_dims,) = struct.unpack_from("<I", data, dims_at)
+    type_at = dims_at + 4 + 8 * n_dims
+    struct.pack_into("<I", data, type_at, int(new_type))
+    target.write_bytes(bytes(data))
+    return target
+
+
+@pytest.fixture(scope="module")
+def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
+    root = tmp_path_factory.mktemp("refused")
+    hf = tiny_checkpoints.hf("llama")
+    text_file = root / "notes.gguf"
+    text_file.write_text("not a model\n")
+    empty_dir = root / "empty"
+    empty_dir.mkdir()
+    phi3 = write_gguf(hf, root / "phi3.gguf", architecture="phi3")
+    q4_0 = tiny_checkpoints.gguf("llama", "Q4_0")
+    iq4 = _retyped_gguf(
+        q4_0, root / "iq4.gguf", "blk.0.attn_q.weight", gguf.GGMLQuantizationType.IQ4_NL
+    )
+    assert (
+        gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+        == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0]
+    )
+    supported = r"\(supported: llama, mistral, qwen2, qwen3\)"
+    huge = tiny_checkpoints.hf("llama", max_position_embeddings=10**8)
+    return {
+        "missing": Case(root / "nowhere.gguf", "no such file or directory"),
+        "not-a-gguf": Case(text_file, "not a GGUF file"),
+        "no-config": Case(empty_dir, "no config.json"),
+        "gguf-architecture": Case(phi3, f"unsupported architecture 'phi3' {supported}"),
+        "tensor-type": Case(iq4, "tensor blk.0.attn_q.weight has unsupported type IQ4_NL"),
+        "memory": Case(
+            huge,
+            r"model \d+ MiB \+ KV cache \d+ MiB \(1024 slots x 100000000 positions\) = \d+ MiB, "
+            r"more than the \d+ MiB of RAM available",
+            ("--max-num-seqs", "1024", "--max-model-len", "100000000"),
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def refused(cases: dict[str, Case]) -> dict[str, subprocess.CompletedProcess]:
+    """Every case through ``python -m app serve``, a few at a time (each imports torch)."""
+
+    def run(case: Case) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "app", "serve", "--model", str(case.path)]
+        return subprocess.run(
+            [*command, "--port", str(free_port()), *case.flags],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(cases, pool.map(run, cases.values()), strict=True))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "missing",
+        "not-a-gguf",
+        "no-config",
+        "gguf-architecture",
+        "tensor-type",
+        "memory",
+    ],
+)
+def test_refused_before_the_port_opens(name: str, cases, refused) -> None:
+    import re
+
+    case, result = cases[name], refused[name]
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output
+    assert "Uvicorn running" not in output and "Started server process" not in output
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, output
+    prefix = f"python -m app serve: error: {case.path}: "
+    assert errors[0].startswith(prefix), errors[0]
+    assert re.search(case.reason, errors[0][len(prefix) :]), errors[0]
