@@ -13,8 +13,11 @@ of a slot beyond ``row.position``: whatever a previous occupant of the slot left
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,10 @@ class StepRow:
         inert: a padding row (see ``padding``): it only fills a fixed batch shape. A model
             checks this first: it must not read or write the slot's state (KV cache, random
             generator, prefix) for it, and its output is ignored.
+        token_mask: the constraint's allowed tokens for this row's next token (structured
+            output), or None for an unconstrained row: an int32 tensor of
+            ``ceil(vocab / 32)`` words in llguidance's bitmask layout (see
+            :mod:`app.models.token_mask`). Only read when ``sample`` is True.
     """
 
     slot: int
@@ -104,6 +111,7 @@ class StepRow:
     sample: bool
     sampling: SamplingParams
     inert: bool = False
+    token_mask: torch.Tensor | None = field(default=None, compare=False)
 
     @classmethod
     def padding(cls, slot: int) -> StepRow:

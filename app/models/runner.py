@@ -107,7 +107,8 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.model.forward(plan, self.cache)
             sampled = self._sampler.sample(
-                logits, [SampleRequest(r.slot, r.sampling) for r in rows if r.sample]
+                logits,
+                [SampleRequest(r.slot, r.sampling, r.token_mask) for r in rows if r.sample],
             )
         for row in rows:
             self._slot_lengths[row.slot] = row.position + len(row.token_ids)

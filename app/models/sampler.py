@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from app.models.base import SamplingParams
+from app.models.token_mask import TokenMask, apply_token_masks
 
 # Tokens examined per filtered row before falling back to a full sort.
 CANDIDATES = 256
@@ -42,10 +43,12 @@ ARGMAX_BLOCK = 1024
 
 @dataclass(frozen=True, slots=True)
 class SampleRequest:
-    """One row that wants a token: the slot whose generator to use, and how to pick."""
+    """One row that wants a token: the slot whose generator to use, how to pick, and the
+    constraint's allowed tokens (None: unconstrained; see :mod:`app.models.token_mask`)."""
 
     slot: int
     sampling: SamplingParams
+    token_mask: TokenMask | None = None
 
 
 class Sampler:
@@ -65,6 +68,9 @@ class Sampler:
         argmax as they are (a cast to float32 is exact, so it would not change it); rows that
         sample are cast to float32 first.
         """
+        if any(r.token_mask is not None for r in requests):
+            logits = logits.to(torch.float32, copy=True)  # the model's logits stay raw
+            apply_token_masks(logits, [r.token_mask for r in requests])
         random_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
         tokens = argmax_rows(logits)
         if not random_rows:
