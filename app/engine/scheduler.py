@@ -211,8 +211,9 @@ class Scheduler:
         live = len(step.sequences)  # the padding's outputs, past these, are dropped here
         tokens = output.next_token_ids[:live]
         errors = (output.row_errors or (None,) * live)[:live]
-        for seq, row, token, error in zip(
-            step.sequences, step.live_rows, tokens, errors, strict=True
+        row_logprobs = (output.logprobs or (None,) * live)[:live]
+        for seq, row, token, error, logprobs in zip(
+            step.sequences, step.live_rows, tokens, errors, row_logprobs, strict=True
         ):
             if self.slots[row.slot] is not seq:
                 continue
@@ -222,6 +223,9 @@ class Scheduler:
             seq.num_computed_tokens += len(row.token_ids)
             if token is None:
                 continue
+            if logprobs is not None:
+                seq.logprobs.append(logprobs)
+                seq.unsent_logprobs.append(logprobs)
             try:
                 self._append_token(seq, token, now)
             except Exception:
@@ -264,8 +268,9 @@ class Scheduler:
         now = self._clock()
         tail = seq.text.flush()
         if tail or seq.unsent_token_ids:
-            seq.emit(TokenEvent(tail, tuple(seq.unsent_token_ids)))
+            seq.emit(TokenEvent(tail, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs)))
             seq.unsent_token_ids.clear()
+            seq.unsent_logprobs.clear()
         arrived = seq.request.arrived_at
         timings = Timings(
             queued_ms=((seq.admitted_at or now) - arrived) * 1000.0,
@@ -282,6 +287,7 @@ class Scheduler:
                 completion_tokens=len(seq.generated),
                 timings=timings,
                 error=error,
+                logprobs=tuple(seq.logprobs),
             )
         )
         self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
@@ -334,8 +340,9 @@ class Scheduler:
             return
         new_text = seq.text.append(self._tokenizer.decode_bytes((token,)))
         if new_text:
-            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids)))
+            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs)))
             seq.unsent_token_ids.clear()
+            seq.unsent_logprobs.clear()
         if seq.text.matched_stop is not None:
             self.finish(seq, FinishReason.STOP, stop_reason=seq.text.matched_stop)
         elif (
