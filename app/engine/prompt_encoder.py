@@ -64,3 +64,18 @@ class PromptEncoder:
             return tuple(encode(text))
         except Exception as exc:
             raise TokenizationError(str(exc)) from exc
+
+    def decode(self, token_ids: tuple[int, ...]) -> str:
+        """The text of ``token_ids`` (bytes that are not UTF-8 become U+FFFD).
+
+        Raises:
+            TokenizationError: the tokenizer failed (an id outside its vocabulary...).
+        """
+        try:
+            return self._tokenizer.decode_bytes(token_ids).decode("utf-8", errors="replace")
+        except Exception as exc:
+            raise TokenizationError(str(exc)) from exc
+
+    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
+        """Each token's own bytes (a token may hold part of a UTF-8 character)."""
+        return [self._tokenizer.decode_bytes((token,)) for token in token_ids]

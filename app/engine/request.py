@@ -59,6 +59,9 @@ class GenerationRequest:
         owner: an opaque tag of who made the request (API key digest), so that only the same
             owner may cancel it; None when no key is configured.
         arrived_at: ``time.perf_counter()`` seconds when the HTTP request was accepted.
+        group_id: set on the ``n`` choices of one prompt (submitted one after another, the
+            same value on each): the scheduler admits a group's waiting sequences into slots
+            together (all or none); None for a request on its own.
     """
 
     request_id: str
@@ -68,6 +71,7 @@ class GenerationRequest:
     stop: StopCriteria = StopCriteria()
     owner: str | None = None
     arrived_at: float = field(default_factory=time.perf_counter)
+    group_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

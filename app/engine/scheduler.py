@@ -151,6 +151,7 @@ class Scheduler:
         count = self.policy.admit_count(
             free_slots=len(free), running=len(self.slots) - len(free), waiting=len(self.waiting)
         )
+        count = self._whole_groups(count)
         now = self._clock()
         for slot in free[:count]:
             seq = self.waiting.popleft()
@@ -160,6 +161,25 @@ class Scheduler:
             seq.admitted_at = now
             self.slots[slot] = seq
         return count
+
+    def _whole_groups(self, count: int) -> int:
+        """``count`` cut back so that no group (the ``n`` choices of one prompt, queued one
+        after another with one ``GenerationRequest.group_id``) is split between slots now and
+        later: the first ``count`` waiting sequences, less a trailing group cut short."""
+        taken = 0
+        sequences = iter(self.waiting)
+        pending = next(sequences, None)
+        while pending is not None and taken < count:
+            group = pending.request.group_id
+            size = 1
+            pending = next(sequences, None)
+            while group is not None and pending is not None and pending.request.group_id == group:
+                size += 1
+                pending = next(sequences, None)
+            if taken + size > count:
+                break
+            taken += size
+        return taken
 
     def schedule(self) -> ScheduledStep | None:
         """Builds the next step: every decoding sequence, then prompt chunks within the budget.

@@ -135,6 +135,18 @@ class SyncEngine:
         """
         return self._prompts.encode_text(text)
 
+    def decode(self, token_ids: tuple[int, ...]) -> str:
+        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
+
+        Raises:
+            TokenizationError: the tokenizer failed.
+        """
+        return self._prompts.decode(token_ids)
+
+    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
+        """Each token's own bytes (logprobs answers)."""
+        return self._prompts.token_bytes(token_ids)
+
     def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``.
 
