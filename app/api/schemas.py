@@ -186,6 +186,26 @@ class HealthResponse(BaseModel):
     status: Literal["ok", "unavailable"]
 
 
+# The /generate fields that choose how tokens are picked (/info lists them; a client can tell
+# which controls this server has). Every one is a field of GenerateRequestBody.
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "logit_bias",
+    "logprobs",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+)
+
+
 class InfoResponse(BaseModel):
     model: str
     backend: str
@@ -196,3 +216,4 @@ class InfoResponse(BaseModel):
     keeps_kv_cache: bool
     scheduling: str
     version: str
+    sampling_fields: list[str]

@@ -209,14 +209,16 @@ class AsyncEngine:
         """Each token's own bytes (logprobs answers)."""
         return self._prompts.token_bytes(token_ids)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(messages, add_generation_prompt=add_generation_prompt)
 
     # ----------------------------------------------------------------- commands (any task)
 

@@ -45,15 +45,18 @@ class PromptEncoder:
         except Exception as exc:
             raise TokenizationError(str(exc)) from exc
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
         """The token ids of a conversation rendered by :attr:`chat_template`, ending where the
-        assistant's answer begins.
+        assistant's answer begins (after the last message with
+        ``add_generation_prompt=False``).
 
         Raises:
             ChatTemplateError: the template refused the conversation (roles out of order...).
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        text = self.chat_template.render(messages)
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
         # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
         # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's
         # byte tokenizer adds none and has no such method.

@@ -147,14 +147,16 @@ class SyncEngine:
         """Each token's own bytes (logprobs answers)."""
         return self._prompts.token_bytes(token_ids)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(messages, add_generation_prompt=add_generation_prompt)
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes
