@@ -32,6 +32,7 @@ from app.api.schemas import (
     TimingsBody,
     TokenEventData,
     Usage,
+    logprob_bodies,
 )
 from app.engine.request import FinalEvent, TokenEvent
 
@@ -66,9 +67,8 @@ async def generate(request: Request) -> Response:
     body = parse_body(await read_body(request, resources.config.max_body_bytes))
     refuse_if_overloaded(resources, max_tokens=body.max_tokens)
     generation = await resources.builder.build(body.generation_params(), origin)
-    return await answer(
-        request, resources, generation, NativeAnswer(origin.request_id), stream=body.stream
-    )
+    answer_format = NativeAnswer(origin.request_id, logprobs=body.logprobs is not None)
+    return await answer(request, resources, generation, answer_format, stream=body.stream)
 
 
 @router.delete("/generate/{request_id}", response_model=CancelResponse, responses=_ERROR_RESPONSES)
@@ -94,6 +94,7 @@ class NativeAnswer:
     """The native wire format of one request's answer (``app.api.answers.AnswerFormat``)."""
 
     request_id: str
+    logprobs: bool = False  # the request asked for logprobs: the answer carries them
     sse_separator: str | None = None  # sse-starlette's default, "\r\n"
 
     def response(self, final: FinalEvent) -> dict[str, object]:
@@ -101,15 +102,21 @@ class NativeAnswer:
             id=self.request_id,
             text=final.text,
             token_ids=list(final.token_ids),
+            logprobs=logprob_bodies(final.logprobs) if self.logprobs else None,
             **self._ending(final),
-        ).model_dump()
+        ).model_dump(exclude=None if self.logprobs else {"logprobs"})
 
     def opening(self) -> Iterable[ServerSentEvent]:
         return ()
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
-        data = TokenEventData(id=self.request_id, text=event.text, token_ids=list(event.token_ids))
-        yield ServerSentEvent(data=json.dumps(data.model_dump(), ensure_ascii=False), event="token")
+        data = TokenEventData(
+            id=self.request_id,
+            text=event.text,
+            token_ids=list(event.token_ids),
+            logprobs=logprob_bodies(event.logprobs) if self.logprobs else None,
+        ).model_dump(exclude=None if self.logprobs else {"logprobs"})
+        yield ServerSentEvent(data=json.dumps(data, ensure_ascii=False), event="token")
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
         done = DoneEventData(id=self.request_id, **self._ending(final)).model_dump()

@@ -5,7 +5,8 @@ Every generating body (``POST /generate``, ``/v1/completions``, ``/v1/chat/compl
 itself into ``GenerationParams`` (its ``generation_params()``): wire names and wire defaults end
 there. ``RequestBuilder.build`` then runs the checks that need the model, once and in one order:
 
-    token budget <= the server's cap -> stop token ids in the vocabulary -> the prompt, tokenized
+    token budget <= the server's cap -> stop token ids and logit_bias ids in the vocabulary ->
+    min_tokens <= the budget -> the prompt, tokenized
     by the engine (a chat rendered with the model's template) -> the default budget of a chat ->
     prompt + budget <= the context length -> the seed (a random one unless the client chose it)
 
@@ -84,6 +85,11 @@ class GenerationParams:
         seed: the client's seed, or None (a random one is drawn).
         stop: stop strings. stop_token_ids: token ids that end generation.
         ignore_eos: the model's EOS does not end generation.
+        min_p / presence_penalty / frequency_penalty / repetition_penalty / min_tokens /
+            logit_bias: the logits processors (``SamplingParams``; 0 / 0 / 0 / 1 / 0 / ()
+            switch each off); ``logit_bias`` as ``(token_id, bias)`` pairs, distinct ids.
+        logprobs: how many alternatives to report with each generated token's logprob, or
+            None for no logprobs.
     """
 
     prompt: TextPrompt | ChatPrompt
@@ -95,6 +101,13 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +201,14 @@ class RequestBuilder:
         if budget.max_tokens is not None:
             self._check_max_tokens(budget.max_tokens, budget.param)
         self._check_stop_token_ids(params.stop_token_ids)
+        self._check_logit_bias(params.logit_bias)
+        if budget.max_tokens is not None and params.min_tokens > budget.max_tokens:
+            raise APIError(
+                422,
+                "invalid_request",
+                f"min_tokens ({params.min_tokens}) must be <= {budget.param} ({budget.max_tokens})",
+                param="min_tokens",
+            )
 
     def _request(
         self, params: GenerationParams, origin: RequestOrigin, prompt_ids: tuple[int, ...]
@@ -206,6 +227,14 @@ class RequestBuilder:
                 top_k=params.top_k,
                 seed=params.seed if params.seed is not None else secrets.randbits(SEED_BITS),
                 batch_invariant=params.seed is not None,
+                min_p=params.min_p,
+                presence_penalty=params.presence_penalty,
+                frequency_penalty=params.frequency_penalty,
+                repetition_penalty=params.repetition_penalty,
+                min_tokens=min(params.min_tokens, max_tokens),
+                min_tokens_token_ids=params.stop_token_ids if params.min_tokens else (),
+                logit_bias=params.logit_bias,
+                logprobs=params.logprobs,
             ),
             stop=StopCriteria(
                 stop_strings=params.stop,
@@ -232,6 +261,17 @@ class RequestBuilder:
                 "invalid_request",
                 f"stop_token_ids: {outside[0]} is outside the vocabulary (size {vocab_size})",
                 param="stop_token_ids",
+            )
+
+    def _check_logit_bias(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
+        vocab_size = self._engine.capabilities.vocab_size
+        outside = [token for token, _ in logit_bias if token >= vocab_size]
+        if outside:
+            raise APIError(
+                422,
+                "invalid_request",
+                f"logit_bias: {outside[0]} is outside the vocabulary (size {vocab_size})",
+                param="logit_bias",
             )
 
     def _encode(self, prompt: TextPrompt | ChatPrompt, request_id: str) -> tuple[int, ...]:

@@ -74,8 +74,9 @@ class ChatTemplate:
             from_model=bool(source),
         )
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt for ``messages``, ending where the assistant's answer begins.
+    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+        """The prompt for ``messages``, ending where the assistant's answer begins (or after
+        the last message with ``add_generation_prompt=False``: ``/tokenize``).
 
         Raises:
             ChatTemplateError: the template rejected the conversation.
@@ -83,7 +84,7 @@ class ChatTemplate:
         """
         return _compile(self.source).render(
             messages=[{"role": message.role, "content": message.content} for message in messages],
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
         )

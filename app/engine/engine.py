@@ -197,14 +197,28 @@ class AsyncEngine:
         """
         return self._prompts.encode_text(text)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def decode(self, token_ids: tuple[int, ...]) -> str:
+        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
+
+        Raises:
+            TokenizationError: the tokenizer failed.
+        """
+        return self._prompts.decode(token_ids)
+
+    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
+        """Each token's own bytes (logprobs answers)."""
+        return self._prompts.token_bytes(token_ids)
+
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(messages, add_generation_prompt=add_generation_prompt)
 
     # ----------------------------------------------------------------- commands (any task)
 
@@ -227,15 +241,16 @@ class AsyncEngine:
         self._inbox.put(Submit(handle))
         return handle
 
-    def check_admission(self, prompt_tokens: int) -> None:
-        """Raises ``Overloaded`` if a request of ``prompt_tokens`` would not be admitted now.
+    def check_admission(self, prompt_tokens: int, *, count: int = 1) -> None:
+        """Raises ``Overloaded`` if ``count`` requests of ``prompt_tokens`` in all (the ``n``
+        choices of one prompt) would not be admitted now.
 
         Cheap (no allocation), so the HTTP edge can call it before reading the body and
         answer 429 before doing any work; ``submit`` checks again with the real count.
         Requests that will find a free slot do not wait; the limits apply to the rest.
         """
         waiting = self._inbox.num_submits + self.scheduler.num_waiting
-        would_wait = waiting + 1 - self.scheduler.num_free_slots
+        would_wait = waiting + count - self.scheduler.num_free_slots
         if would_wait > self.limits.max_queue:
             raise Overloaded(f"the waiting queue is full ({self.limits.max_queue} requests)")
         queued_tokens = self._inbox.submitted_prompt_tokens + self.scheduler.waiting_prompt_tokens

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.engine.detokenizer import TextAssembler
-from app.models.base import SamplingParams
+from app.models.base import SamplingParams, TokenLogprobs
 
 
 class FinishReason(enum.Enum):
@@ -59,6 +59,9 @@ class GenerationRequest:
         owner: an opaque tag of who made the request (API key digest), so that only the same
             owner may cancel it; None when no key is configured.
         arrived_at: ``time.perf_counter()`` seconds when the HTTP request was accepted.
+        group_id: set on the ``n`` choices of one prompt (submitted one after another, the
+            same value on each): the scheduler admits a group's waiting sequences into slots
+            together (all or none); None for a request on its own.
     """
 
     request_id: str
@@ -68,6 +71,7 @@ class GenerationRequest:
     stop: StopCriteria = StopCriteria()
     owner: str | None = None
     arrived_at: float = field(default_factory=time.perf_counter)
+    group_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +88,15 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """New output of one request: ``text`` may be empty when text is held back."""
+    """New output of one request: ``text`` may be empty when text is held back.
+
+    ``logprobs``: one entry per ``token_ids`` entry when the request asked for logprobs
+    (``SamplingParams.logprobs``), else empty.
+    """
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,8 @@ class FinalEvent:
         prompt_tokens / completion_tokens: usage, in tokens.
         timings: latencies in ms.
         error: a client-safe message when ``finish_reason`` is ERROR, else None.
+        logprobs: one entry per ``token_ids`` entry when the request asked for logprobs,
+            else empty.
     """
 
     finish_reason: FinishReason
@@ -112,6 +123,7 @@ class FinalEvent:
     completion_tokens: int
     timings: Timings
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 StreamEvent = TokenEvent | FinalEvent
@@ -132,6 +144,7 @@ class Sequence:
         num_computed_tokens: tokens of ``prompt + generated`` the model's state covers.
         generated: sampled token ids, in order.
         unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
+        logprobs / unsent_logprobs: the same for the tokens' logprobs (when asked for).
         text: assembles output text (UTF-8 safe, stop-string aware).
         admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
     """
@@ -144,6 +157,8 @@ class Sequence:
     num_computed_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     unsent_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    unsent_logprobs: list[TokenLogprobs] = field(default_factory=list)
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None

@@ -151,6 +151,7 @@ class Scheduler:
         count = self.policy.admit_count(
             free_slots=len(free), running=len(self.slots) - len(free), waiting=len(self.waiting)
         )
+        count = self._whole_groups(count)
         now = self._clock()
         for slot in free[:count]:
             seq = self.waiting.popleft()
@@ -160,6 +161,25 @@ class Scheduler:
             seq.admitted_at = now
             self.slots[slot] = seq
         return count
+
+    def _whole_groups(self, count: int) -> int:
+        """``count`` cut back so that no group (the ``n`` choices of one prompt, queued one
+        after another with one ``GenerationRequest.group_id``) is split between slots now and
+        later: the first ``count`` waiting sequences, less a trailing group cut short."""
+        taken = 0
+        sequences = iter(self.waiting)
+        pending = next(sequences, None)
+        while pending is not None and taken < count:
+            group = pending.request.group_id
+            size = 1
+            pending = next(sequences, None)
+            while group is not None and pending is not None and pending.request.group_id == group:
+                size += 1
+                pending = next(sequences, None)
+            if taken + size > count:
+                break
+            taken += size
+        return taken
 
     def schedule(self) -> ScheduledStep | None:
         """Builds the next step: every decoding sequence, then prompt chunks within the budget.
@@ -211,8 +231,9 @@ class Scheduler:
         live = len(step.sequences)  # the padding's outputs, past these, are dropped here
         tokens = output.next_token_ids[:live]
         errors = (output.row_errors or (None,) * live)[:live]
-        for seq, row, token, error in zip(
-            step.sequences, step.live_rows, tokens, errors, strict=True
+        row_logprobs = (output.logprobs or (None,) * live)[:live]
+        for seq, row, token, error, logprobs in zip(
+            step.sequences, step.live_rows, tokens, errors, row_logprobs, strict=True
         ):
             if self.slots[row.slot] is not seq:
                 continue
@@ -222,6 +243,9 @@ class Scheduler:
             seq.num_computed_tokens += len(row.token_ids)
             if token is None:
                 continue
+            if logprobs is not None:
+                seq.logprobs.append(logprobs)
+                seq.unsent_logprobs.append(logprobs)
             try:
                 self._append_token(seq, token, now)
             except Exception:
@@ -264,8 +288,9 @@ class Scheduler:
         now = self._clock()
         tail = seq.text.flush()
         if tail or seq.unsent_token_ids:
-            seq.emit(TokenEvent(tail, tuple(seq.unsent_token_ids)))
+            seq.emit(TokenEvent(tail, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs)))
             seq.unsent_token_ids.clear()
+            seq.unsent_logprobs.clear()
         arrived = seq.request.arrived_at
         timings = Timings(
             queued_ms=((seq.admitted_at or now) - arrived) * 1000.0,
@@ -282,6 +307,7 @@ class Scheduler:
                 completion_tokens=len(seq.generated),
                 timings=timings,
                 error=error,
+                logprobs=tuple(seq.logprobs),
             )
         )
         self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
@@ -334,8 +360,9 @@ class Scheduler:
             return
         new_text = seq.text.append(self._tokenizer.decode_bytes((token,)))
         if new_text:
-            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids)))
+            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs)))
             seq.unsent_token_ids.clear()
+            seq.unsent_logprobs.clear()
         if seq.text.matched_stop is not None:
             self.finish(seq, FinishReason.STOP, stop_reason=seq.text.matched_stop)
         elif (

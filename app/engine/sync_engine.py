@@ -135,14 +135,28 @@ class SyncEngine:
         """
         return self._prompts.encode_text(text)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def decode(self, token_ids: tuple[int, ...]) -> str:
+        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
+
+        Raises:
+            TokenizationError: the tokenizer failed.
+        """
+        return self._prompts.decode(token_ids)
+
+    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
+        """Each token's own bytes (logprobs answers)."""
+        return self._prompts.token_bytes(token_ids)
+
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(messages, add_generation_prompt=add_generation_prompt)
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes

@@ -13,8 +13,11 @@ of a slot beyond ``row.position``: whatever a previous occupant of the slot left
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,21 @@ class SamplingParams:
         batch_invariant: the client chose the seed, so API.md promises the same tokens
             whatever else is in the batch: a model whose kernels round a row differently with
             the batch's shape must compute this request's rows the slower, exact way.
+        min_p: drop tokens whose probability (after temperature) is below ``min_p`` times the
+            most likely token's; 0 disables it.
+        presence_penalty / frequency_penalty: OpenAI's, over the generated tokens: a token
+            generated ``c > 0`` times has ``c * frequency_penalty + presence_penalty``
+            subtracted from its logit; 0 disables each.
+        repetition_penalty: Hugging Face's (CTRL, https://arxiv.org/abs/1909.05858) over the
+            prompt and the generated tokens: such a token's logit is divided by it when
+            positive, multiplied when negative; 1 disables it.
+        min_tokens: until this many tokens are generated, the model's EOS ids and
+            ``min_tokens_token_ids`` cannot be sampled.
+        min_tokens_token_ids: the request's stop token ids, which ``min_tokens`` holds back
+            too.
+        logit_bias: ``(token_id, bias)`` pairs added to the logits (distinct ids).
+        logprobs: report the sampled token's raw log-probability and this many most likely
+            alternatives (0..20); None: no logprobs.
     """
 
     temperature: float = 1.0
@@ -38,10 +56,32 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     batch_invariant: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    min_tokens_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether any penalty needs the sequence's token counts."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
+    def uses_processors(self) -> bool:
+        """Whether any step before the temperature (bias, penalties, min_tokens) is on."""
+        return bool(self.logit_bias) or self.uses_penalties or self.min_tokens > 0
 
 
 # An inert row samples nothing; it still carries parameters, so every row has the same fields.
@@ -96,6 +136,10 @@ class StepRow:
         inert: a padding row (see ``padding``): it only fills a fixed batch shape. A model
             checks this first: it must not read or write the slot's state (KV cache, random
             generator, prefix) for it, and its output is ignored.
+        token_mask: the constraint's allowed tokens for this row's next token (structured
+            output), or None for an unconstrained row: an int32 tensor of
+            ``ceil(vocab / 32)`` words in llguidance's bitmask layout (see
+            :mod:`app.models.token_mask`). Only read when ``sample`` is True.
     """
 
     slot: int
@@ -104,6 +148,7 @@ class StepRow:
     sample: bool
     sampling: SamplingParams
     inert: bool = False
+    token_mask: torch.Tensor | None = field(default=None, compare=False)
 
     @classmethod
     def padding(cls, slot: int) -> StepRow:
@@ -155,11 +200,37 @@ class StepBatch:
             raise ValueError(f"{len(output.next_token_ids)} results for {len(live)} live rows")
         tokens: list[int | None] = [None] * len(self.rows)
         errors: list[str | None] = [None] * len(self.rows)
+        logprobs: list[TokenLogprobs | None] = [None] * len(self.rows)
         row_errors = output.row_errors or (None,) * len(live)
-        for index, token, error in zip(live, output.next_token_ids, row_errors, strict=True):
+        row_logprobs = output.logprobs or (None,) * len(live)
+        for index, token, error, logprob in zip(
+            live, output.next_token_ids, row_errors, row_logprobs, strict=True
+        ):
             tokens[index] = token
             errors[index] = error
-        return StepOutput(tuple(tokens), tuple(errors) if output.row_errors else None)
+            logprobs[index] = logprob
+        return StepOutput(
+            tuple(tokens),
+            tuple(errors) if output.row_errors else None,
+            tuple(logprobs) if output.logprobs else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Raw log-probabilities at one position: float32 log-softmax of the model's logits,
+    before any logits processing (API.md).
+
+    Attributes:
+        token_id: the token at this position (the sampled one, or the prompt's).
+        logprob: its log-probability (natural log, <= 0).
+        top: the most likely tokens as ``(token_id, logprob)``, most likely first; as many
+            as asked.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +244,14 @@ class StepOutput:
     client-safe message for a failed row ``i`` (its token is ignored and the request ends with
     an error), None for a row that succeeded. A model that cannot tell raises from ``step``
     instead, which fails every row of the step.
+
+    ``logprobs[i]`` is row ``i``'s :class:`TokenLogprobs` when its sampling asked for them
+    (``SamplingParams.logprobs``), else None; ``logprobs`` itself is None when no row asked.
     """
 
     next_token_ids: tuple[int | None, ...]
     row_errors: tuple[str | None, ...] | None = None
+    logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 class Tokenizer(Protocol):

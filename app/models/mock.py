@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import Sequence
 
-from app.models.base import ModelCapabilities, StepBatch, StepOutput
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, TokenLogprobs
 
 MOCK_EOS_TOKEN_ID = 256
 MOCK_FAIL_MARKER = b"<<fail>>"
@@ -179,9 +179,26 @@ class MockModelRunner:
             result: list[int | None] = [None] * len(batch.rows)
             for index, token in zip(sampled, tokens, strict=True):
                 result[index] = token
-            return StepOutput(tuple(result), errors if any(errors) else None)
+            return StepOutput(
+                tuple(result), errors if any(errors) else None, _certain_logprobs(batch, result)
+            )
 
     def release(self, slot: int) -> None:
         with self._lock:
             self._prefixes[slot] = []
             self._marked[slot] = False
+
+
+def _certain_logprobs(
+    batch: StepBatch, tokens: list[int | None]
+) -> tuple[TokenLogprobs | None, ...] | None:
+    """The mock's logprobs: its next token is certain (log-probability 0, the only
+    alternative with any probability), for the rows that asked; None when none did."""
+    if not any(row.sampling.logprobs is not None for row in batch.rows):
+        return None
+    return tuple(
+        None
+        if token is None or row.sampling.logprobs is None
+        else TokenLogprobs(token, 0.0, ((token, 0.0),) if row.sampling.logprobs else ())
+        for row, token in zip(batch.rows, tokens, strict=True)
+    )

@@ -64,7 +64,11 @@ class ModelRunner:
             dtype=model.dtype,
             device=model.device,
         )
-        self._sampler = Sampler(max_num_seqs)
+        self._sampler = Sampler(
+            max_num_seqs,
+            vocab_size=model.hparams.vocab_size,
+            eos_token_ids=frozenset(tokenizer.eos_token_ids),
+        )
         self._slot_lengths = [0] * max_num_seqs
         dtype_name = str(model.dtype).removeprefix("torch.")
         if model.quantization is not Quantization.NONE:
@@ -96,7 +100,10 @@ class ModelRunner:
         self._validate(rows)
         for row in rows:
             if row.position == 0:
-                self._sampler.start_sequence(row.slot, row.sampling.seed)
+                self._sampler.start_sequence(
+                    row.slot, row.sampling.seed, row.sampling, device=self.model.device
+                )
+            self._sampler.feed(row.slot, row.token_ids)
         plan = ForwardPlan.build(
             [
                 RowSpec(r.slot, r.token_ids, r.position, r.sample, r.sampling.batch_invariant)
@@ -106,18 +113,27 @@ class ModelRunner:
         )
         with torch.inference_mode():
             logits = self.model.forward(plan, self.cache)
-            sampled = self._sampler.sample(
-                logits, [SampleRequest(r.slot, r.sampling) for r in rows if r.sample]
-            )
+            requests = [SampleRequest(r.slot, r.sampling, r.token_mask) for r in rows if r.sample]
+            sampled = self._sampler.sample(logits, requests)
+            logprobs = self._sampler.logprobs(logits, requests, sampled)
         for row in rows:
             self._slot_lengths[row.slot] = row.position + len(row.token_ids)
         tokens = iter(sampled)
-        return StepOutput(tuple(next(tokens) if row.sample else None for row in rows))
+        row_logprobs = iter(logprobs or ())
+        return StepOutput(
+            tuple(next(tokens) if row.sample else None for row in rows),
+            logprobs=(
+                tuple(next(row_logprobs) if row.sample else None for row in rows)
+                if logprobs
+                else None
+            ),
+        )
 
     def release(self, slot: int) -> None:
         """Forget the slot's sequence. Its cache is not cleared: it is never read again."""
         self._check_slot(slot)
         self._slot_lengths[slot] = 0
+        self._sampler.release(slot)
 
     def slot_length(self, slot: int) -> int:
         """Positions currently held for ``slot`` (read-only view for tests and metrics)."""

@@ -21,6 +21,7 @@ from sse_starlette import ServerSentEvent
 from app.api.answers import finish_reason_name
 from app.api.errors import APIError
 from app.api.openai.errors import openai_error_body
+from app.api.openai.logprobs import LogprobsWriter
 from app.api.openai.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -60,6 +61,8 @@ class _OpenAIAnswer(ABC):
     Attributes:
         id: the request id. created: Unix seconds. model: the served model's name.
         include_usage: a stream ends with the usage chunk.
+        index: the choice's index (``n`` > 1: one format per choice).
+        logprobs: writes the choice's logprobs, when the request asked for them.
     """
 
     id: str
@@ -67,6 +70,12 @@ class _OpenAIAnswer(ABC):
     model: str
     include_usage: bool = False
     sse_separator: str | None = SSE_LINE_END
+    index: int = 0
+    logprobs: LogprobsWriter | None = None
+
+    def usage_event(self, usage: Usage) -> ServerSentEvent:
+        """The usage chunk (``choices`` empty) of a stream that asked for it."""
+        return data_event(self._chunk([], usage))
 
     @abstractmethod
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
@@ -90,21 +99,39 @@ class _OpenAIAnswer(ABC):
 
 @dataclass(frozen=True, slots=True)
 class CompletionAnswer(_OpenAIAnswer):
-    """``/v1/completions``: ``text_completion`` objects, whole and as chunks."""
+    """``/v1/completions``: ``text_completion`` objects, whole and as chunks.
+
+    Attributes:
+        echo: the prompt's text, returned before the completion (``echo``); "" otherwise.
+    """
+
+    echo: str = ""
 
     def response(self, final: FinalEvent) -> dict[str, object]:
         reason = finish_reason_name(final.finish_reason)
-        return self._chunk([CompletionChoice(text=final.text, finish_reason=reason)], usage(final))
+        choice = CompletionChoice(
+            index=self.index,
+            text=self.echo + final.text,
+            logprobs=self.logprobs.completion(final.logprobs) if self.logprobs else None,
+            finish_reason=reason,
+        )
+        return self._chunk([choice], usage(final))
 
     def opening(self) -> Iterable[ServerSentEvent]:
-        return ()
+        if self.echo:
+            choice = CompletionChoice(index=self.index, text=self.echo, finish_reason=None)
+            yield data_event(self._chunk([choice]))
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
         if event.text:  # text held back (a partial character or stop string) waits
-            yield data_event(self._chunk([CompletionChoice(text=event.text, finish_reason=None)]))
+            logprobs = self.logprobs.completion(event.logprobs) if self.logprobs else None
+            choice = CompletionChoice(
+                index=self.index, text=event.text, logprobs=logprobs, finish_reason=None
+            )
+            yield data_event(self._chunk([choice]))
 
     def _last_choice(self, finish_reason: str) -> CompletionChoice:
-        return CompletionChoice(text="", finish_reason=finish_reason)
+        return CompletionChoice(index=self.index, text="", finish_reason=finish_reason)
 
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
         return CompletionResponse(
@@ -124,7 +151,9 @@ class ChatAnswer(_OpenAIAnswer):
             model=self.model,
             choices=[
                 ChatChoice(
+                    index=self.index,
                     message=ChatMessageOut(content=final.text),
+                    logprobs=self.logprobs.chat(final.logprobs) if self.logprobs else None,
                     finish_reason=finish_reason_name(final.finish_reason),
                 )
             ],
@@ -133,15 +162,21 @@ class ChatAnswer(_OpenAIAnswer):
 
     def opening(self) -> Iterable[ServerSentEvent]:
         delta = ChatDelta(role="assistant", content="")
-        yield data_event(self._chunk([ChatChunkChoice(delta=delta, finish_reason=None)]))
+        choice = ChatChunkChoice(index=self.index, delta=delta, finish_reason=None)
+        yield data_event(self._chunk([choice]))
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
         if event.text:  # text held back (a partial character or stop string) waits
-            delta = ChatDelta(content=event.text)
-            yield data_event(self._chunk([ChatChunkChoice(delta=delta, finish_reason=None)]))
+            choice = ChatChunkChoice(
+                index=self.index,
+                delta=ChatDelta(content=event.text),
+                logprobs=self.logprobs.chat(event.logprobs) if self.logprobs else None,
+                finish_reason=None,
+            )
+            yield data_event(self._chunk([choice]))
 
     def _last_choice(self, finish_reason: str) -> ChatChunkChoice:
-        return ChatChunkChoice(delta=ChatDelta(), finish_reason=finish_reason)
+        return ChatChunkChoice(index=self.index, delta=ChatDelta(), finish_reason=finish_reason)
 
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
         return ChatCompletionChunk(

@@ -25,10 +25,20 @@ class _Completion(BaseModel):
     system_fingerprint: None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: per token its text, raw logprob, the top alternatives (text
+    -> logprob) and the offset of its text in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReasonName | None
 
 
@@ -46,10 +56,25 @@ class ChatMessageOut(BaseModel):
     content: str
 
 
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReasonName
 
 
@@ -71,7 +96,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReasonName | None
 
     @field_serializer("delta")

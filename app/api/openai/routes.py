@@ -17,10 +17,12 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from app.api.admission import read_body, refuse_if_overloaded
-from app.api.answers import AnswerFormat, answer
+from app.api.answers import answer
 from app.api.errors import APIError
 from app.api.openai.answers import ChatAnswer, CompletionAnswer
+from app.api.openai.choices import answer_choices, choice_requests
 from app.api.openai.errors import V1_PREFIX, OpenAIRoute, invalid_field
+from app.api.openai.logprobs import LogprobsWriter
 from app.api.openai.responses import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -35,6 +37,7 @@ from app.api.openai.schemas import (
 )
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources, resources_of
+from app.engine.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -126,24 +129,71 @@ async def _generate(
     origin = RequestOrigin(request.state.request_id, resources.guard.owner_of(request), arrived_at)
     refuse_if_overloaded(resources)
     body = parse_body(body_model, await read_body(request, resources.config.max_body_bytes))
+    check_choices(body, resources)
     generation = await resources.builder.build(body.generation_params(), origin)
-    writer = openai_answer_format(answer_format, body, origin.request_id, resources)
-    return await answer(request, resources, generation, writer, stream=body.streamed)
+    if body.choices == 1:
+        writer = openai_answer_format(answer_format, body, generation, resources)
+        return await answer(request, resources, generation, writer, stream=body.streamed)
+    generations = choice_requests(generation, body.choices)
+    formats = [
+        openai_answer_format(answer_format, body, choice, resources, index=index, group=True)
+        for index, choice in enumerate(generations)
+    ]
+    return await answer_choices(
+        request,
+        resources,
+        generations,
+        formats,
+        stream=body.streamed,
+        include_usage=body.include_usage,
+    )
+
+
+def check_choices(body: OpenAIRequestBody, resources: ServerResources) -> None:
+    """``n`` must fit the batch slots (a group is admitted all at once).
+
+    Raises:
+        APIError: 400 naming ``n``.
+    """
+    slots = resources.engine.capabilities.max_num_seqs
+    if body.choices > slots:
+        raise APIError(
+            422, "invalid_request", f"n ({body.choices}) exceeds the {slots} batch slots", param="n"
+        )
 
 
 def openai_answer_format(
     answer_format: type[CompletionAnswer] | type[ChatAnswer],
     body: OpenAIRequestBody,
-    request_id: str,
+    generation: GenerationRequest,
     resources: ServerResources,
-) -> AnswerFormat:
-    """How the answer to ``body`` is written (also by the batch runner, so that its answers
-    are these routes' own): the request id as the object's id, created now, the model's name."""
+    *,
+    index: int = 0,
+    group: bool = False,
+) -> CompletionAnswer | ChatAnswer:
+    """How the answer to ``body`` (choice ``index``) is written (also by the batch runner, so
+    that its answers are these routes' own): the request id as the object's id, created now,
+    the model's name; logprobs and the echoed prompt when asked. In a group (``n`` > 1) the
+    usage chunk is the group's, not the choice's."""
+    engine = resources.engine
+    writer = None
+    echo = ""
+    if isinstance(body, CompletionRequestBody) and body.echo:
+        echo = body.prompt
+    if generation.sampling.logprobs is not None:
+        hidden = frozenset(generation.stop.stop_token_ids)
+        if not generation.stop.ignore_eos:
+            hidden |= engine.capabilities.eos_token_ids
+        writer = LogprobsWriter(engine.token_bytes, hidden, text_offset=len(echo))
+    fields: dict[str, object] = {"echo": echo} if answer_format is CompletionAnswer else {}
     return answer_format(
-        id=request_id,
+        id=generation.request_id if not group else generation.group_id or generation.request_id,
         created=int(time.time()),
-        model=resources.engine.capabilities.name,
-        include_usage=body.include_usage,
+        model=engine.capabilities.name,
+        include_usage=body.include_usage and not group,
+        index=index,
+        logprobs=writer,
+        **fields,  # type: ignore[arg-type]
     )
 
 

@@ -5,9 +5,9 @@ Bodies follow OpenAI's field names and defaults. Like OpenAI, unknown fields are
 route logs and ignores them). Known fields are checked against the native ranges of
 ``../shared/API.md`` (a bad value is an error naming the field) and the OpenAI features this
 server does not have are refused with the error type ``unsupported_value`` instead of being
-silently ignored: ``n`` / ``best_of`` other than 1, non-zero penalties, ``logprobs``,
-``logit_bias``, ``echo``, ``suffix``, tools, a non-text ``response_format``, several prompts.
-Two native fields are accepted as extensions, under vLLM's names: ``top_k`` and ``ignore_eos``.
+silently ignored: ``best_of`` other than ``n``, ``suffix``, tools, a non-text
+``response_format``, several prompts. Native fields are accepted as extensions, under vLLM's
+names: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,19 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.api.request_builder import ChatPrompt, GenerationParams, TextPrompt, TokenBudget
-from app.api.schemas import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SEED_LIMIT
+from app.api.schemas import (
+    MAX_LOGPROBS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    SEED_LIMIT,
+    LogitBiasMap,
+    check_logit_bias_keys,
+    logit_bias_pairs,
+)
 from app.engine.chat_template import ChatMessage
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_CHOICES = 16  # n, API.md
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 
@@ -69,7 +78,7 @@ class OpenAIRequestBody(BaseModel):
     max_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES, description="choices to generate")
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: list[StopString] = Field(
@@ -84,18 +93,23 @@ class OpenAIRequestBody(BaseModel):
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBiasMap | None = None
     user: str | None = Field(None, description="accepted and ignored")
     # Extensions, as vLLM names them (``extra_body`` in the openai SDK); not OpenAI fields.
     top_k: int | None = Field(None, ge=0, description="extension: keep the k likeliest; 0: off")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False, description="extension")
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=2.0, allow_inf_nan=False, description="extension: Hugging Face's"
+    )
+    min_tokens: int | None = Field(None, ge=0, description="extension: EOS held back until then")
     ignore_eos: bool | None = Field(None, description="extension: only max tokens or stop end it")
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int | None) -> int | None:
-        if n not in (None, 1):
-            raise _unsupported("only n=1 is supported")
-        return n
+    _logit_bias_keys = field_validator("logit_bias")(check_logit_bias_keys)
+
+    @property
+    def choices(self) -> int:
+        """How many choices the answer has (``n``, default 1)."""
+        return self.n or 1
 
     @field_validator("stream_options")
     @classmethod
@@ -113,20 +127,6 @@ class OpenAIRequestBody(BaseModel):
             return []
         return [stop] if isinstance(stop, str) else stop
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, penalty: float | None) -> float | None:
-        if penalty:
-            raise _unsupported("penalties are not supported; only 0 is accepted")
-        return penalty
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        if bias:
-            raise _unsupported("logit_bias is not supported")
-        return bias
-
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -135,7 +135,9 @@ class OpenAIRequestBody(BaseModel):
     def streamed(self) -> bool:
         return bool(self.stream)
 
-    def _params(self, prompt: TextPrompt | ChatPrompt, budget: TokenBudget) -> GenerationParams:
+    def _params(
+        self, prompt: TextPrompt | ChatPrompt, budget: TokenBudget, logprobs: int | None
+    ) -> GenerationParams:
         """The fields both endpoints share, OpenAI's defaults applied."""
         return GenerationParams(
             prompt=prompt,
@@ -146,6 +148,15 @@ class OpenAIRequestBody(BaseModel):
             seed=self.seed,
             stop=tuple(self.stop),
             ignore_eos=bool(self.ignore_eos),
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=(
+                1.0 if self.repetition_penalty is None else self.repetition_penalty
+            ),
+            min_tokens=self.min_tokens or 0,
+            logit_bias=logit_bias_pairs(self.logit_bias),
+            logprobs=logprobs,
         )
 
 
@@ -159,15 +170,15 @@ class CompletionRequestBody(OpenAIRequestBody):
             {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 1},
         ),
     )
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
-    logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
 
     def generation_params(self) -> GenerationParams:
         """``max_tokens`` defaults to 16, as at OpenAI."""
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-        return self._params(TextPrompt(self.prompt), TokenBudget(max_tokens))
+        return self._params(TextPrompt(self.prompt), TokenBudget(max_tokens), self.logprobs)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -182,23 +193,17 @@ class CompletionRequestBody(OpenAIRequestBody):
 
     @field_validator("echo")
     @classmethod
-    def _no_echo(cls, echo: bool | None) -> bool | None:
-        if echo:
-            raise _unsupported("echo is not supported")
+    def _echo_without_logprobs(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
+        if echo and info.data.get("logprobs") is not None:
+            raise _unsupported("echo with logprobs (prompt logprobs) is not supported")
         return echo
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, logprobs: int | None) -> int | None:
-        if logprobs is not None:
-            raise _unsupported("logprobs are not supported")
-        return logprobs
 
     @field_validator("best_of")
     @classmethod
-    def _one_candidate(cls, best_of: int | None) -> int | None:
-        if best_of not in (None, 1):
-            raise _unsupported("only best_of=1 is supported")
+    def _best_of_is_n(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n") or 1
+        if best_of is not None and best_of != n:
+            raise _unsupported(f"best_of must equal n ({n}); ranking candidates is not supported")
         return best_of
 
     @field_validator("suffix")
@@ -269,7 +274,7 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
     messages: list[ChatMessageBody] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     response_format: ResponseFormat | None = None
 
@@ -286,20 +291,16 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
             ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
             for m in self.messages
         )
-        return self._params(ChatPrompt(turns), budget)
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, logprobs: bool | None) -> bool | None:
-        if logprobs:
-            raise _unsupported("logprobs are not supported")
-        return logprobs
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._params(ChatPrompt(turns), budget, logprobs)
 
     @field_validator("top_logprobs")
     @classmethod
-    def _no_top_logprobs(cls, top_logprobs: int | None) -> int | None:
-        if top_logprobs:
-            raise _unsupported("logprobs are not supported")
+    def _top_logprobs_need_logprobs(
+        cls, top_logprobs: int | None, info: ValidationInfo
+    ) -> int | None:
+        if top_logprobs is not None and not info.data.get("logprobs"):
+            raise PydanticCustomError("invalid_value", "top_logprobs needs logprobs: true")
         return top_logprobs
 
     @field_validator("tools")
