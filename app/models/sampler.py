@@ -130,7 +130,10 @@ class Sampler:
             for i, (r, state) in enumerate(zip(requests, states, strict=True))
             if not r.sampling.is_greedy or _is_processed(r, state)
         ]
-        tokens = argmax_rows(logits)
+        if len(work_rows) == len(requests):  # every row is drawn from ``work`` below
+            tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        else:
+            tokens = argmax_rows(logits)
         if work_rows:
             work = logits[work_rows].float()  # a copy: ``logits`` stays raw
             work_states = [states[i] for i in work_rows]
