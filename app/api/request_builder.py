@@ -90,6 +90,7 @@ class GenerationParams:
             switch each off); ``logit_bias`` as ``(token_id, bias)`` pairs, distinct ids.
         logprobs: how many alternatives to report with each generated token's logprob, or
             None for no logprobs.
+        prompt_logprobs: the same for each prompt token (None: none).
     """
 
     prompt: TextPrompt | ChatPrompt
@@ -108,6 +109,7 @@ class GenerationParams:
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +237,7 @@ class RequestBuilder:
                 min_tokens_token_ids=params.stop_token_ids if params.min_tokens else (),
                 logit_bias=params.logit_bias,
                 logprobs=params.logprobs,
+                prompt_logprobs=params.prompt_logprobs,
             ),
             stop=StopCriteria(
                 stop_strings=params.stop,

@@ -111,6 +111,11 @@ class Sampler:
         if state is not None:
             state.feed(token_ids)
 
+    def generated(self, slot: int) -> int:
+        """Tokens drawn for the slot's sequence so far (0: still in its prompt)."""
+        state = self._states[slot]
+        return 0 if state is None else state.generated
+
     def release(self, slot: int) -> None:
         """Drop the slot's sampling state (its sequence ended)."""
         self._states[slot] = None

@@ -13,6 +13,7 @@ names: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -178,7 +179,10 @@ class CompletionRequestBody(OpenAIRequestBody):
     def generation_params(self) -> GenerationParams:
         """``max_tokens`` defaults to 16, as at OpenAI."""
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-        return self._params(TextPrompt(self.prompt), TokenBudget(max_tokens), self.logprobs)
+        params = self._params(TextPrompt(self.prompt), TokenBudget(max_tokens), self.logprobs)
+        if self.echo and self.logprobs is not None:  # the echoed prompt's logprobs
+            params = replace(params, prompt_logprobs=self.logprobs)
+        return params
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -193,9 +197,9 @@ class CompletionRequestBody(OpenAIRequestBody):
 
     @field_validator("echo")
     @classmethod
-    def _echo_without_logprobs(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
-        if echo and info.data.get("logprobs") is not None:
-            raise _unsupported("echo with logprobs (prompt logprobs) is not supported")
+    def _echo_logprobs_not_streamed(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
+        if echo and info.data.get("logprobs") is not None and info.data.get("stream"):
+            raise _unsupported("echo with logprobs is answered whole: set stream to false")
         return echo
 
     @field_validator("best_of")
