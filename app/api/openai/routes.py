@@ -179,7 +179,11 @@ def openai_answer_format(
     writer = None
     echo = ""
     if isinstance(body, CompletionRequestBody) and body.echo:
-        echo = body.prompt
+        echo = (
+            body.prompt
+            if isinstance(body.prompt, str)
+            else engine.decode(generation.prompt_token_ids)
+        )
     scores_prompt = generation.sampling.prompt_logprobs is not None
     if generation.sampling.logprobs is not None:
         hidden = frozenset(generation.stop.stop_token_ids)
