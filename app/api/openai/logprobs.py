@@ -34,8 +34,8 @@ class LogprobsWriter:
 
     Args:
         token_bytes: each token's own bytes (the engine's ``token_bytes``).
-        hidden_token_ids: tokens that end a sequence without being part of its text (EOS, the
-            request's stop token ids): left out, as their text is.
+        hidden_token_ids: tokens left out (chat: those that end a message without being part
+            of its text, EOS and the request's stop token ids).
         text_offset: characters already in the choice's text before the first token (the
             echoed prompt).
     """

@@ -186,9 +186,13 @@ def openai_answer_format(
         )
     scores_prompt = generation.sampling.prompt_logprobs is not None
     if generation.sampling.logprobs is not None:
-        hidden = frozenset(generation.stop.stop_token_ids)
-        if not generation.stop.ignore_eos:
-            hidden |= engine.capabilities.eos_token_ids
+        # chat's content lists the tokens of the message; completions list every token, as
+        # vLLM's do (a harness slices them by position: the ending token keeps its place)
+        hidden: frozenset[int] = frozenset()
+        if answer_format is ChatAnswer:
+            hidden = frozenset(generation.stop.stop_token_ids)
+            if not generation.stop.ignore_eos:
+                hidden |= engine.capabilities.eos_token_ids
         offset = 0 if scores_prompt else len(echo)  # else the prompt's tokens count it
         writer = LogprobsWriter(engine.token_bytes, hidden, text_offset=offset)
     fields: dict[str, object] = {}
