@@ -51,6 +51,15 @@ class TextPrompt:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    """A prompt already tokenized by the client (OpenAI's completions take token ids; so
+    evaluation harnesses send them). Each id must be in the vocabulary."""
+
+    token_ids: tuple[int, ...]
+    param: str = "prompt"
+
+
+@dataclass(frozen=True, slots=True)
 class ChatPrompt:
     """A conversation, rendered with the model's chat template up to the assistant's turn."""
 
@@ -90,9 +99,10 @@ class GenerationParams:
             switch each off); ``logit_bias`` as ``(token_id, bias)`` pairs, distinct ids.
         logprobs: how many alternatives to report with each generated token's logprob, or
             None for no logprobs.
+        prompt_logprobs: the same for each prompt token (None: none).
     """
 
-    prompt: TextPrompt | ChatPrompt
+    prompt: TextPrompt | TokenPrompt | ChatPrompt
     budget: TokenBudget
     temperature: float = 1.0
     top_p: float = 1.0
@@ -108,6 +118,7 @@ class GenerationParams:
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +246,7 @@ class RequestBuilder:
                 min_tokens_token_ids=params.stop_token_ids if params.min_tokens else (),
                 logit_bias=params.logit_bias,
                 logprobs=params.logprobs,
+                prompt_logprobs=params.prompt_logprobs,
             ),
             stop=StopCriteria(
                 stop_strings=params.stop,
@@ -263,6 +275,18 @@ class RequestBuilder:
                 param="stop_token_ids",
             )
 
+    def _checked_token_ids(self, prompt: TokenPrompt) -> tuple[int, ...]:
+        vocab_size = self._engine.capabilities.vocab_size
+        outside = [token for token in prompt.token_ids if token >= vocab_size]
+        if outside:
+            raise APIError(
+                422,
+                "invalid_request",
+                f"{prompt.param}: token {outside[0]} is outside the vocabulary (size {vocab_size})",
+                param=prompt.param,
+            )
+        return prompt.token_ids
+
     def _check_logit_bias(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
         vocab_size = self._engine.capabilities.vocab_size
         outside = [token for token, _ in logit_bias if token >= vocab_size]
@@ -274,10 +298,14 @@ class RequestBuilder:
                 param="logit_bias",
             )
 
-    def _encode(self, prompt: TextPrompt | ChatPrompt, request_id: str) -> tuple[int, ...]:
+    def _encode(
+        self, prompt: TextPrompt | TokenPrompt | ChatPrompt, request_id: str
+    ) -> tuple[int, ...]:
         """The prompt's token ids: at least one, within the context and the prompt limit."""
         try:
-            if isinstance(prompt, TextPrompt):
+            if isinstance(prompt, TokenPrompt):
+                prompt_ids = self._checked_token_ids(prompt)
+            elif isinstance(prompt, TextPrompt):
                 prompt_ids = self._engine.encode_text(prompt.text)
             else:
                 prompt_ids = self._engine.encode_chat(prompt.messages)
@@ -330,7 +358,9 @@ class RequestBuilder:
             )
 
 
-def _prompt_chars(prompt: TextPrompt | ChatPrompt) -> int:
+def _prompt_chars(prompt: TextPrompt | TokenPrompt | ChatPrompt) -> int:
+    if isinstance(prompt, TokenPrompt):
+        return 0  # nothing to tokenize
     if isinstance(prompt, TextPrompt):
         return len(prompt.text)
     return sum(len(message.content) for message in prompt.messages)

@@ -70,6 +70,7 @@ class GenerateRequestBody(BaseModel):
     min_tokens: int = Field(0, ge=0, description="EOS and stop_token_ids held back until then")
     logit_bias: LogitBiasMap = Field(default_factory=dict)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     _logit_bias_keys = field_validator("logit_bias")(check_logit_bias_keys)
 
@@ -91,6 +92,7 @@ class GenerateRequestBody(BaseModel):
             min_tokens=self.min_tokens,
             logit_bias=logit_bias_pairs(self.logit_bias),
             logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -124,9 +126,11 @@ class TokenLogprobBody(BaseModel):
     top: list[TopLogprobBody]
 
 
-def logprob_bodies(logprobs: Iterable[TokenLogprobs]) -> list[TokenLogprobBody]:
+def logprob_bodies(logprobs: Iterable[TokenLogprobs | None]) -> list[TokenLogprobBody | None]:
     return [
-        TokenLogprobBody(
+        None
+        if entry is None
+        else TokenLogprobBody(
             token_id=entry.token_id,
             logprob=entry.logprob,
             top=[TopLogprobBody(token_id=t, logprob=lp) for t, lp in entry.top],
@@ -146,6 +150,7 @@ class GenerateResponse(BaseModel):
     usage: Usage
     timings: TimingsBody
     logprobs: list[TokenLogprobBody] | None = None
+    prompt_logprobs: list[TokenLogprobBody | None] | None = None
 
 
 class TokenEventData(BaseModel):
@@ -158,13 +163,14 @@ class TokenEventData(BaseModel):
 
 
 class DoneEventData(BaseModel):
-    """``data`` of the SSE ``done`` event."""
+    """``data`` of the SSE ``done`` event; ``prompt_logprobs`` only when asked."""
 
     id: str
     finish_reason: FinishReasonName
     stop_reason: str | int | None
     usage: Usage
     timings: TimingsBody
+    prompt_logprobs: list[TokenLogprobBody | None] | None = None
 
 
 class CancelResponse(BaseModel):
@@ -200,6 +206,7 @@ SAMPLING_FIELDS = (
     "min_tokens",
     "logit_bias",
     "logprobs",
+    "prompt_logprobs",
     "stop",
     "stop_token_ids",
     "ignore_eos",

@@ -234,7 +234,8 @@ class AsyncEngine:
             raise EngineUnavailable(f"engine is {self.state.value}")
         if self._in_flight.get(request.request_id) is not None:
             raise DuplicateRequestId(request.request_id)
-        if request.max_tokens > 0:  # max_tokens 0 finishes at once and never waits
+        # max_tokens 0 finishes at once and never waits, unless it scores the prompt
+        if request.max_tokens > 0 or request.sampling.prompt_logprobs is not None:
             self.check_admission(len(request.prompt_token_ids))
         handle = RequestHandle(request, on_final=self._in_flight.discard)
         self._in_flight.add(handle)

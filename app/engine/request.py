@@ -113,6 +113,8 @@ class FinalEvent:
         error: a client-safe message when ``finish_reason`` is ERROR, else None.
         logprobs: one entry per ``token_ids`` entry when the request asked for logprobs,
             else empty.
+        prompt_logprobs: one entry per prompt token (None for the first) when the request
+            asked for prompt logprobs, else empty.
     """
 
     finish_reason: FinishReason
@@ -124,6 +126,7 @@ class FinalEvent:
     timings: Timings
     error: str | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
 
 
 StreamEvent = TokenEvent | FinalEvent
@@ -145,6 +148,7 @@ class Sequence:
         generated: sampled token ids, in order.
         unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
         logprobs / unsent_logprobs: the same for the tokens' logprobs (when asked for).
+        prompt_logprobs: the prompt tokens' logprobs so far (when asked for).
         text: assembles output text (UTF-8 safe, stop-string aware).
         admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
     """
@@ -159,6 +163,7 @@ class Sequence:
     unsent_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     unsent_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -170,6 +175,12 @@ class Sequence:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.request.prompt_token_ids)
+
+    @property
+    def scores_prompt_only(self) -> bool:
+        """A request for prompt logprobs and no tokens (``max_tokens`` 0): it needs the
+        model's prefill, and nothing after it."""
+        return self.request.max_tokens == 0 and self.request.sampling.prompt_logprobs is not None
 
     @property
     def is_prefilling(self) -> bool:

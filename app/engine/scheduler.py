@@ -129,8 +129,9 @@ class Scheduler:
     # ----------------------------------------------------------------- commands
 
     def add(self, seq: Sequence) -> None:
-        """Queues a new sequence; ``max_tokens == 0`` finishes at once and never takes a slot."""
-        if seq.request.max_tokens == 0:
+        """Queues a new sequence; ``max_tokens == 0`` finishes at once and never takes a slot,
+        unless it asks for prompt logprobs (the prompt must then be run through the model)."""
+        if seq.request.max_tokens == 0 and not seq.scores_prompt_only:
             self.finish(seq, FinishReason.LENGTH)
             return
         seq.status = SequenceStatus.WAITING
@@ -232,8 +233,15 @@ class Scheduler:
         tokens = output.next_token_ids[:live]
         errors = (output.row_errors or (None,) * live)[:live]
         row_logprobs = (output.logprobs or (None,) * live)[:live]
-        for seq, row, token, error, logprobs in zip(
-            step.sequences, step.live_rows, tokens, errors, row_logprobs, strict=True
+        row_prompt_logprobs = (output.prompt_logprobs or (None,) * live)[:live]
+        for seq, row, token, error, logprobs, prompt_logprobs in zip(
+            step.sequences,
+            step.live_rows,
+            tokens,
+            errors,
+            row_logprobs,
+            row_prompt_logprobs,
+            strict=True,
         ):
             if self.slots[row.slot] is not seq:
                 continue
@@ -241,7 +249,11 @@ class Scheduler:
                 self.finish(seq, FinishReason.ERROR, error=error)
                 continue
             seq.num_computed_tokens += len(row.token_ids)
+            if prompt_logprobs is not None:
+                seq.prompt_logprobs.extend(prompt_logprobs)
             if token is None:
+                if seq.scores_prompt_only and not seq.is_prefilling:
+                    self.finish(seq, FinishReason.LENGTH)  # the prompt is scored: done
                 continue
             if logprobs is not None:
                 seq.logprobs.append(logprobs)
@@ -308,6 +320,7 @@ class Scheduler:
                 timings=timings,
                 error=error,
                 logprobs=tuple(seq.logprobs),
+                prompt_logprobs=tuple(seq.prompt_logprobs),
             )
         )
         self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
@@ -332,7 +345,7 @@ class Scheduler:
             slot=_slot_of(seq),
             token_ids=seq.request.prompt_token_ids[start : start + length],
             position=start,
-            sample=start + length == seq.num_prompt_tokens,
+            sample=start + length == seq.num_prompt_tokens and not seq.scores_prompt_only,
             sampling=seq.request.sampling,
         )
 

@@ -49,6 +49,8 @@ class SamplingParams:
         logit_bias: ``(token_id, bias)`` pairs added to the logits (distinct ids).
         logprobs: report the sampled token's raw log-probability and this many most likely
             alternatives (0..20); None: no logprobs.
+        prompt_logprobs: the same for every prompt token but the first (computed during
+            prefill, chunk by chunk); None: none.
     """
 
     temperature: float = 1.0
@@ -64,6 +66,7 @@ class SamplingParams:
     min_tokens_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -209,10 +212,14 @@ class StepBatch:
             tokens[index] = token
             errors[index] = error
             logprobs[index] = logprob
+        prompt: list[tuple[TokenLogprobs | None, ...] | None] = [None] * len(self.rows)
+        for index, entries in zip(live, output.prompt_logprobs or (None,) * len(live), strict=True):
+            prompt[index] = entries
         return StepOutput(
             tuple(tokens),
             tuple(errors) if output.row_errors else None,
             tuple(logprobs) if output.logprobs else None,
+            tuple(prompt) if output.prompt_logprobs else None,
         )
 
 
@@ -247,11 +254,14 @@ class StepOutput:
 
     ``logprobs[i]`` is row ``i``'s :class:`TokenLogprobs` when its sampling asked for them
     (``SamplingParams.logprobs``), else None; ``logprobs`` itself is None when no row asked.
+    ``prompt_logprobs[i]``: for a prompt chunk of a request with ``prompt_logprobs``, one
+    entry per token of the chunk (None for the prompt's first token), else None.
     """
 
     next_token_ids: tuple[int | None, ...]
     row_errors: tuple[str | None, ...] | None = None
     logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    prompt_logprobs: tuple[tuple[TokenLogprobs | None, ...] | None, ...] | None = None
 
 
 class Tokenizer(Protocol):

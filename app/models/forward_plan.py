@@ -115,6 +115,8 @@ class ForwardPlan:
             when there are none.
         exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
             want logits, or None when there are none.
+        row_starts: ``slot -> packed index`` of each row's first token (prompt logprobs read
+            a row's hidden states there).
     """
 
     token_ids: torch.Tensor
@@ -126,6 +128,7 @@ class ForwardPlan:
     logits_index: torch.Tensor
     exact_tokens: torch.Tensor | None = None
     exact_logits: torch.Tensor | None = None
+    row_starts: dict[int, int] | None = None
 
     @classmethod
     def build(cls, rows: Sequence[RowSpec], *, cache: KVCache) -> ForwardPlan:
@@ -138,7 +141,9 @@ class ForwardPlan:
         slots: list[int] = []
         exact_tokens: list[int] = []
         last_index: dict[int, int] = {}
+        row_starts: dict[int, int] = {}
         for row in (*single, *multi):
+            row_starts[row.slot] = len(token_ids)
             if row.batch_invariant:
                 exact_tokens.extend(range(len(token_ids), len(token_ids) + len(row.token_ids)))
             token_ids.extend(row.token_ids)
@@ -168,6 +173,7 @@ class ForwardPlan:
             logits_index=as_tensor([last_index[r.slot] for r in logit_rows]),
             exact_tokens=as_tensor(exact_tokens) if exact_tokens else None,
             exact_logits=as_tensor(exact_logits) if exact_logits else None,
+            row_starts=row_starts,
         )
 
 

@@ -55,9 +55,12 @@ def apply_penalties(logits: torch.Tensor, states: Sequence[SlotTokenCounts]) -> 
         seen = in_prompt | (counts > 0)
         penalised = torch.where(selected > 0, selected / repetition, selected * repetition)
         selected = torch.where(seen, penalised, selected)
-    frequency = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
-    presence = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
-    selected = selected - counts * frequency - (counts > 0) * presence
+    if any(p.frequency_penalty for p in params):
+        frequency = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
+        selected = selected - counts * frequency
+    if any(p.presence_penalty for p in params):
+        presence = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
+        selected = selected - (counts > 0) * presence
     logits[index] = selected
 
 

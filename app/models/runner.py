@@ -15,17 +15,21 @@ from typing import Protocol
 
 import torch
 
-from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow, TokenLogprobs
 from app.models.base import Tokenizer as BaseTokenizer
 from app.models.decoder import DecoderModel
 from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.kv_cache import KVCache
+from app.models.logprobs import token_logprobs
 from app.models.sampler import Sampler, SampleRequest
 from app.models.weights import Quantization
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_CHUNK = 512
+# Prompt positions per LM-head call when scoring a prompt (prompt logprobs): 64 x a 49k
+# vocabulary is 12.6 MB of float32 logits at a time, whatever the chunk's length.
+PROMPT_LOGPROBS_BLOCK = 64
 
 
 class Tokenizer(BaseTokenizer, Protocol):
@@ -70,6 +74,8 @@ class ModelRunner:
             eos_token_ids=frozenset(tokenizer.eos_token_ids),
         )
         self._slot_lengths = [0] * max_num_seqs
+        # the last hidden state of a prompt chunk, which scores the next chunk's first token
+        self._last_prompt_hidden: list[torch.Tensor | None] = [None] * max_num_seqs
         dtype_name = str(model.dtype).removeprefix("torch.")
         if model.quantization is not Quantization.NONE:
             dtype_name += f"-{model.quantization.value}"
@@ -111,8 +117,11 @@ class ModelRunner:
             ],
             cache=self.cache,
         )
+        scored = [r for r in rows if self._wants_prompt_logprobs(r)]
+        hidden: list[torch.Tensor] | None = [] if scored else None
         with torch.inference_mode():
-            logits = self.model.forward(plan, self.cache)
+            logits = self.model.forward(plan, self.cache, hidden_out=hidden)
+            prompt_logprobs = self._prompt_logprobs(scored, plan, hidden[0]) if hidden else {}
             requests = [SampleRequest(r.slot, r.sampling, r.token_mask) for r in rows if r.sample]
             sampled = self._sampler.sample(logits, requests)
             logprobs = self._sampler.logprobs(logits, requests, sampled)
@@ -127,13 +136,55 @@ class ModelRunner:
                 if logprobs
                 else None
             ),
+            prompt_logprobs=(
+                tuple(prompt_logprobs.get(row.slot) for row in rows) if prompt_logprobs else None
+            ),
         )
+
+    def _wants_prompt_logprobs(self, row: StepRow) -> bool:
+        """A prompt chunk (nothing generated yet in its slot) of a request that asked."""
+        return row.sampling.prompt_logprobs is not None and self._sampler.generated(row.slot) == 0
+
+    def _prompt_logprobs(
+        self, rows: Sequence[StepRow], plan: ForwardPlan, hidden: torch.Tensor
+    ) -> dict[int, tuple[TokenLogprobs | None, ...]]:
+        """Each prompt chunk's token logprobs: position ``j`` is scored from the hidden state
+        of position ``j - 1`` (the previous chunk's last one, kept per slot, for ``j`` = 0),
+        through the LM head ``PROMPT_LOGPROBS_BLOCK`` positions at a time, so no
+        ``[chunk, vocab]`` tensor is held (a prompt's first token has none)."""
+        results: dict[int, tuple[TokenLogprobs | None, ...]] = {}
+        assert plan.row_starts is not None
+        for row in rows:
+            start = plan.row_starts[row.slot]
+            states = hidden[start : start + len(row.token_ids)]
+            previous = self._last_prompt_hidden[row.slot] if row.position > 0 else None
+            entries: list[TokenLogprobs | None] = []
+            if previous is None:
+                entries.append(None)
+                inputs, targets = states[:-1], list(row.token_ids[1:])
+            else:
+                inputs = torch.cat([previous[None], states[:-1]])
+                targets = list(row.token_ids)
+            top = row.sampling.prompt_logprobs or 0
+            for begin in range(0, len(targets), PROMPT_LOGPROBS_BLOCK):
+                block = slice(begin, begin + PROMPT_LOGPROBS_BLOCK)
+                entries.extend(
+                    token_logprobs(
+                        self.model.output_logits(inputs[block]),
+                        targets[block],
+                        [top] * len(targets[block]),
+                    )
+                )
+            self._last_prompt_hidden[row.slot] = None if row.sample else states[-1].clone()
+            results[row.slot] = tuple(entries)
+        return results
 
     def release(self, slot: int) -> None:
         """Forget the slot's sequence. Its cache is not cleared: it is never read again."""
         self._check_slot(slot)
         self._slot_lengths[slot] = 0
         self._sampler.release(slot)
+        self._last_prompt_hidden[slot] = None
 
     def slot_length(self, slot: int) -> int:
         """Positions currently held for ``slot`` (read-only view for tests and metrics)."""

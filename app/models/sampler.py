@@ -111,6 +111,11 @@ class Sampler:
         if state is not None:
             state.feed(token_ids)
 
+    def generated(self, slot: int) -> int:
+        """Tokens drawn for the slot's sequence so far (0: still in its prompt)."""
+        state = self._states[slot]
+        return 0 if state is None else state.generated
+
     def release(self, slot: int) -> None:
         """Drop the slot's sampling state (its sequence ended)."""
         self._states[slot] = None
@@ -130,7 +135,10 @@ class Sampler:
             for i, (r, state) in enumerate(zip(requests, states, strict=True))
             if not r.sampling.is_greedy or _is_processed(r, state)
         ]
-        tokens = argmax_rows(logits)
+        if len(work_rows) == len(requests):  # every row is drawn from ``work`` below
+            tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        else:
+            tokens = argmax_rows(logits)
         if work_rows:
             work = logits[work_rows].float()  # a copy: ``logits`` stays raw
             work_states = [states[i] for i in work_rows]

@@ -125,29 +125,36 @@ async def test_completion_stream_without_usage(client):
         ("/v1/completions", {"prompt": ""}, "prompt", "invalid_value"),
         ("/v1/completions", {}, "prompt", "missing_required_parameter"),
         ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "unsupported_value"),
-        ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),
-        ("/v1/completions", {"prompt": "a", "n": 2}, "n", "unsupported_value"),
+        # issue 15 made token-id prompts, n, best_of == n, logprobs, echo, the penalties and
+        # logit_bias supported: what is refused now is their values out of range
+        ("/v1/completions", {"prompt": [[1], [2]]}, "prompt", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "n": 17}, "n", "invalid_value"),
         ("/v1/completions", {"prompt": "a", "best_of": 3}, "best_of", "unsupported_value"),
-        ("/v1/completions", {"prompt": "a", "logprobs": 1}, "logprobs", "unsupported_value"),
-        ("/v1/completions", {"prompt": "a", "echo": True}, "echo", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "logprobs": 21}, "logprobs", "invalid_value"),
+        (
+            "/v1/completions",
+            {"prompt": "a", "echo": True, "logprobs": 1, "stream": True},
+            "echo",
+            "unsupported_value",
+        ),
         ("/v1/completions", {"prompt": "a", "suffix": "z"}, "suffix", "unsupported_value"),
         (
             "/v1/completions",
-            {"prompt": "a", "presence_penalty": 0.5},
+            {"prompt": "a", "presence_penalty": 2.5},
             "presence_penalty",
-            "unsupported_value",
+            "invalid_value",
         ),
         (
             "/v1/completions",
-            {"prompt": "a", "frequency_penalty": -1},
+            {"prompt": "a", "frequency_penalty": -2.5},
             "frequency_penalty",
-            "unsupported_value",
+            "invalid_value",
         ),
         (
             "/v1/completions",
-            {"prompt": "a", "logit_bias": {"5": 1}},
-            "logit_bias",
-            "unsupported_value",
+            {"prompt": "a", "logit_bias": {"5": 101}},
+            "logit_bias.5",
+            "invalid_value",
         ),
         (
             "/v1/completions",
@@ -176,9 +183,9 @@ async def test_completion_stream_without_usage(client):
         ),
         (
             "/v1/chat/completions",
-            {"messages": CHAT, "logprobs": True},
-            "logprobs",
-            "unsupported_value",
+            {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+            "invalid_value",
         ),
         (
             "/v1/chat/completions",
@@ -398,8 +405,8 @@ async def test_sdk_raises_its_own_exceptions(live_server_factory):
         await client.completions.create(model=MODEL, prompt="a", temperature=5)
     assert bad.value.status_code == 400
     assert bad.value.code == "invalid_value" and bad.value.param == "temperature"
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        await client.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+    with pytest.raises(openai.BadRequestError, match="best_of must equal n"):  # n is supported
+        await client.completions.create(model=MODEL, prompt="a", n=2, best_of=3)
     with pytest.raises(openai.NotFoundError):
         await client.models.retrieve("gpt-4o")
     stream = await client.chat.completions.create(

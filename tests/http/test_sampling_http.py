@@ -110,7 +110,13 @@ async def test_openai_logprobs_shapes(llama) -> None:
         completion = (
             await client.post(
                 "/v1/completions",
-                json={"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "logprobs": 3},
+                json={
+                    "prompt": PROMPT,
+                    "max_tokens": 5,
+                    "temperature": 0,
+                    "logprobs": 3,
+                    "ignore_eos": True,
+                },
             )
         ).json()
         chat = (

@@ -103,17 +103,21 @@ class CompletionAnswer(_OpenAIAnswer):
 
     Attributes:
         echo: the prompt's text, returned before the completion (``echo``); "" otherwise.
+        echo_first_token: the prompt's first token id, which has no logprob (``echo`` with
+            ``logprobs``: the prompt's logprobs come first).
     """
 
     echo: str = ""
+    echo_first_token: int | None = None
 
     def response(self, final: FinalEvent) -> dict[str, object]:
         reason = finish_reason_name(final.finish_reason)
+        logprobs = None
+        if self.logprobs is not None:
+            prompt = final.prompt_logprobs if self.echo else ()
+            logprobs = self.logprobs.completion(final.logprobs, prompt, self.echo_first_token)
         choice = CompletionChoice(
-            index=self.index,
-            text=self.echo + final.text,
-            logprobs=self.logprobs.completion(final.logprobs) if self.logprobs else None,
-            finish_reason=reason,
+            index=self.index, text=self.echo + final.text, logprobs=logprobs, finish_reason=reason
         )
         return self._chunk([choice], usage(final))
 

@@ -34,8 +34,8 @@ class LogprobsWriter:
 
     Args:
         token_bytes: each token's own bytes (the engine's ``token_bytes``).
-        hidden_token_ids: tokens that end a sequence without being part of its text (EOS, the
-            request's stop token ids): left out, as their text is.
+        hidden_token_ids: tokens left out (chat: those that end a message without being part
+            of its text, EOS and the request's stop token ids).
         text_offset: characters already in the choice's text before the first token (the
             echoed prompt).
     """
@@ -52,12 +52,16 @@ class LogprobsWriter:
         return [e for e in logprobs if e is None or e.token_id not in self._hidden]
 
     def completion(
-        self, logprobs: Sequence[TokenLogprobs | None], prompt_ids: Sequence[int] = ()
+        self,
+        logprobs: Sequence[TokenLogprobs],
+        prompt: Sequence[TokenLogprobs | None] = (),
+        first_prompt_id: int | None = None,
     ) -> CompletionLogprobs:
-        """The legacy shape; ``None`` entries (the first prompt token has no logprob) keep
-        their place with null values. ``prompt_ids[i]`` names the token of a None entry."""
-        entries = self._shown(logprobs)
-        ids = tuple(e.token_id if e is not None else prompt_ids[i] for i, e in enumerate(entries))
+        """The legacy shape of the generated tokens' ``logprobs``, after the echoed prompt's
+        (``prompt``: every prompt token, all shown; the first one is None: it keeps its place
+        with null values, as token ``first_prompt_id``)."""
+        entries = [*prompt, *self._shown(logprobs)]
+        ids = tuple(e.token_id if e is not None else (first_prompt_id or 0) for e in entries)
         alternatives = tuple({t for e in entries if e is not None for t, _ in e.top})
         texts = dict(zip(ids, map(_text, self._token_bytes(ids)), strict=True))
         texts.update(zip(alternatives, map(_text, self._token_bytes(alternatives)), strict=True))

@@ -179,13 +179,25 @@ def openai_answer_format(
     writer = None
     echo = ""
     if isinstance(body, CompletionRequestBody) and body.echo:
-        echo = body.prompt
+        echo = (
+            body.prompt
+            if isinstance(body.prompt, str)
+            else engine.decode(generation.prompt_token_ids)
+        )
+    scores_prompt = generation.sampling.prompt_logprobs is not None
     if generation.sampling.logprobs is not None:
-        hidden = frozenset(generation.stop.stop_token_ids)
-        if not generation.stop.ignore_eos:
-            hidden |= engine.capabilities.eos_token_ids
-        writer = LogprobsWriter(engine.token_bytes, hidden, text_offset=len(echo))
-    fields: dict[str, object] = {"echo": echo} if answer_format is CompletionAnswer else {}
+        # chat's content lists the tokens of the message; completions list every token, as
+        # vLLM's do (a harness slices them by position: the ending token keeps its place)
+        hidden: frozenset[int] = frozenset()
+        if answer_format is ChatAnswer:
+            hidden = frozenset(generation.stop.stop_token_ids)
+            if not generation.stop.ignore_eos:
+                hidden |= engine.capabilities.eos_token_ids
+        offset = 0 if scores_prompt else len(echo)  # else the prompt's tokens count it
+        writer = LogprobsWriter(engine.token_bytes, hidden, text_offset=offset)
+    fields: dict[str, object] = {}
+    if answer_format is CompletionAnswer:
+        fields = {"echo": echo, "echo_first_token": generation.prompt_token_ids[0]}
     return answer_format(
         id=generation.request_id if not group else generation.group_id or generation.request_id,
         created=int(time.time()),

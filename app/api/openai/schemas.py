@@ -13,6 +13,7 @@ names: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,13 +25,20 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.api.request_builder import ChatPrompt, GenerationParams, TextPrompt, TokenBudget
+from app.api.request_builder import (
+    ChatPrompt,
+    GenerationParams,
+    TextPrompt,
+    TokenBudget,
+    TokenPrompt,
+)
 from app.api.schemas import (
     MAX_LOGPROBS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     SEED_LIMIT,
     LogitBiasMap,
+    TokenId,
     check_logit_bias_keys,
     logit_bias_pairs,
 )
@@ -163,11 +171,17 @@ class OpenAIRequestBody(BaseModel):
 class CompletionRequestBody(OpenAIRequestBody):
     """Body of ``POST /v1/completions``; ``prompt`` is one string (or a list of one string)."""
 
-    prompt: str = Field(
+    prompt: str | list[TokenId] = Field(
         min_length=1,
         json_schema_extra=_accepts(
             {"type": "string", "minLength": 1},
             {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 1},
+            {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+            {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "maxItems": 1,
+            },
         ),
     )
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -178,24 +192,32 @@ class CompletionRequestBody(OpenAIRequestBody):
     def generation_params(self) -> GenerationParams:
         """``max_tokens`` defaults to 16, as at OpenAI."""
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-        return self._params(TextPrompt(self.prompt), TokenBudget(max_tokens), self.logprobs)
+        prompt = (
+            TextPrompt(self.prompt)
+            if isinstance(self.prompt, str)
+            else TokenPrompt(tuple(self.prompt))
+        )
+        params = self._params(prompt, TokenBudget(max_tokens), self.logprobs)
+        if self.echo and self.logprobs is not None:  # the echoed prompt's logprobs
+            params = replace(params, prompt_logprobs=self.logprobs)
+        return params
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, prompt: Any) -> Any:
         if not isinstance(prompt, list):
             return prompt
-        if len(prompt) == 1 and isinstance(prompt[0], str):
-            return prompt[0]
+        if len(prompt) == 1 and isinstance(prompt[0], str | list):
+            return prompt[0]  # one text, or one list of token ids
         if prompt and all(isinstance(item, int) for item in prompt):
-            raise _unsupported("token-id prompts are not supported; send the text")
+            return prompt  # token ids
         raise _unsupported(f"one prompt per request is supported, got a list of {len(prompt)}")
 
     @field_validator("echo")
     @classmethod
-    def _echo_without_logprobs(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
-        if echo and info.data.get("logprobs") is not None:
-            raise _unsupported("echo with logprobs (prompt logprobs) is not supported")
+    def _echo_logprobs_not_streamed(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
+        if echo and info.data.get("logprobs") is not None and info.data.get("stream"):
+            raise _unsupported("echo with logprobs is answered whole: set stream to false")
         return echo
 
     @field_validator("best_of")
