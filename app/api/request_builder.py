@@ -8,6 +8,7 @@ there. ``RequestBuilder.build`` then runs the checks that need the model, once a
     token budget <= the server's cap -> stop token ids in the vocabulary -> the prompt, tokenized
     by the engine (a chat rendered with the model's template) -> the default budget of a chat ->
     prompt + budget <= the context length -> the seed (a random one unless the client chose it)
+    -> the constraint, compiled by the engine (on a worker thread: cached, else milliseconds)
 
 So a new request field is added to ``GenerationParams``, to ``build``, and to each wire schema
 that offers it. ``build`` needs no HTTP request (the batch runner has only a body): every refusal
@@ -20,6 +21,7 @@ is an ``APIError`` in the native vocabulary, which each route family renders in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from typing import Protocol
 
 from app.api.errors import APIError
 from app.config import ServerConfig
+from app.constraints import CompiledConstraint, ConstraintError, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplateError
 from app.engine.prompt_encoder import TokenizationError
 from app.engine.request import GenerationRequest, StopCriteria
@@ -84,6 +87,7 @@ class GenerationParams:
         seed: the client's seed, or None (a random one is drawn).
         stop: stop strings. stop_token_ids: token ids that end generation.
         ignore_eos: the model's EOS does not end generation.
+        constraint: structured output (the language every output must be in), or None.
     """
 
     prompt: TextPrompt | ChatPrompt
@@ -95,6 +99,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    constraint: ConstraintSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +149,8 @@ class PromptTokenizingEngine(Protocol):
 
     def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]: ...
 
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint: ...
+
 
 class RequestBuilder:
     """Builds the engine's requests for one engine (see the module doc for the order of checks).
@@ -164,15 +171,20 @@ class RequestBuilder:
         Raises:
             APIError: 422 ``invalid_request`` naming the field (budget over the cap, a stop
                 token id outside the vocabulary, a prompt of no tokens or over the prompt
-                limit, a conversation the chat template refuses); 400
-                ``context_length_exceeded``; 500 ``internal`` when the tokenizer fails.
+                limit, a conversation the chat template refuses, a constraint that cannot be
+                compiled); 400 ``context_length_exceeded``; 500 ``internal`` when the
+                tokenizer fails.
         """
         self._check_before_encoding(params)
         if _prompt_chars(params.prompt) > INLINE_TOKENIZE_MAX_CHARS:
             prompt_ids = await asyncio.to_thread(self._encode, params.prompt, origin.request_id)
         else:
             prompt_ids = self._encode(params.prompt, origin.request_id)
-        return self._request(params, origin, prompt_ids)
+        request = self._request(params, origin, prompt_ids)
+        if params.constraint is None:
+            return request
+        compiled = await asyncio.to_thread(self._compile, params.constraint)
+        return dataclasses.replace(request, constraint=compiled)
 
     def build_sync(self, params: GenerationParams, origin: RequestOrigin) -> GenerationRequest:
         """``build`` on the caller's thread, for a caller without an event loop.
@@ -181,7 +193,10 @@ class RequestBuilder:
             APIError: as ``build``.
         """
         self._check_before_encoding(params)
-        return self._request(params, origin, self._encode(params.prompt, origin.request_id))
+        request = self._request(params, origin, self._encode(params.prompt, origin.request_id))
+        if params.constraint is None:
+            return request
+        return dataclasses.replace(request, constraint=self._compile(params.constraint))
 
     def _check_before_encoding(self, params: GenerationParams) -> None:
         budget = params.budget
@@ -268,6 +283,13 @@ class RequestBuilder:
                 param=param,
             )
         return prompt_ids
+
+    def _compile(self, spec: ConstraintSpec) -> CompiledConstraint:
+        try:
+            return self._engine.compile_constraint(spec)
+        except ConstraintError as exc:
+            message = f"{spec.param}: {exc}"
+            raise APIError(422, "invalid_request", message, param=spec.param) from None
 
     def _max_tokens(self, budget: TokenBudget, prompt_tokens: int) -> int:
         if budget.max_tokens is not None:

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.constraint_body import ConstraintBody
 from app.api.request_builder import GenerationParams, TextPrompt, TokenBudget
 
 MAX_STOP_STRINGS = 8
@@ -36,6 +37,7 @@ class GenerateRequestBody(BaseModel):
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     stream: bool = False
+    constraint: ConstraintBody | None = None
 
     def generation_params(self) -> GenerationParams:
         return GenerationParams(
@@ -48,6 +50,7 @@ class GenerateRequestBody(BaseModel):
             stop=tuple(self.stop),
             stop_token_ids=tuple(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
+            constraint=None if self.constraint is None else self.constraint.spec("constraint"),
         )
 
 

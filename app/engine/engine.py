@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
 from app.engine.handle import InFlightRequests, RequestHandle
@@ -123,6 +124,7 @@ class AsyncEngine:
         self._inbox = Inbox()
         self._in_flight = InFlightRequests()
         self._prompts = PromptEncoder(model.tokenizer, caps.name)
+        self._constraints = ConstraintCompiler(model.tokenizer, caps)
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
 
@@ -205,6 +207,15 @@ class AsyncEngine:
             TokenizationError: the tokenizer failed on the rendered text.
         """
         return self._prompts.encode_chat(messages)
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
+        hundreds of ms), so it belongs off an event loop.
+
+        Raises:
+            ConstraintError: the constraint cannot be compiled (the reason in the message).
+        """
+        return self._constraints.compile(spec)
 
     # ----------------------------------------------------------------- commands (any task)
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.constraints import CompiledConstraint, ConstraintMatcher
 from app.engine.detokenizer import TextAssembler
 from app.models.base import SamplingParams
 
@@ -59,6 +60,8 @@ class GenerationRequest:
         owner: an opaque tag of who made the request (API key digest), so that only the same
             owner may cancel it; None when no key is configured.
         arrived_at: ``time.perf_counter()`` seconds when the HTTP request was accepted.
+        constraint: the compiled structured-output constraint every generated token must
+            keep the output inside, or None (unconstrained).
     """
 
     request_id: str
@@ -68,6 +71,7 @@ class GenerationRequest:
     stop: StopCriteria = StopCriteria()
     owner: str | None = None
     arrived_at: float = field(default_factory=time.perf_counter)
+    constraint: CompiledConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,8 @@ class Sequence:
         unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
         text: assembles output text (UTF-8 safe, stop-string aware).
         admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
+        matcher: the request's place in its constraint's language, from admission until it
+            finishes (None when unconstrained, waiting or finished).
     """
 
     request: GenerationRequest
@@ -147,6 +153,7 @@ class Sequence:
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    matcher: ConstraintMatcher | None = None
 
     @property
     def request_id(self) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
 from app.engine.metrics import EngineMetrics
@@ -109,6 +110,7 @@ class SyncEngine:
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}
         self._prompts = PromptEncoder(model.tokenizer, caps.name)
+        self._constraints = ConstraintCompiler(model.tokenizer, caps)
 
     @property
     def has_work(self) -> bool:
@@ -143,6 +145,15 @@ class SyncEngine:
             TokenizationError: the tokenizer failed on the rendered text.
         """
         return self._prompts.encode_chat(messages)
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
+        hundreds of ms), so it belongs off an event loop.
+
+        Raises:
+            ConstraintError: the constraint cannot be compiled (the reason in the message).
+        """
+        return self._constraints.compile(spec)
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes
