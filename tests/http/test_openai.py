@@ -188,9 +188,21 @@ async def test_completion_stream_without_usage(client):
         ),
         (
             "/v1/chat/completions",
-            {"messages": CHAT, "response_format": {"type": "json_object"}},
+            {"messages": CHAT, "response_format": {"type": "xml"}},
             "response_format.type",
-            "unsupported_value",
+            "invalid_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"dependentSchemas": {}}},
+                },
+            },
+            "response_format",
+            "invalid_value",
         ),
     ],
 )

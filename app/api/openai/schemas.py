@@ -6,8 +6,10 @@ route logs and ignores them). Known fields are checked against the native ranges
 ``../shared/API.md`` (a bad value is an error naming the field) and the OpenAI features this
 server does not have are refused with the error type ``unsupported_value`` instead of being
 silently ignored: ``n`` / ``best_of`` other than 1, non-zero penalties, ``logprobs``,
-``logit_bias``, ``echo``, ``suffix``, tools, a non-text ``response_format``, several prompts.
-Two native fields are accepted as extensions, under vLLM's names: ``top_k`` and ``ignore_eos``.
+``logit_bias``, ``echo``, ``suffix``, several prompts. ``response_format`` (``text``,
+``json_object``, ``json_schema``) is enforced by constrained decoding, on both endpoints.
+Native fields are accepted as extensions, under vLLM's names: ``top_k``, ``ignore_eos`` and
+``constraint``.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
+from app.api.constraint_body import ConstraintBody
 from app.api.request_builder import ChatPrompt, GenerationParams, TextPrompt, TokenBudget
 from app.api.schemas import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SEED_LIMIT
+from app.constraints import ConstraintSpec
 from app.engine.chat_template import ChatMessage
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -60,6 +65,45 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema. ``strict`` is accepted either
+    way: the schema is always enforced (by constrained decoding)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str | None = Field(None, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (free), ``json_object`` (one JSON object) or
+    ``json_schema`` (a value valid against ``json_schema.schema``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing", "json_schema is required for this type")
+        return self
+
+    def spec(self) -> ConstraintSpec | None:
+        """The constraint it asks for (None for ``text``)."""
+        if self.type == "json_object":
+            return ConstraintSpec.json_object(param="response_format")
+        if self.type == "json_schema" and self.json_schema is not None:
+            schema = self.json_schema.json_schema
+            return ConstraintSpec.json_schema(
+                {} if schema is None else schema, param="response_format"
+            )
+        return None
+
+
 class OpenAIRequestBody(BaseModel):
     """Fields both ``/v1/completions`` and ``/v1/chat/completions`` take."""
 
@@ -89,6 +133,10 @@ class OpenAIRequestBody(BaseModel):
     # Extensions, as vLLM names them (``extra_body`` in the openai SDK); not OpenAI fields.
     top_k: int | None = Field(None, ge=0, description="extension: keep the k likeliest; 0: off")
     ignore_eos: bool | None = Field(None, description="extension: only max tokens or stop end it")
+    constraint: ConstraintBody | None = Field(
+        None, description="extension: structured output, as /generate's constraint"
+    )
+    response_format: ResponseFormat | None = None
 
     @field_validator("n")
     @classmethod
@@ -127,6 +175,22 @@ class OpenAIRequestBody(BaseModel):
             raise _unsupported("logit_bias is not supported")
         return bias
 
+    @model_validator(mode="after")
+    def _one_constraint(self) -> OpenAIRequestBody:
+        if self.constraint is not None and self.response_format is not None:
+            if self.response_format.type != "text":
+                raise PydanticCustomError(
+                    "invalid_value", "give either response_format or constraint, not both"
+                )
+        return self
+
+    def constraint_spec(self) -> ConstraintSpec | None:
+        """The structured output asked for: ``response_format`` or the ``constraint``
+        extension (never both), or None."""
+        if self.constraint is not None:
+            return self.constraint.spec("constraint")
+        return None if self.response_format is None else self.response_format.spec()
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -146,6 +210,7 @@ class OpenAIRequestBody(BaseModel):
             seed=self.seed,
             stop=tuple(self.stop),
             ignore_eos=bool(self.ignore_eos),
+            constraint=self.constraint_spec(),
         )
 
 
@@ -246,19 +311,6 @@ class ChatMessageBody(BaseModel):
         return "\n".join(texts)
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, kind: str) -> str:
-        if kind != "text":
-            raise _unsupported("only response_format type 'text' is supported")
-        return kind
-
-
 class ChatCompletionRequestBody(OpenAIRequestBody):
     """Body of ``POST /v1/chat/completions``.
 
@@ -271,7 +323,6 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
-    response_format: ResponseFormat | None = None
 
     def generation_params(self) -> GenerationParams:
         """``max_completion_tokens``, else ``max_tokens``, else the context left after the
