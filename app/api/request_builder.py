@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.api.errors import APIError
 from app.config import ServerConfig
@@ -54,10 +54,12 @@ class TextPrompt:
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A conversation, rendered with the model's chat template up to the assistant's turn."""
+    """A conversation, rendered with the model's chat template up to the assistant's turn;
+    ``tools`` are the functions (OpenAI's tool entries) the template is given."""
 
     messages: tuple[ChatMessage, ...]
     param: str = "messages"
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,9 @@ class PromptTokenizingEngine(Protocol):
 
     def encode_text(self, text: str) -> tuple[int, ...]: ...
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]: ...
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[dict[str, Any], ...] = ()
+    ) -> tuple[int, ...]: ...
 
     def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint: ...
 
@@ -255,7 +259,7 @@ class RequestBuilder:
             if isinstance(prompt, TextPrompt):
                 prompt_ids = self._engine.encode_text(prompt.text)
             else:
-                prompt_ids = self._engine.encode_chat(prompt.messages)
+                prompt_ids = self._engine.encode_chat(prompt.messages, prompt.tools)
         except ChatTemplateError as exc:
             message = f"{prompt.param}: {exc}"
             raise APIError(422, "invalid_request", message, param=prompt.param) from None

@@ -18,6 +18,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
@@ -199,14 +200,16 @@ class AsyncEngine:
         """
         return self._prompts.encode_text(text)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[dict[str, Any], ...] = ()
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(messages, tools)
 
     def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
         """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to

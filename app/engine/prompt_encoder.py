@@ -8,6 +8,7 @@ engine (rule R11) and the request builder works on either.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.models.base import Tokenizer
@@ -45,15 +46,18 @@ class PromptEncoder:
         except Exception as exc:
             raise TokenizationError(str(exc)) from exc
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[dict[str, Any], ...] = ()
+    ) -> tuple[int, ...]:
         """The token ids of a conversation rendered by :attr:`chat_template`, ending where the
-        assistant's answer begins.
+        assistant's answer begins; ``tools`` are the functions the model may call (see
+        ``ChatTemplate.render``).
 
         Raises:
             ChatTemplateError: the template refused the conversation (roles out of order...).
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        text = self.chat_template.render(messages)
+        text = self.chat_template.render(messages, tools)
         # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
         # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's
         # byte tokenizer adds none and has no such method.

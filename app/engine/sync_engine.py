@@ -16,6 +16,7 @@ The model should be stepped on the thread that loaded it (one OpenMP team, see
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
@@ -137,14 +138,16 @@ class SyncEngine:
         """
         return self._prompts.encode_text(text)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[dict[str, Any], ...] = ()
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(messages, tools)
 
     def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
         """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to

@@ -139,12 +139,15 @@ def openai_answer_format(
 ) -> AnswerFormat:
     """How the answer to ``body`` is written (also by the batch runner, so that its answers
     are these routes' own): the request id as the object's id, created now, the model's name."""
-    return answer_format(
-        id=request_id,
-        created=int(time.time()),
-        model=resources.engine.capabilities.name,
-        include_usage=body.include_usage,
-    )
+    identity = {
+        "id": request_id,
+        "created": int(time.time()),
+        "model": resources.engine.capabilities.name,
+        "include_usage": body.include_usage,
+    }
+    if isinstance(body, ChatCompletionRequestBody):
+        return ChatAnswer(**identity, tools=body.tool_plan)
+    return answer_format(**identity)
 
 
 def parse_body(model: type[_Body], raw: bytes) -> _Body:

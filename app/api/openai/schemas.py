@@ -7,13 +7,15 @@ route logs and ignores them). Known fields are checked against the native ranges
 server does not have are refused with the error type ``unsupported_value`` instead of being
 silently ignored: ``n`` / ``best_of`` other than 1, non-zero penalties, ``logprobs``,
 ``logit_bias``, ``echo``, ``suffix``, several prompts. ``response_format`` (``text``,
-``json_object``, ``json_schema``) is enforced by constrained decoding, on both endpoints.
+``json_object``, ``json_schema``) is enforced by constrained decoding, on both endpoints;
+tools are ``app.api.openai.tools``'s.
 Native fields are accepted as extensions, under vLLM's names: ``top_k``, ``ignore_eos`` and
 ``constraint``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -28,10 +30,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.api.constraint_body import ConstraintBody
+from app.api.openai.tools import MAX_TOOLS, ToolBody, ToolChoiceBody, ToolPlan, tool_plan
 from app.api.request_builder import ChatPrompt, GenerationParams, TextPrompt, TokenBudget
 from app.api.schemas import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SEED_LIMIT
 from app.constraints import ConstraintSpec
-from app.engine.chat_template import ChatMessage
+from app.engine.chat_template import ChatMessage, ToolCallTurn
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -274,14 +277,32 @@ class CompletionRequestBody(OpenAIRequestBody):
         return suffix
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str
+    arguments: str
+
+
+class AssistantToolCall(BaseModel):
+    """A call an earlier assistant turn made (sent back with the tool's result)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessageBody(BaseModel):
     """One message. ``content`` is a string or a list of text parts (joined with newlines);
     ``developer`` is OpenAI's newer name for ``system``."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str = Field(
+        "",
         json_schema_extra=_accepts(
             {"type": "string"},
             {
@@ -292,13 +313,37 @@ class ChatMessageBody(BaseModel):
                     "required": ["type", "text"],
                 },
             },
-        )
+        ),
     )
     name: str | None = Field(None, description="accepted and ignored")
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields_where_they_belong(self) -> ChatMessageBody:
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("missing", "a tool message needs its tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("invalid_value", "only an assistant message has tool_calls")
+        return self
+
+    def turn(self) -> ChatMessage:
+        """The turn as the chat template reads it (``developer`` rendered as ``system``)."""
+        return ChatMessage(
+            role="system" if self.role == "developer" else self.role,
+            content=self.content,
+            tool_calls=tuple(
+                ToolCallTurn(call.id, call.function.name, call.function.arguments)
+                for call in self.tool_calls or ()
+            ),
+            tool_call_id=self.tool_call_id,
+        )
 
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_joined(cls, content: Any) -> Any:
+        if content is None:
+            return ""  # an assistant turn that only made tool calls
         if not isinstance(content, list):
             return content
         texts = []
@@ -322,7 +367,9 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolBody] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceBody | None = None
+    parallel_tool_calls: bool | None = None
 
     def generation_params(self) -> GenerationParams:
         """``max_completion_tokens``, else ``max_tokens``, else the context left after the
@@ -333,11 +380,41 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
             budget = TokenBudget(self.max_tokens, "max_tokens")
         else:
             budget = TokenBudget(None, "max_completion_tokens")
-        turns = tuple(
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
-            for m in self.messages
-        )
-        return self._params(ChatPrompt(turns), budget)
+        turns = tuple(message.turn() for message in self.messages)
+        plan = self.tool_plan
+        tools = () if plan is None else plan.template_tools()
+        params = self._params(ChatPrompt(turns, tools=tools), budget)
+        constraint = None if plan is None else plan.constraint()
+        if constraint is None:
+            return params
+        return dataclasses.replace(params, constraint=constraint)
+
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        """What the tool fields ask for (None without tools); checked when the body was."""
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(
+        cls, choice: ToolChoiceBody | None, info: ValidationInfo
+    ) -> ToolChoiceBody | None:
+        try:
+            tool_plan(info.data.get("tools"), choice, None)
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_value", str(exc)) from None
+        return choice
+
+    @model_validator(mode="after")
+    def _tools_consistent(self) -> ChatCompletionRequestBody:
+        plan = self.tool_plan
+        if plan is not None and plan.constraint() is not None and self.constraint_spec():
+            raise PydanticCustomError(
+                "invalid_value",
+                "tool_choice required or named cannot be combined with response_format or "
+                "constraint",
+            )
+        return self
 
     @field_validator("logprobs")
     @classmethod
@@ -352,10 +429,3 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
         if top_logprobs:
             raise _unsupported("logprobs are not supported")
         return top_logprobs
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if tools:
-            raise _unsupported("tools are not supported")
-        return tools
