@@ -1,5 +1,6 @@
-"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions`` and
-``POST /v1/chat/completions`` (JSON, or SSE with ``stream: true``), on the native request path.
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` and ``POST /v1/responses`` (JSON, or SSE with ``stream: true``),
+on the native request path.
 
 Each generating route: the key, the early refusal (429/503, before the body is read), the body
 validated once (``schemas``), ``RequestBuilder.build`` (a chat is rendered with the model's own
@@ -14,7 +15,7 @@ import time
 from typing import TypeVar
 
 from fastapi import APIRouter, Request, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.api.admission import read_body, refuse_if_overloaded
 from app.api.answers import AnswerFormat, answer
@@ -28,6 +29,7 @@ from app.api.openai.responses import (
     ModelList,
     OpenAIErrorResponse,
 )
+from app.api.openai.responses_api import ResponsesAnswer, ResponsesRequestBody
 from app.api.openai.schemas import (
     ChatCompletionRequestBody,
     CompletionRequestBody,
@@ -45,7 +47,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 router = APIRouter(prefix=V1_PREFIX, route_class=OpenAIRoute, tags=["openai"])
 
 
-def _body_schema(model: type[OpenAIRequestBody]) -> dict[str, object]:
+def _body_schema(model: type[BaseModel]) -> dict[str, object]:
     """The OpenAPI request body of a route that parses its body itself (nested models inlined:
     pydantic's ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
     schema = model.model_json_schema()
@@ -112,7 +114,33 @@ async def create_chat_completion(request: Request) -> Response:
     return await _generate(request, ChatCompletionRequestBody, ChatAnswer)
 
 
-_Body = TypeVar("_Body", bound=CompletionRequestBody | ChatCompletionRequestBody)
+@router.post(
+    "/responses",
+    responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_body_schema(ResponsesRequestBody),
+)
+async def create_response(request: Request) -> Response:
+    """OpenAI's Responses API, stateless (``app.api.openai.responses_api``)."""
+    arrived_at = time.perf_counter()
+    resources = resources_of(request)
+    origin = RequestOrigin(request.state.request_id, resources.guard.owner_of(request), arrived_at)
+    refuse_if_overloaded(resources)
+    body = parse_body(
+        ResponsesRequestBody, await read_body(request, resources.config.max_body_bytes)
+    )
+    generation = await resources.builder.build(body.generation_params(), origin)
+    writer = ResponsesAnswer(
+        request_id=origin.request_id,
+        created=int(time.time()),
+        model=resources.engine.capabilities.name,
+        body=body,
+    )
+    return await answer(request, resources, generation, writer, stream=body.streamed)
+
+
+_Body = TypeVar(
+    "_Body", bound=CompletionRequestBody | ChatCompletionRequestBody | ResponsesRequestBody
+)
 
 
 async def _generate(
