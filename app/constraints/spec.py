@@ -97,8 +97,10 @@ class ConstraintSpec:
 
 
 def _from_schema(schema: Any) -> str:
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
+    if schema is False:
+        raise ConstraintError("the schema false allows no value")
+    if schema is True:
+        schema = {}
     if not isinstance(schema, dict):
         raise ConstraintError("a JSON schema must be an object or a boolean")
     try:

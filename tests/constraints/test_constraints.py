@@ -74,6 +74,11 @@ def test_equal_specs_share_one_compile_and_the_cache_is_bounded():
         (ConstraintSpec.regex("(ab"), "unclosed group"),
         (ConstraintSpec.grammar("start: missing_rule"), "missing_rule"),
         (ConstraintSpec.json_schema([1, 2]), "object or a boolean"),  # type: ignore[arg-type]
+        (ConstraintSpec.json_schema(False), "allows no value"),
+        (ConstraintSpec.json_schema({"type": "array", "uniqueItems": True}), "uniqueItems"),
+        (ConstraintSpec.json_schema({"if": {"type": "string"}, "then": {}}), '"if"'),
+        (ConstraintSpec.json_schema({"type": "string", "format": "zzz"}), "Unknown format: zzz"),
+        (ConstraintSpec.json_schema({"$ref": "https://example.com/s.json"}), "example.com"),
     ],
 )
 def test_what_cannot_compile_is_refused_naming_the_reason(spec, reason):
