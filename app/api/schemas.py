@@ -54,6 +54,31 @@ class GenerateRequestBody(BaseModel):
         )
 
 
+def request_body_openapi(model: type[BaseModel]) -> dict[str, object]:
+    """The OpenAPI request body of a route that parses its body itself, nested models inlined:
+    pydantic's ``#/$defs/...`` references (and a discriminator's mapping onto them) would not
+    resolve inside the OpenAPI document. A discriminated union stays a plain ``oneOf``."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: object) -> object:
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/$defs/"):
+                return inline(definitions[reference.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items() if key != "discriminator"}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline(schema)}},
+        }
+    }
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int

@@ -7,6 +7,11 @@ The scheduler is synchronous and knows nothing of asyncio or HTTP; ``AsyncEngine
 Every way a sequence can end (EOS, stop string, stop token, length, cancel, error, shutdown)
 goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
 final event and counts the metrics, exactly once (rule R16).
+
+A constrained request (structured output) owns a ``ConstraintMatcher`` from admission to
+``finish()``: its sampling rows carry the matcher's mask (``StepRow.token_mask``), each sampled
+token advances it, and the sequence finishes (``stop``) once its language allows no further
+token. Unconstrained rows carry no mask.
 """
 
 from __future__ import annotations

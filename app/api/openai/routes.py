@@ -15,7 +15,7 @@ import time
 from typing import TypeVar
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from app.api.admission import read_body, refuse_if_overloaded
 from app.api.answers import AnswerFormat, answer
@@ -37,6 +37,7 @@ from app.api.openai.schemas import (
 )
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources, resources_of
+from app.api.schemas import request_body_openapi
 
 logger = logging.getLogger(__name__)
 
@@ -45,30 +46,6 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter(prefix=V1_PREFIX, route_class=OpenAIRoute, tags=["openai"])
-
-
-def _body_schema(model: type[BaseModel]) -> dict[str, object]:
-    """The OpenAPI request body of a route that parses its body itself (nested models inlined:
-    pydantic's ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
-    schema = model.model_json_schema()
-    definitions = schema.pop("$defs", {})
-
-    def inline(node: object) -> object:
-        if isinstance(node, dict):
-            reference = node.get("$ref", "")
-            if reference.startswith("#/$defs/"):
-                return inline(definitions[reference.removeprefix("#/$defs/")])
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": inline(schema)}},
-        }
-    }
 
 
 @router.get("/models", response_model=ModelList, responses=_ERROR_RESPONSES)
@@ -96,7 +73,7 @@ async def retrieve_model(model_id: str, request: Request) -> ModelCard:
     "/completions",
     response_model=CompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(CompletionRequestBody),
+    openapi_extra=request_body_openapi(CompletionRequestBody),
 )
 async def create_completion(request: Request) -> Response:
     """Continues one prompt. ``max_tokens`` defaults to 16, as at OpenAI."""
@@ -107,7 +84,7 @@ async def create_completion(request: Request) -> Response:
     "/chat/completions",
     response_model=ChatCompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(ChatCompletionRequestBody),
+    openapi_extra=request_body_openapi(ChatCompletionRequestBody),
 )
 async def create_chat_completion(request: Request) -> Response:
     """Answers a conversation, rendered with the model's chat template."""
@@ -117,7 +94,7 @@ async def create_chat_completion(request: Request) -> Response:
 @router.post(
     "/responses",
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(ResponsesRequestBody),
+    openapi_extra=request_body_openapi(ResponsesRequestBody),
 )
 async def create_response(request: Request) -> Response:
     """OpenAI's Responses API, stateless (``app.api.openai.responses_api``)."""

@@ -321,6 +321,11 @@ class ChatMessageBody(BaseModel):
 
     @model_validator(mode="after")
     def _tool_fields_where_they_belong(self) -> ChatMessageBody:
+        if self.role != "assistant" and "content" not in self.model_fields_set:
+            raise PydanticCustomError("missing", "content is required for this role")
+        if self.role == "assistant" and "content" not in self.model_fields_set:
+            if not self.tool_calls:
+                raise PydanticCustomError("missing", "content or tool_calls is required")
         if self.role == "tool" and not self.tool_call_id:
             raise PydanticCustomError("missing", "a tool message needs its tool_call_id")
         if self.tool_calls and self.role != "assistant":

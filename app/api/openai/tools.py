@@ -150,13 +150,12 @@ class ToolPlan:
             return [ToolCall(f"{call_id_prefix}0", self.named or "", text)], None
         if self.mode is ToolMode.REQUIRED:
             try:
-                items = json.loads(text)
-            except ValueError:
+                calls = [
+                    ToolCall(f"{call_id_prefix}{i}", item["name"], _compact(item["arguments"]))
+                    for i, item in enumerate(json.loads(text))
+                ]
+            except (ValueError, TypeError, KeyError):  # cut short (a stop string): not calls
                 return [], text
-            calls = [
-                ToolCall(f"{call_id_prefix}{i}", item["name"], _compact(item["arguments"]))
-                for i, item in enumerate(items)
-            ]
             return calls, None
         if self.mode is ToolMode.AUTO:
             return self._read_tagged(text, call_id_prefix)
