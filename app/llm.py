@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.constraint_body import ConstraintBody
 from app.api.errors import APIError
 from app.api.request_builder import (
     GenerationParams,
@@ -60,6 +61,8 @@ class SamplingOptions(BaseModel):
         stop: strings that end the text (not part of it).
         stop_token_ids: token ids that end it (in ``token_ids``, not in the text).
         ignore_eos: only ``max_tokens`` or a stop ends it.
+        constraint: structured output (API.md, "Constrained output"), e.g.
+            ``{"type": "json_schema", "schema": {...}}``; None: free text.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -72,6 +75,7 @@ class SamplingOptions(BaseModel):
     stop: tuple[StopString, ...] = Field((), max_length=MAX_STOP_STRINGS)
     stop_token_ids: tuple[TokenId, ...] = Field((), max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
+    constraint: ConstraintBody | None = None
 
     def generation_params(self, prompt: str) -> GenerationParams:
         """These options for ``prompt``, in the request builder's wire-neutral terms."""
@@ -85,6 +89,7 @@ class SamplingOptions(BaseModel):
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
+            constraint=None if self.constraint is None else self.constraint.spec("constraint"),
         )
 
 

@@ -33,6 +33,7 @@ from app.api.schemas import (
     TokenEventData,
     Usage,
     logprob_bodies,
+    request_body_openapi,
 )
 from app.engine.request import FinalEvent, TokenEvent
 
@@ -52,12 +53,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         **_ERROR_RESPONSES,
         200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"},
     },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": GenerateRequestBody.model_json_schema()}},
-        }
-    },
+    openapi_extra=request_body_openapi(GenerateRequestBody),
 )
 async def generate(request: Request) -> Response:
     """Generates text for one prompt; see API.md. The body is JSON whatever its Content-Type."""

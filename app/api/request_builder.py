@@ -9,6 +9,7 @@ there. ``RequestBuilder.build`` then runs the checks that need the model, once a
     min_tokens <= the budget -> the prompt, tokenized
     by the engine (a chat rendered with the model's template) -> the default budget of a chat ->
     prompt + budget <= the context length -> the seed (a random one unless the client chose it)
+    -> the constraint, compiled by the engine (on a worker thread: cached, else milliseconds)
 
 So a new request field is added to ``GenerationParams``, to ``build``, and to each wire schema
 that offers it. ``build`` needs no HTTP request (the batch runner has only a body): every refusal
@@ -21,13 +22,15 @@ is an ``APIError`` in the native vocabulary, which each route family renders in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.api.errors import APIError
 from app.config import ServerConfig
+from app.constraints import CompiledConstraint, ConstraintError, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplateError
 from app.engine.prompt_encoder import TokenizationError
 from app.engine.request import GenerationRequest, StopCriteria
@@ -61,10 +64,12 @@ class TokenPrompt:
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A conversation, rendered with the model's chat template up to the assistant's turn."""
+    """A conversation, rendered with the model's chat template up to the assistant's turn;
+    ``tools`` are the functions (OpenAI's tool entries) the template is given."""
 
     messages: tuple[ChatMessage, ...]
     param: str = "messages"
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,7 @@ class GenerationParams:
         logprobs: how many alternatives to report with each generated token's logprob, or
             None for no logprobs.
         prompt_logprobs: the same for each prompt token (None: none).
+        constraint: structured output (the language every output must be in), or None.
     """
 
     prompt: TextPrompt | TokenPrompt | ChatPrompt
@@ -119,6 +125,7 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    constraint: ConstraintSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +173,11 @@ class PromptTokenizingEngine(Protocol):
 
     def encode_text(self, text: str) -> tuple[int, ...]: ...
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]: ...
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[dict[str, Any], ...] = ()
+    ) -> tuple[int, ...]: ...
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint: ...
 
 
 class RequestBuilder:
@@ -188,15 +199,20 @@ class RequestBuilder:
         Raises:
             APIError: 422 ``invalid_request`` naming the field (budget over the cap, a stop
                 token id outside the vocabulary, a prompt of no tokens or over the prompt
-                limit, a conversation the chat template refuses); 400
-                ``context_length_exceeded``; 500 ``internal`` when the tokenizer fails.
+                limit, a conversation the chat template refuses, a constraint that cannot be
+                compiled); 400 ``context_length_exceeded``; 500 ``internal`` when the
+                tokenizer fails.
         """
         self._check_before_encoding(params)
         if _prompt_chars(params.prompt) > INLINE_TOKENIZE_MAX_CHARS:
             prompt_ids = await asyncio.to_thread(self._encode, params.prompt, origin.request_id)
         else:
             prompt_ids = self._encode(params.prompt, origin.request_id)
-        return self._request(params, origin, prompt_ids)
+        request = self._request(params, origin, prompt_ids)
+        if params.constraint is None:
+            return request
+        compiled = await asyncio.to_thread(self._compile, params.constraint)
+        return dataclasses.replace(request, constraint=compiled)
 
     def build_sync(self, params: GenerationParams, origin: RequestOrigin) -> GenerationRequest:
         """``build`` on the caller's thread, for a caller without an event loop.
@@ -205,7 +221,10 @@ class RequestBuilder:
             APIError: as ``build``.
         """
         self._check_before_encoding(params)
-        return self._request(params, origin, self._encode(params.prompt, origin.request_id))
+        request = self._request(params, origin, self._encode(params.prompt, origin.request_id))
+        if params.constraint is None:
+            return request
+        return dataclasses.replace(request, constraint=self._compile(params.constraint))
 
     def _check_before_encoding(self, params: GenerationParams) -> None:
         budget = params.budget
@@ -308,7 +327,7 @@ class RequestBuilder:
             elif isinstance(prompt, TextPrompt):
                 prompt_ids = self._engine.encode_text(prompt.text)
             else:
-                prompt_ids = self._engine.encode_chat(prompt.messages)
+                prompt_ids = self._engine.encode_chat(prompt.messages, prompt.tools)
         except ChatTemplateError as exc:
             message = f"{prompt.param}: {exc}"
             raise APIError(422, "invalid_request", message, param=prompt.param) from None
@@ -336,6 +355,13 @@ class RequestBuilder:
                 param=param,
             )
         return prompt_ids
+
+    def _compile(self, spec: ConstraintSpec) -> CompiledConstraint:
+        try:
+            return self._engine.compile_constraint(spec)
+        except ConstraintError as exc:
+            message = f"{spec.param}: {exc}"
+            raise APIError(422, "invalid_request", message, param=spec.param) from None
 
     def _max_tokens(self, budget: TokenBudget, prompt_tokens: int) -> int:
         if budget.max_tokens is not None:

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from app.api.constraint_body import ConstraintBody
 from app.api.request_builder import GenerationParams, TextPrompt, TokenBudget
 from app.models.base import TokenLogprobs
 
@@ -73,6 +74,7 @@ class GenerateRequestBody(BaseModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     _logit_bias_keys = field_validator("logit_bias")(check_logit_bias_keys)
+    constraint: ConstraintBody | None = None
 
     def generation_params(self) -> GenerationParams:
         return GenerationParams(
@@ -93,7 +95,33 @@ class GenerateRequestBody(BaseModel):
             logit_bias=logit_bias_pairs(self.logit_bias),
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
+            constraint=None if self.constraint is None else self.constraint.spec("constraint"),
         )
+
+
+def request_body_openapi(model: type[BaseModel]) -> dict[str, object]:
+    """The OpenAPI request body of a route that parses its body itself, nested models inlined:
+    pydantic's ``#/$defs/...`` references (and a discriminator's mapping onto them) would not
+    resolve inside the OpenAPI document. A discriminated union stays a plain ``oneOf``."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: object) -> object:
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/$defs/"):
+                return inline(definitions[reference.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items() if key != "discriminator"}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline(schema)}},
+        }
+    }
 
 
 class Usage(BaseModel):

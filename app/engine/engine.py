@@ -18,7 +18,9 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
 from app.engine.handle import InFlightRequests, RequestHandle
@@ -123,6 +125,7 @@ class AsyncEngine:
         self._inbox = Inbox()
         self._in_flight = InFlightRequests()
         self._prompts = PromptEncoder(model.tokenizer, caps.name)
+        self._constraints = ConstraintCompiler(model.tokenizer, caps)
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
 
@@ -210,7 +213,11 @@ class AsyncEngine:
         return self._prompts.token_bytes(token_ids)
 
     def encode_chat(
-        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+        self,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[dict[str, Any], ...] = (),
+        *,
+        add_generation_prompt: bool = True,
     ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
@@ -218,7 +225,18 @@ class AsyncEngine:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+        return self._prompts.encode_chat(
+            messages, tools, add_generation_prompt=add_generation_prompt
+        )
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
+        hundreds of ms), so it belongs off an event loop.
+
+        Raises:
+            ConstraintError: the constraint cannot be compiled (the reason in the message).
+        """
+        return self._constraints.compile(spec)
 
     # ----------------------------------------------------------------- commands (any task)
 

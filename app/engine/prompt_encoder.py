@@ -8,6 +8,7 @@ engine (rule R11) and the request builder works on either.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.models.base import Tokenizer
@@ -46,17 +47,24 @@ class PromptEncoder:
             raise TokenizationError(str(exc)) from exc
 
     def encode_chat(
-        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+        self,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[dict[str, Any], ...] = (),
+        *,
+        add_generation_prompt: bool = True,
     ) -> tuple[int, ...]:
         """The token ids of a conversation rendered by :attr:`chat_template`, ending where the
         assistant's answer begins (after the last message with
-        ``add_generation_prompt=False``).
+        ``add_generation_prompt=False``); ``tools`` are the functions the model may call (see
+        ``ChatTemplate.render``).
 
         Raises:
             ChatTemplateError: the template refused the conversation (roles out of order...).
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        text = self.chat_template.render(
+            messages, tools, add_generation_prompt=add_generation_prompt
+        )
         # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
         # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's
         # byte tokenizer adds none and has no such method.

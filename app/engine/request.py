@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.constraints import CompiledConstraint, ConstraintMatcher
 from app.engine.detokenizer import TextAssembler
 from app.models.base import SamplingParams, TokenLogprobs
 
@@ -59,6 +60,8 @@ class GenerationRequest:
         owner: an opaque tag of who made the request (API key digest), so that only the same
             owner may cancel it; None when no key is configured.
         arrived_at: ``time.perf_counter()`` seconds when the HTTP request was accepted.
+        constraint: the compiled structured-output constraint every generated token must
+            keep the output inside, or None (unconstrained).
         group_id: set on the ``n`` choices of one prompt (submitted one after another, the
             same value on each): the scheduler admits a group's waiting sequences into slots
             together (all or none); None for a request on its own.
@@ -71,6 +74,7 @@ class GenerationRequest:
     stop: StopCriteria = StopCriteria()
     owner: str | None = None
     arrived_at: float = field(default_factory=time.perf_counter)
+    constraint: CompiledConstraint | None = None
     group_id: str | None = None
 
 
@@ -151,6 +155,8 @@ class Sequence:
         prompt_logprobs: the prompt tokens' logprobs so far (when asked for).
         text: assembles output text (UTF-8 safe, stop-string aware).
         admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
+        matcher: the request's place in its constraint's language, from admission until it
+            finishes (None when unconstrained, waiting or finished).
     """
 
     request: GenerationRequest
@@ -167,6 +173,7 @@ class Sequence:
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    matcher: ConstraintMatcher | None = None
 
     @property
     def request_id(self) -> str:

@@ -7,6 +7,11 @@ The scheduler is synchronous and knows nothing of asyncio or HTTP; ``AsyncEngine
 Every way a sequence can end (EOS, stop string, stop token, length, cancel, error, shutdown)
 goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
 final event and counts the metrics, exactly once (rule R16).
+
+A constrained request (structured output) owns a ``ConstraintMatcher`` from admission to
+``finish()``: its sampling rows carry the matcher's mask (``StepRow.token_mask``), each sampled
+token advances it, and the sequence finishes (``stop``) once its language allows no further
+token. Unconstrained rows carry no mask.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+import torch
 
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
@@ -160,6 +167,8 @@ class Scheduler:
             seq.slot = slot
             seq.num_computed_tokens = 0
             seq.admitted_at = now
+            if seq.request.constraint is not None:
+                seq.matcher = seq.request.constraint.new_matcher()
             self.slots[slot] = seq
         return count
 
@@ -290,6 +299,7 @@ class Scheduler:
             return
         was_waiting = seq.status is SequenceStatus.WAITING
         seq.status = SequenceStatus.FINISHED
+        seq.matcher = None  # the constraint's state ends with the request
         if seq.slot is not None:
             self.slots[seq.slot] = None
             self._release_slot(seq.slot)
@@ -336,17 +346,20 @@ class Scheduler:
             position=seq.num_computed_tokens,
             sample=True,
             sampling=seq.request.sampling,
+            token_mask=_next_token_mask(seq),
         )
 
     def _prefill_row(self, seq: Sequence, budget: int) -> StepRow:
         start = seq.num_computed_tokens
         length = min(seq.num_prompt_tokens - start, budget, self.capabilities.max_tokens_per_row)
+        sample = start + length == seq.num_prompt_tokens and not seq.scores_prompt_only
         return StepRow(
             slot=_slot_of(seq),
             token_ids=seq.request.prompt_token_ids[start : start + length],
             position=start,
-            sample=start + length == seq.num_prompt_tokens and not seq.scores_prompt_only,
+            sample=sample,
             sampling=seq.request.sampling,
+            token_mask=_next_token_mask(seq) if sample else None,
         )
 
     def _padding_rows(self, rows: list[StepRow]) -> list[StepRow]:
@@ -363,6 +376,15 @@ class Scheduler:
         elif seq.last_token_at is not None:
             self._metrics.inter_token_latency.observe(now - seq.last_token_at)
         seq.last_token_at = now
+        if seq.matcher is not None and not seq.matcher.advance(token):
+            logger.error(
+                "request %s: token %d is outside its constraint (%s)",
+                seq.request_id,
+                token,
+                seq.matcher.error or "the mask was not applied",
+            )
+            self.finish(seq, FinishReason.ERROR, error="the output left the request's constraint")
+            return
 
         stop = seq.request.stop
         if token in stop.stop_token_ids:
@@ -378,11 +400,18 @@ class Scheduler:
             seq.unsent_logprobs.clear()
         if seq.text.matched_stop is not None:
             self.finish(seq, FinishReason.STOP, stop_reason=seq.text.matched_stop)
+        elif seq.matcher is not None and seq.matcher.is_finished:
+            self.finish(seq, FinishReason.STOP)  # the language allows no further token
         elif (
             len(seq.generated) >= seq.request.max_tokens
             or seq.num_prompt_tokens + len(seq.generated) >= self.capabilities.context_length
         ):
             self.finish(seq, FinishReason.LENGTH)
+
+
+def _next_token_mask(seq: Sequence) -> torch.Tensor | None:
+    """The constraint's mask for the sequence's next token (None when unconstrained)."""
+    return None if seq.matcher is None else seq.matcher.next_mask()
 
 
 def _slot_of(seq: Sequence) -> int:

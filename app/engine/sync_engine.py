@@ -16,7 +16,9 @@ The model should be stepped on the thread that loaded it (one OpenMP team, see
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
 from app.engine.metrics import EngineMetrics
@@ -109,6 +111,7 @@ class SyncEngine:
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}
         self._prompts = PromptEncoder(model.tokenizer, caps.name)
+        self._constraints = ConstraintCompiler(model.tokenizer, caps)
 
     @property
     def has_work(self) -> bool:
@@ -148,7 +151,11 @@ class SyncEngine:
         return self._prompts.token_bytes(token_ids)
 
     def encode_chat(
-        self, messages: tuple[ChatMessage, ...], *, add_generation_prompt: bool = True
+        self,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[dict[str, Any], ...] = (),
+        *,
+        add_generation_prompt: bool = True,
     ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``.
 
@@ -156,7 +163,18 @@ class SyncEngine:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+        return self._prompts.encode_chat(
+            messages, tools, add_generation_prompt=add_generation_prompt
+        )
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
+        hundreds of ms), so it belongs off an event loop.
+
+        Raises:
+            ConstraintError: the constraint cannot be compiled (the reason in the message).
+        """
+        return self._constraints.compile(spec)
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes

@@ -23,7 +23,10 @@ import time
 import zlib
 from collections.abc import Sequence
 
+import torch
+
 from app.models.base import ModelCapabilities, StepBatch, StepOutput, TokenLogprobs
+from app.models.token_mask import unpack_token_masks
 
 MOCK_EOS_TOKEN_ID = 256
 MOCK_FAIL_MARKER = b"<<fail>>"
@@ -85,6 +88,22 @@ class MockModel:
         if digest % self.eos_one_in == 0:
             return MOCK_EOS_TOKEN_ID
         return _ALPHABET_BYTES[(digest // self.eos_one_in) % len(_ALPHABET_BYTES)][0]
+
+
+def _within(mask: torch.Tensor, token: int, prefix: Sequence[int]) -> int:
+    """The mock's token under a constraint's mask (``app.models.token_mask``'s layout): its own
+    when allowed, else EOS when the language may end, else an allowed token picked by a hash
+    of the prefix (deterministic, like the rest of the mock)."""
+    allowed = unpack_token_masks(mask[None, :], MOCK_VOCAB_SIZE)[0]
+    if allowed[token]:
+        return token
+    if allowed[MOCK_EOS_TOKEN_ID]:
+        return MOCK_EOS_TOKEN_ID
+    choices = allowed.nonzero()[:, 0].tolist()
+    if not choices:
+        return token  # nothing allowed: the scheduler finds the token outside the language
+    digest = zlib.crc32(bytes(t & 0xFF for t in prefix[-32:]), len(prefix) & 0xFFFFFFFF)
+    return choices[digest % len(choices)]
 
 
 class ByteTokenizer:
@@ -178,7 +197,8 @@ class MockModelRunner:
             tokens = self.model.next_tokens(prefixes) if prefixes else []
             result: list[int | None] = [None] * len(batch.rows)
             for index, token in zip(sampled, tokens, strict=True):
-                result[index] = token
+                mask = batch.rows[index].token_mask
+                result[index] = token if mask is None else _within(mask, token, prefixes[index])
             return StepOutput(
                 tuple(result), errors if any(errors) else None, _certain_logprobs(batch, result)
             )

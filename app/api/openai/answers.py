@@ -31,9 +31,12 @@ from app.api.openai.responses import (
     ChatMessageOut,
     CompletionChoice,
     CompletionResponse,
+    FunctionCallOut,
+    ToolCallOut,
     Usage,
 )
-from app.engine.request import FinalEvent, TokenEvent
+from app.api.openai.tools import ToolCall, ToolMode, ToolPlan
+from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
 SSE_LINE_END = "\n"  # chunks are written "data: {json}\n\n", as OpenAI writes them
 
@@ -146,9 +149,18 @@ class CompletionAnswer(_OpenAIAnswer):
 @dataclass(frozen=True, slots=True)
 class ChatAnswer(_OpenAIAnswer):
     """``/v1/chat/completions``: a ``chat.completion``, or ``chat.completion.chunk`` events whose
-    first delta carries the role and whose last is empty."""
+    first delta carries the role and whose last is empty.
+
+    With tools (``tools``, a ``ToolPlan``) the calls are read from the output: a named function's
+    arguments stream as ``delta.tool_calls`` pieces as they are generated (its id and name in a
+    chunk of their own after the role's); ``required`` and ``auto`` answers are read whole, so
+    their stream holds the text back and sends the calls (or the content) at the end.
+    """
+
+    tools: ToolPlan | None = None
 
     def response(self, final: FinalEvent) -> dict[str, object]:
+        calls, content = self._read(final)
         return ChatCompletionResponse(
             id=self.id,
             created=self.created,
@@ -156,9 +168,11 @@ class ChatAnswer(_OpenAIAnswer):
             choices=[
                 ChatChoice(
                     index=self.index,
-                    message=ChatMessageOut(content=final.text),
+                    message=ChatMessageOut(
+                        content=content, tool_calls=[_call(call) for call in calls] or None
+                    ),
                     logprobs=self.logprobs.chat(final.logprobs) if self.logprobs else None,
-                    finish_reason=finish_reason_name(final.finish_reason),
+                    finish_reason=_chat_finish_reason(final, calls),
                 )
             ],
             usage=usage(final),
@@ -166,18 +180,64 @@ class ChatAnswer(_OpenAIAnswer):
 
     def opening(self) -> Iterable[ServerSentEvent]:
         delta = ChatDelta(role="assistant", content="")
-        choice = ChatChunkChoice(index=self.index, delta=delta, finish_reason=None)
-        yield data_event(self._chunk([choice]))
+        yield data_event(self._chunk([self._choice(delta)]))
+        if self._streams_arguments:
+            head = ToolCallOut(
+                index=0,
+                id=self._call_id_prefix + "0",
+                type="function",
+                function=FunctionCallOut(name=self.tools.named, arguments=""),
+            )
+            yield data_event(self._chunk([self._choice(ChatDelta(tool_calls=[head]))]))
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
-        if event.text:  # text held back (a partial character or stop string) waits
-            choice = ChatChunkChoice(
-                index=self.index,
-                delta=ChatDelta(content=event.text),
-                logprobs=self.logprobs.chat(event.logprobs) if self.logprobs else None,
-                finish_reason=None,
-            )
-            yield data_event(self._chunk([choice]))
+        if not event.text:  # text held back (a partial character or stop string) waits
+            return
+        if self._streams_arguments:
+            piece = ToolCallOut(index=0, function=FunctionCallOut(arguments=event.text))
+            delta = ChatDelta(tool_calls=[piece])
+        elif self.tools is not None and self.tools.mode is not ToolMode.NONE:
+            return  # read whole at the end
+        else:
+            delta = ChatDelta(content=event.text)
+        logprobs = self.logprobs.chat(event.logprobs) if self.logprobs else None
+        yield data_event(self._chunk([self._choice(delta, logprobs)]))
+
+    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+        calls, content = self._read(final)
+        if self.tools is not None and not self._streams_arguments:
+            if calls:
+                pieces = [_call(call, index) for index, call in enumerate(calls)]
+                delta = ChatDelta(tool_calls=pieces)
+            else:
+                delta = ChatDelta(content=content)
+            if calls or content:
+                logprobs = self.logprobs.chat(final.logprobs) if self.logprobs else None
+                yield data_event(self._chunk([self._choice(delta, logprobs)]))
+        last = ChatChunkChoice(
+            index=self.index, delta=ChatDelta(), finish_reason=_chat_finish_reason(final, calls)
+        )
+        yield data_event(self._chunk([last]))
+        if self.include_usage:
+            yield data_event(self._chunk([], usage(final)))
+
+    @property
+    def _streams_arguments(self) -> bool:
+        return self.tools is not None and self.tools.mode is ToolMode.NAMED
+
+    @property
+    def _call_id_prefix(self) -> str:
+        return f"call_{self.id}_{self.index}_"
+
+    def _choice(self, delta: ChatDelta, logprobs: object = None) -> ChatChunkChoice:
+        return ChatChunkChoice(index=self.index, delta=delta, logprobs=logprobs, finish_reason=None)
+
+    def _read(self, final: FinalEvent) -> tuple[list[ToolCall], str | None]:
+        if self.tools is None:
+            return [], final.text
+        if final.finish_reason is not FinishReason.STOP and self.tools.mode is ToolMode.REQUIRED:
+            return [], final.text  # cut short: not a whole array of calls
+        return self.tools.read_calls(final.text, self._call_id_prefix)
 
     def _last_choice(self, finish_reason: str) -> ChatChunkChoice:
         return ChatChunkChoice(index=self.index, delta=ChatDelta(), finish_reason=finish_reason)
@@ -186,3 +246,18 @@ class ChatAnswer(_OpenAIAnswer):
         return ChatCompletionChunk(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         ).model_dump()
+
+
+def _call(call: ToolCall, index: int | None = None) -> ToolCallOut:
+    return ToolCallOut(
+        index=index,
+        id=call.id,
+        type="function",
+        function=FunctionCallOut(name=call.name, arguments=call.arguments),
+    )
+
+
+def _chat_finish_reason(final: FinalEvent, calls: list[ToolCall]) -> str:
+    """``tool_calls`` for a complete answer that made calls, else the native reason."""
+    reason = finish_reason_name(final.finish_reason)
+    return "tool_calls" if calls and reason == "stop" else reason

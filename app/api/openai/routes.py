@@ -1,5 +1,6 @@
-"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions`` and
-``POST /v1/chat/completions`` (JSON, or SSE with ``stream: true``), on the native request path.
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` and ``POST /v1/responses`` (JSON, or SSE with ``stream: true``),
+on the native request path.
 
 Each generating route: the key, the early refusal (429/503, before the body is read), the body
 validated once (``schemas``), ``RequestBuilder.build`` (a chat is rendered with the model's own
@@ -30,6 +31,7 @@ from app.api.openai.responses import (
     ModelList,
     OpenAIErrorResponse,
 )
+from app.api.openai.responses_api import ResponsesAnswer, ResponsesRequestBody
 from app.api.openai.schemas import (
     ChatCompletionRequestBody,
     CompletionRequestBody,
@@ -37,6 +39,7 @@ from app.api.openai.schemas import (
 )
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources, resources_of
+from app.api.schemas import request_body_openapi
 from app.engine.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -46,30 +49,6 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter(prefix=V1_PREFIX, route_class=OpenAIRoute, tags=["openai"])
-
-
-def _body_schema(model: type[OpenAIRequestBody]) -> dict[str, object]:
-    """The OpenAPI request body of a route that parses its body itself (nested models inlined:
-    pydantic's ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
-    schema = model.model_json_schema()
-    definitions = schema.pop("$defs", {})
-
-    def inline(node: object) -> object:
-        if isinstance(node, dict):
-            reference = node.get("$ref", "")
-            if reference.startswith("#/$defs/"):
-                return inline(definitions[reference.removeprefix("#/$defs/")])
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": inline(schema)}},
-        }
-    }
 
 
 @router.get("/models", response_model=ModelList, responses=_ERROR_RESPONSES)
@@ -97,7 +76,7 @@ async def retrieve_model(model_id: str, request: Request) -> ModelCard:
     "/completions",
     response_model=CompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(CompletionRequestBody),
+    openapi_extra=request_body_openapi(CompletionRequestBody),
 )
 async def create_completion(request: Request) -> Response:
     """Continues one prompt. ``max_tokens`` defaults to 16, as at OpenAI."""
@@ -108,14 +87,40 @@ async def create_completion(request: Request) -> Response:
     "/chat/completions",
     response_model=ChatCompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(ChatCompletionRequestBody),
+    openapi_extra=request_body_openapi(ChatCompletionRequestBody),
 )
 async def create_chat_completion(request: Request) -> Response:
     """Answers a conversation, rendered with the model's chat template."""
     return await _generate(request, ChatCompletionRequestBody, ChatAnswer)
 
 
-_Body = TypeVar("_Body", bound=CompletionRequestBody | ChatCompletionRequestBody)
+@router.post(
+    "/responses",
+    responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=request_body_openapi(ResponsesRequestBody),
+)
+async def create_response(request: Request) -> Response:
+    """OpenAI's Responses API, stateless (``app.api.openai.responses_api``)."""
+    arrived_at = time.perf_counter()
+    resources = resources_of(request)
+    origin = RequestOrigin(request.state.request_id, resources.guard.owner_of(request), arrived_at)
+    refuse_if_overloaded(resources)
+    body = parse_body(
+        ResponsesRequestBody, await read_body(request, resources.config.max_body_bytes)
+    )
+    generation = await resources.builder.build(body.generation_params(), origin)
+    writer = ResponsesAnswer(
+        request_id=origin.request_id,
+        created=int(time.time()),
+        model=resources.engine.capabilities.name,
+        body=body,
+    )
+    return await answer(request, resources, generation, writer, stream=body.streamed)
+
+
+_Body = TypeVar(
+    "_Body", bound=CompletionRequestBody | ChatCompletionRequestBody | ResponsesRequestBody
+)
 
 
 async def _generate(
@@ -198,6 +203,8 @@ def openai_answer_format(
     fields: dict[str, object] = {}
     if answer_format is CompletionAnswer:
         fields = {"echo": echo, "echo_first_token": generation.prompt_token_ids[0]}
+    elif isinstance(body, ChatCompletionRequestBody):
+        fields = {"tools": body.tool_plan}
     return answer_format(
         id=generation.request_id if not group else generation.group_id or generation.request_id,
         created=int(time.time()),

@@ -5,13 +5,16 @@ Bodies follow OpenAI's field names and defaults. Like OpenAI, unknown fields are
 route logs and ignores them). Known fields are checked against the native ranges of
 ``../shared/API.md`` (a bad value is an error naming the field) and the OpenAI features this
 server does not have are refused with the error type ``unsupported_value`` instead of being
-silently ignored: ``best_of`` other than ``n``, ``suffix``, tools, a non-text
-``response_format``, several prompts. Native fields are accepted as extensions, under vLLM's
-names: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``.
+silently ignored: ``best_of`` other than ``n``, ``suffix``, several prompts.
+``response_format`` (``text``, ``json_object``, ``json_schema``) is enforced by constrained
+decoding, on both endpoints; tools are ``app.api.openai.tools``'s. Native fields are accepted as
+extensions, under vLLM's names: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+``ignore_eos`` and ``constraint``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any, Literal
@@ -22,9 +25,12 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
+from app.api.constraint_body import ConstraintBody
+from app.api.openai.tools import MAX_TOOLS, ToolBody, ToolChoiceBody, ToolPlan, tool_plan
 from app.api.request_builder import (
     ChatPrompt,
     GenerationParams,
@@ -42,7 +48,8 @@ from app.api.schemas import (
     check_logit_bias_keys,
     logit_bias_pairs,
 )
-from app.engine.chat_template import ChatMessage
+from app.constraints import ConstraintSpec
+from app.engine.chat_template import ChatMessage, ToolCallTurn
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_CHOICES = 16  # n, API.md
@@ -75,6 +82,45 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema. ``strict`` is accepted either
+    way: the schema is always enforced (by constrained decoding)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str | None = Field(None, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (free), ``json_object`` (one JSON object) or
+    ``json_schema`` (a value valid against ``json_schema.schema``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing", "json_schema is required for this type")
+        return self
+
+    def spec(self) -> ConstraintSpec | None:
+        """The constraint it asks for (None for ``text``)."""
+        if self.type == "json_object":
+            return ConstraintSpec.json_object(param="response_format")
+        if self.type == "json_schema" and self.json_schema is not None:
+            schema = self.json_schema.json_schema
+            return ConstraintSpec.json_schema(
+                {} if schema is None else schema, param="response_format"
+            )
+        return None
 
 
 class OpenAIRequestBody(BaseModel):
@@ -111,6 +157,10 @@ class OpenAIRequestBody(BaseModel):
     )
     min_tokens: int | None = Field(None, ge=0, description="extension: EOS held back until then")
     ignore_eos: bool | None = Field(None, description="extension: only max tokens or stop end it")
+    constraint: ConstraintBody | None = Field(
+        None, description="extension: structured output, as /generate's constraint"
+    )
+    response_format: ResponseFormat | None = None
 
     _logit_bias_keys = field_validator("logit_bias")(check_logit_bias_keys)
 
@@ -134,6 +184,22 @@ class OpenAIRequestBody(BaseModel):
         if stop is None:
             return []
         return [stop] if isinstance(stop, str) else stop
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> OpenAIRequestBody:
+        if self.constraint is not None and self.response_format is not None:
+            if self.response_format.type != "text":
+                raise PydanticCustomError(
+                    "invalid_value", "give either response_format or constraint, not both"
+                )
+        return self
+
+    def constraint_spec(self) -> ConstraintSpec | None:
+        """The structured output asked for: ``response_format`` or the ``constraint``
+        extension (never both), or None."""
+        if self.constraint is not None:
+            return self.constraint.spec("constraint")
+        return None if self.response_format is None else self.response_format.spec()
 
     @property
     def include_usage(self) -> bool:
@@ -165,6 +231,7 @@ class OpenAIRequestBody(BaseModel):
             min_tokens=self.min_tokens or 0,
             logit_bias=logit_bias_pairs(self.logit_bias),
             logprobs=logprobs,
+            constraint=self.constraint_spec(),
         )
 
 
@@ -236,14 +303,32 @@ class CompletionRequestBody(OpenAIRequestBody):
         return suffix
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str
+    arguments: str
+
+
+class AssistantToolCall(BaseModel):
+    """A call an earlier assistant turn made (sent back with the tool's result)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessageBody(BaseModel):
     """One message. ``content`` is a string or a list of text parts (joined with newlines);
     ``developer`` is OpenAI's newer name for ``system``."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str = Field(
+        "",
         json_schema_extra=_accepts(
             {"type": "string"},
             {
@@ -254,13 +339,42 @@ class ChatMessageBody(BaseModel):
                     "required": ["type", "text"],
                 },
             },
-        )
+        ),
     )
     name: str | None = Field(None, description="accepted and ignored")
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields_where_they_belong(self) -> ChatMessageBody:
+        if self.role != "assistant" and "content" not in self.model_fields_set:
+            raise PydanticCustomError("missing", "content is required for this role")
+        if self.role == "assistant" and "content" not in self.model_fields_set:
+            if not self.tool_calls:
+                raise PydanticCustomError("missing", "content or tool_calls is required")
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("missing", "a tool message needs its tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("invalid_value", "only an assistant message has tool_calls")
+        return self
+
+    def turn(self) -> ChatMessage:
+        """The turn as the chat template reads it (``developer`` rendered as ``system``)."""
+        return ChatMessage(
+            role="system" if self.role == "developer" else self.role,
+            content=self.content,
+            tool_calls=tuple(
+                ToolCallTurn(call.id, call.function.name, call.function.arguments)
+                for call in self.tool_calls or ()
+            ),
+            tool_call_id=self.tool_call_id,
+        )
 
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_joined(cls, content: Any) -> Any:
+        if content is None:
+            return ""  # an assistant turn that only made tool calls
         if not isinstance(content, list):
             return content
         texts = []
@@ -271,19 +385,6 @@ class ChatMessageBody(BaseModel):
         if not all(isinstance(text, str) for text in texts):
             raise PydanticCustomError("invalid_value", "a text part needs a string 'text'")
         return "\n".join(texts)
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, kind: str) -> str:
-        if kind != "text":
-            raise _unsupported("only response_format type 'text' is supported")
-        return kind
 
 
 class ChatCompletionRequestBody(OpenAIRequestBody):
@@ -297,8 +398,9 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
-    response_format: ResponseFormat | None = None
+    tools: list[ToolBody] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceBody | None = None
+    parallel_tool_calls: bool | None = None
 
     def generation_params(self) -> GenerationParams:
         """``max_completion_tokens``, else ``max_tokens``, else the context left after the
@@ -309,12 +411,42 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
             budget = TokenBudget(self.max_tokens, "max_tokens")
         else:
             budget = TokenBudget(None, "max_completion_tokens")
-        turns = tuple(
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
-            for m in self.messages
-        )
+        turns = tuple(message.turn() for message in self.messages)
+        plan = self.tool_plan
+        tools = () if plan is None else plan.template_tools()
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._params(ChatPrompt(turns), budget, logprobs)
+        params = self._params(ChatPrompt(turns, tools=tools), budget, logprobs)
+        constraint = None if plan is None else plan.constraint()
+        if constraint is None:
+            return params
+        return dataclasses.replace(params, constraint=constraint)
+
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        """What the tool fields ask for (None without tools); checked when the body was."""
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(
+        cls, choice: ToolChoiceBody | None, info: ValidationInfo
+    ) -> ToolChoiceBody | None:
+        try:
+            tool_plan(info.data.get("tools"), choice, None)
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_value", str(exc)) from None
+        return choice
+
+    @model_validator(mode="after")
+    def _tools_consistent(self) -> ChatCompletionRequestBody:
+        plan = self.tool_plan
+        if plan is not None and plan.constraint() is not None and self.constraint_spec():
+            raise PydanticCustomError(
+                "invalid_value",
+                "tool_choice required or named cannot be combined with response_format or "
+                "constraint",
+            )
+        return self
 
     @field_validator("top_logprobs")
     @classmethod
@@ -324,10 +456,3 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
         if top_logprobs is not None and not info.data.get("logprobs"):
             raise PydanticCustomError("invalid_value", "top_logprobs needs logprobs: true")
         return top_logprobs
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if tools:
-            raise _unsupported("tools are not supported")
-        return tools
