@@ -67,6 +67,10 @@ class ModelCapabilities:
             backend replaying a CUDA graph or a compiled program captured for one shape needs).
             The scheduler then pads each step with inert rows (``StepRow.padding``); False: a
             step has one row per scheduled sequence only.
+        kv_block_size: positions per KV block of a paged KV cache; 0 for a model without one
+            (its state is per slot, and rows carry no ``kv_blocks``).
+        num_kv_blocks: blocks in the model's KV pool, block 0 included (the null block, never
+            handed out: it pads block tables); 0 when not paged.
     """
 
     name: str
@@ -78,6 +82,39 @@ class ModelCapabilities:
     keeps_kv_cache: bool
     max_tokens_per_row: int
     fixed_batch_shape: bool = False
+    kv_block_size: int = 0
+    num_kv_blocks: int = 0
+
+    @property
+    def paged(self) -> bool:
+        """True when the model keeps its KV in blocks the scheduler assigns (``KVBlocks``)."""
+        return self.kv_block_size > 0
+
+
+# Block 0 of a paged pool is never allocated: block tables are padded with it, so a padded entry
+# always names memory that holds finite values (zeros or keys written by no-one) and is masked.
+NULL_BLOCK = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlocks:
+    """Where one row's sequence lives in a paged KV cache (the block table, rule R05).
+
+    The scheduler's block manager (:class:`app.engine.kv_blocks.BlockManager`) decides it; the
+    model only writes and reads through it.
+
+    Attributes:
+        block_ids: the physical block of each ``kv_block_size`` positions of the sequence,
+            covering at least ``[0, position + len(token_ids))``: position ``p`` lives in block
+            ``block_ids[p // kv_block_size]`` at offset ``p % kv_block_size``.
+        starts_sequence: this row is the sequence's first in its slot. Positions
+            ``[0, position)`` are then a cached prefix already in ``block_ids`` (none when
+            ``position == 0``); the model starts the slot's per-sequence state (its random
+            generator) here.
+    """
+
+    block_ids: tuple[int, ...]
+    starts_sequence: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +133,8 @@ class StepRow:
         inert: a padding row (see ``padding``): it only fills a fixed batch shape. A model
             checks this first: it must not read or write the slot's state (KV cache, random
             generator, prefix) for it, and its output is ignored.
+        kv_blocks: the row's block table, for a paged model (``ModelCapabilities.paged``);
+            None otherwise and in inert rows.
     """
 
     slot: int
@@ -104,6 +143,14 @@ class StepRow:
     sample: bool
     sampling: SamplingParams
     inert: bool = False
+    kv_blocks: KVBlocks | None = None
+
+    @property
+    def starts_sequence(self) -> bool:
+        """The first row of a sequence in its slot: position 0, or a cached prefix before it."""
+        if self.kv_blocks is not None:
+            return self.kv_blocks.starts_sequence
+        return self.position == 0
 
     @classmethod
     def padding(cls, slot: int) -> StepRow:
