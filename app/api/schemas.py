@@ -127,3 +127,12 @@ class InfoResponse(BaseModel):
     keeps_kv_cache: bool
     scheduling: str
     version: str
+    kv_block_size: int = Field(
+        0, description="positions per block of the paged KV cache; 0 without one"
+    )
+    num_kv_blocks: int = Field(
+        0, description="blocks in the paged KV cache pool (usable ones); 0 without one"
+    )
+    prefix_caching: bool = Field(
+        False, description="whether prompt prefixes reuse cached KV blocks"
+    )

@@ -47,6 +47,9 @@ async def info(request: Request) -> InfoResponse:
         keeps_kv_cache=caps.keeps_kv_cache,
         scheduling=resources.engine.policy_name,
         version=__version__,
+        kv_block_size=caps.kv_block_size,
+        num_kv_blocks=max(0, caps.num_kv_blocks - 1),
+        prefix_caching=resources.engine.prefix_caching,
     )
 
 

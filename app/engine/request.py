@@ -130,6 +130,8 @@ class Sequence:
         status: WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED.
         slot: the batch slot while RUNNING, else None.
         num_computed_tokens: tokens of ``prompt + generated`` the model's state covers.
+        num_cached_tokens: of those, the prefix found in the prefix cache at admission (a
+            multiple of the KV block size; 0 without a paged model).
         generated: sampled token ids, in order.
         unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
         text: assembles output text (UTF-8 safe, stop-string aware).
@@ -142,6 +144,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
     num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     unsent_token_ids: list[int] = field(default_factory=list)
     admitted_at: float | None = None
@@ -157,8 +160,14 @@ class Sequence:
         return len(self.request.prompt_token_ids)
 
     @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens fed as prompt chunks: the prompt; after a preemption (recompute), the prompt
+        and every generated token but the last, which the next decode row feeds."""
+        return self.num_prompt_tokens + max(0, len(self.generated) - 1)
+
+    @property
     def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.num_prompt_tokens
+        return self.num_computed_tokens < self.num_prefill_tokens
 
     def all_token_ids(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids + tuple(self.generated)

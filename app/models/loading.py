@@ -12,9 +12,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from app.config import ServerConfig
+from app.config import ServerConfig, parse_memory_size
 from app.models.base import Model
-from app.models.mock import MockModelRunner
+from app.models.mock import MOCK_BYTES_PER_POSITION, MOCK_KV_BLOCK_SIZE, MockModelRunner
 
 if TYPE_CHECKING:
     from app.models.load_plan import LoadPlan
@@ -50,6 +50,7 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
             context_length=config.mock_context_length,
             step_ms=config.mock_step_ms,
             fail_every=config.mock_fail_every,
+            kv_blocks=_mock_kv_blocks(config),
         )
     else:
         import torch  # the real model's modules
@@ -69,3 +70,28 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
         time.perf_counter() - started,
     )
     return model
+
+
+def _mock_kv_blocks(config: ServerConfig) -> int:
+    """The mock's pool, sized as the real model's is (``app.models.kv_cache.pool_blocks``), at
+    ``MOCK_BYTES_PER_POSITION`` bytes a position.
+
+    Raises:
+        ValueError: the pool would not hold one sequence of the mock's context length.
+    """
+    import psutil
+
+    setting = None if config.kv_cache_memory is None else parse_memory_size(config.kv_cache_memory)
+    per_block = MOCK_BYTES_PER_POSITION * MOCK_KV_BLOCK_SIZE
+    one_sequence = -(-config.mock_context_length // MOCK_KV_BLOCK_SIZE)
+    if setting is None:
+        usable = 16 * one_sequence
+    else:
+        available = psutil.virtual_memory().available
+        usable = (int(setting * available) if isinstance(setting, float) else setting) // per_block
+    if usable < one_sequence:
+        raise ValueError(
+            f"--kv-cache-memory gives the mock {usable} KV blocks, fewer than one sequence of "
+            f"--mock-context-length {config.mock_context_length} needs ({one_sequence})"
+        )
+    return usable + 1
