@@ -38,8 +38,8 @@ KEY_ALIGN = 16
 # default; smaller blocks would share more of a prompt but cost more table entries per step.
 KV_BLOCK_SIZE = KEY_ALIGN
 
-# Without --kv-cache-memory the pool holds this many sequences of max_model_len positions (what
-# the per-slot cache of 16 slots held before it was paged).
+# Without --kv-cache-memory the pool holds this many sequences of max_model_len positions, or
+# one per slot if there are more slots (what the per-slot cache held before it was paged).
 DEFAULT_POOL_SEQUENCES = 16
 
 
@@ -81,11 +81,11 @@ class KVCache:
     float32, 0.70 MiB in bfloat16; :func:`kv_block_bytes`).
 
     Args:
-        num_blocks: blocks in the pool, the null block 0 included.
-        max_num_seqs, max_model_len: without ``num_blocks``, a pool of ``max_num_seqs``
-            sequences of ``max_model_len`` positions plus the null block, in which slot ``s``
-            has the fixed blocks :meth:`slot_blocks` gives (tests and scripts that step the
-            forward without a block manager).
+        num_blocks: blocks in the pool, the null block 0 included; None: ``max_num_seqs``
+            sequences of ``max_model_len`` positions plus the null block.
+        max_num_seqs, max_model_len: slot ``s < max_num_seqs`` has the fixed blocks
+            :meth:`slot_blocks` gives, where the pool holds them: the table of a row that
+            brings none (tests and scripts that step the forward without a block manager).
 
     The cache stores tensors only. It is zero at allocation (lazily, on the CPU: see
     :func:`_lazily_zeroed`) and never cleared again: a masked-out position gets attention weight
@@ -185,17 +185,19 @@ def pool_blocks(
     *,
     bytes_per_block: int,
     max_model_len: int,
+    max_num_seqs: int,
     available: int,
 ) -> int:
     """Blocks of the pool (the null block included) for ``--kv-cache-memory``: ``setting``
-    bytes, a fraction of ``available`` bytes, or None (``DEFAULT_POOL_SEQUENCES`` sequences of
-    ``max_model_len`` positions).
+    bytes, a fraction of ``available`` bytes, or None (``max(max_num_seqs,
+    DEFAULT_POOL_SEQUENCES)`` sequences of ``max_model_len`` positions: what the per-slot cache
+    held before it was paged).
 
     Raises:
         ValueError: the pool would not hold one sequence of ``max_model_len`` positions.
     """
     if setting is None:
-        usable = DEFAULT_POOL_SEQUENCES * blocks_for(max_model_len)
+        usable = max(max_num_seqs, DEFAULT_POOL_SEQUENCES) * blocks_for(max_model_len)
     else:
         size = int(setting * available) if isinstance(setting, float) else setting
         usable = size // bytes_per_block

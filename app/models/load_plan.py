@@ -179,6 +179,7 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
             options.kv_cache_memory,
             bytes_per_block=kv_block_bytes(source.hparams, dtype=dtype),
             max_model_len=max_model_len,
+            max_num_seqs=options.max_num_seqs,
             available=available_memory(device)[0],
         )
     except ValueError as error:

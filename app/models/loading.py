@@ -85,7 +85,7 @@ def _mock_kv_blocks(config: ServerConfig) -> int:
     per_block = MOCK_BYTES_PER_POSITION * MOCK_KV_BLOCK_SIZE
     one_sequence = -(-config.mock_context_length // MOCK_KV_BLOCK_SIZE)
     if setting is None:
-        usable = 16 * one_sequence
+        usable = max(16, config.max_num_seqs) * one_sequence
     else:
         available = psutil.virtual_memory().available
         usable = (int(setting * available) if isinstance(setting, float) else setting) // per_block

@@ -48,7 +48,10 @@ class ModelRunner:
 
     Args:
         num_kv_blocks: blocks of ``KV_BLOCK_SIZE`` positions in the paged KV pool, the null
-            block included; None: ``DEFAULT_POOL_SEQUENCES`` sequences of ``max_model_len``.
+            block included; None: ``max(max_num_seqs, DEFAULT_POOL_SEQUENCES)`` sequences of
+            ``max_model_len``. A row without a block table (a caller stepping the runner
+            without a block manager) uses its slot's fixed blocks
+            (:meth:`app.models.kv_cache.KVCache.slot_blocks`).
 
     Attributes:
         capabilities: what the scheduler may rely on (read once at start-up).
@@ -70,9 +73,15 @@ class ModelRunner:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         if num_kv_blocks is None:
-            num_kv_blocks = 1 + DEFAULT_POOL_SEQUENCES * blocks_for(max_model_len)
+            sequences = max(max_num_seqs, DEFAULT_POOL_SEQUENCES)
+            num_kv_blocks = 1 + sequences * blocks_for(max_model_len)
         self.cache = KVCache(
-            model.hparams, num_blocks=num_kv_blocks, dtype=model.dtype, device=model.device
+            model.hparams,
+            num_blocks=num_kv_blocks,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            dtype=model.dtype,
+            device=model.device,
         )
         self._sampler = Sampler(max_num_seqs)
         self._slot_lengths = [0] * max_num_seqs
@@ -184,9 +193,11 @@ class ModelRunner:
                 raise ValueError(f"slot {row.slot}: token id outside [0, {vocab})")
 
     def _check_blocks(self, row: StepRow) -> None:
+        table: Sequence[int]
         if row.kv_blocks is None:
-            raise ValueError(f"slot {row.slot}: a row needs a block table (StepRow.kv_blocks)")
-        table = row.kv_blocks.block_ids
+            table = self.cache.slot_blocks(row.slot)  # ValueError when the pool lacks them
+        else:
+            table = row.kv_blocks.block_ids
         if len(table) < blocks_for(row.position + len(row.token_ids)):
             raise ValueError(f"slot {row.slot}: block table does not cover the row")
         pool = self.cache.num_blocks
