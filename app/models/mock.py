@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from array import array
 from collections.abc import Sequence
 
 from app.models.base import NULL_BLOCK, ModelCapabilities, StepBatch, StepOutput, StepRow
@@ -157,8 +158,10 @@ class MockModelRunner:
         self.num_model_calls = 0
         self._prefixes: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self._marked: list[bool] = [False] * max_num_seqs  # prompt carries MOCK_FAIL_MARKER
-        # The pool: block -> the token at each of its positions.
-        self._blocks = [[_UNWRITTEN] * MOCK_KV_BLOCK_SIZE for _ in range(kv_blocks or 0)]
+        # The pool: the token at each position of each block (4 bytes a position, as
+        # MOCK_BYTES_PER_POSITION says), position p of block b at b * MOCK_KV_BLOCK_SIZE + p.
+        self._num_blocks = kv_blocks or 0
+        self._pool = array("i", [_UNWRITTEN]) * (self._num_blocks * MOCK_KV_BLOCK_SIZE)
         self._lock = threading.Lock()
 
     def step(self, batch: StepBatch) -> StepOutput:
@@ -173,7 +176,7 @@ class MockModelRunner:
             self.num_model_calls += 1
             if self.fail_every and self.num_model_calls % self.fail_every == 0:
                 raise RuntimeError(f"injected failure of mock step {self.num_model_calls}")
-            if self._blocks:
+            if self._num_blocks:
                 for row in batch.rows:
                     self._check_blocks(row)
             for row in batch.rows:
@@ -211,7 +214,7 @@ class MockModelRunner:
         table = row.kv_blocks
         if table is None:
             raise ValueError(f"slot {row.slot}: a paged model's row needs a block table")
-        if any(not NULL_BLOCK < block < len(self._blocks) for block in table.block_ids):
+        if any(not NULL_BLOCK < block < self._num_blocks for block in table.block_ids):
             raise ValueError(f"slot {row.slot}: block table names a block outside the pool")
         if len(table.block_ids) * MOCK_KV_BLOCK_SIZE < row.position + len(row.token_ids):
             raise ValueError(f"slot {row.slot}: block table does not cover the row")
@@ -221,7 +224,8 @@ class MockModelRunner:
         assert row.kv_blocks is not None
         prefix: list[int] = []
         for block in row.kv_blocks.block_ids[: -(-row.position // MOCK_KV_BLOCK_SIZE)]:
-            prefix.extend(self._blocks[block])
+            start = block * MOCK_KV_BLOCK_SIZE
+            prefix.extend(self._pool[start : start + MOCK_KV_BLOCK_SIZE])
         del prefix[row.position :]
         if _UNWRITTEN in prefix:
             raise ValueError(f"slot {row.slot}: cached prefix reads a position never written")
@@ -233,4 +237,4 @@ class MockModelRunner:
         table = row.kv_blocks.block_ids
         for position, token in enumerate(row.token_ids, start=row.position):
             block, offset = divmod(position, MOCK_KV_BLOCK_SIZE)
-            self._blocks[table[block]][offset] = token
+            self._pool[table[block] * MOCK_KV_BLOCK_SIZE + offset] = token
