@@ -258,6 +258,44 @@ static inline int64_t pool_offset(const struct attention_args *a, const int64_t 
     return (kv * a->pool_len + block * a->block_size + t % a->block_size) * a->head_dim;
 }
 
+/* Walks positions 0, 1, ... of one KV head of one row through its block table without a
+ * division per position (a 64-bit division costs more than the dot product it would address). */
+struct block_walk {
+    const bf16 *pool;     /* keys or values of the layer */
+    const int64_t *table; /* the row's block table */
+    int64_t head_base;    /* kv * pool_len, in positions */
+    int64_t block_size, head_dim, next_block, offset;
+    const bf16 *block;
+};
+
+static inline struct block_walk walk_start(const struct attention_args *a, const bf16 *pool,
+                                           const int64_t *table, int64_t kv) {
+    const struct block_walk walk = {pool, table, kv * a->pool_len, a->block_size, a->head_dim,
+                                    0,    a->block_size, NULL};
+    return walk;
+}
+
+/* The next position's head_dim elements. Entering a block, the next block of the table is
+ * prefetched: blocks lie anywhere in the pool, where the hardware prefetcher cannot guess them
+ * (the caller never walks past the row's length, so table[next_block] is read only while the
+ * walk is inside the table; the last block's successor is not prefetched). */
+static inline const bf16 *walk_next(struct block_walk *w, int64_t blocks) {
+    if (w->offset == w->block_size) {
+        const int64_t first = w->head_base + w->table[w->next_block++] * w->block_size;
+        w->block = w->pool + first * w->head_dim;
+        w->offset = 0;
+        if (w->next_block < blocks) {
+            const int64_t next = w->head_base + w->table[w->next_block] * w->block_size;
+            const char *lines = (const char *)(w->pool + next * w->head_dim);
+            const int64_t bytes = w->block_size * w->head_dim * (int64_t)sizeof(bf16);
+            for (int64_t line = 0; line < bytes; line += 64) {
+                __builtin_prefetch(lines + line, 0, 1);
+            }
+        }
+    }
+    return w->block + w->offset++ * w->head_dim;
+}
+
 static void attend_rows(const struct attention_args *a, int64_t begin, int64_t end,
                         float *scores) {
     enum { MAX_HEAD_DIM = 256, MAX_GROUP = 16 };
@@ -295,8 +333,10 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
                 rope_head(head, cos, sin, query[g], head_dim);
             }
             /* Scores: each cached key is read once for the whole query group. */
+            const int64_t blocks = (length + a->block_size - 1) / a->block_size;
+            struct block_walk keys_walk = walk_start(a, a->keys, table, kv);
             for (int64_t t = 0; t < length; ++t) {
-                const bf16 *k = a->keys + pool_offset(a, table, kv, t);
+                const bf16 *k = walk_next(&keys_walk, blocks);
                 for (int64_t g = 0; g < group; ++g) {
                     scores[g * length + t] = dot_bf16(query[g], k, head_dim) * scale;
                 }
@@ -343,8 +383,9 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
                 memset(acc[g], 0, (size_t)head_dim * sizeof(float));
             }
             /* Weighted sum of the values: each cached value is read once for the group. */
+            struct block_walk values_walk = walk_start(a, a->values, table, kv);
             for (int64_t t = 0; t < length; ++t) {
-                const bf16 *v = a->values + pool_offset(a, table, kv, t);
+                const bf16 *v = walk_next(&values_walk, blocks);
                 for (int64_t d = 0; d < head_dim; ++d) {
                     key[d] = bf16_to_float(v[d]);
                 }
