@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from app.config import ServerConfig, parse_memory_size
 from app.models.base import Model
 from app.models.mock import MOCK_BYTES_PER_POSITION, MOCK_KV_BLOCK_SIZE, MockModelRunner
+from app.models.refusal import ModelRefused
 
 if TYPE_CHECKING:
     from app.models.load_plan import LoadPlan
@@ -26,9 +27,14 @@ def inspect_model(config: ServerConfig) -> LoadPlan | None:
     """Open and check the configured model and decide how to load it; None for the mock.
 
     Raises:
-        ModelRefused: the model cannot be served (:func:`app.models.load_plan.plan_load`).
+        ModelRefused: the model cannot be served (:func:`app.models.load_plan.plan_load`), or
+            the mock's KV pool would not hold one sequence.
     """
     if config.model == "mock":
+        try:
+            _mock_kv_blocks(config)
+        except ValueError as error:
+            raise ModelRefused("mock", str(error)) from None
         return None
     from app.models.load_plan import LoadOptions, plan_load  # the real model's modules
 
