@@ -409,9 +409,14 @@ class Scheduler:
     def _kv_blocks_of(self, seq: Sequence) -> KVBlocks | None:
         if self.kv_blocks is None:
             return None
+        table = self.kv_blocks.table(seq)
+        if seq.num_computed_tokens != seq.num_cached_tokens:
+            return KVBlocks(table)
         return KVBlocks(
-            self.kv_blocks.table(seq),
-            starts_sequence=seq.num_computed_tokens == seq.num_cached_tokens,
+            table,
+            starts_sequence=True,
+            prefix_token_ids=seq.all_token_ids()[: seq.num_cached_tokens],
+            num_generated=len(seq.generated),
         )
 
     # ----------------------------------------------------------------- internals

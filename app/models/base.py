@@ -111,10 +111,19 @@ class KVBlocks:
             ``[0, position)`` are then a cached prefix already in ``block_ids`` (none when
             ``position == 0``); the model starts the slot's per-sequence state (its random
             generator) here.
+        prefix_token_ids: on a row that starts a sequence, the tokens of that cached prefix
+            (``position`` of them), for per-sequence state that needs the tokens themselves
+            (a sampler's history of tokens seen); empty otherwise.
+        num_generated: on a row that starts a sequence, how many of its tokens were generated
+            before it was preempted and is now recomputed (0 for a new request): the
+            sequence's last ``num_generated`` tokens, fed now as prompt, were sampled, one
+            random draw each, so a seeded sampler advances past those draws.
     """
 
     block_ids: tuple[int, ...]
     starts_sequence: bool = False
+    prefix_token_ids: tuple[int, ...] = ()
+    num_generated: int = 0
 
 
 @dataclass(frozen=True, slots=True)

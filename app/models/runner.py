@@ -120,6 +120,9 @@ class ModelRunner:
         for row in rows:
             if row.starts_sequence:
                 self._sampler.start_sequence(row.slot, row.sampling.seed)
+                if row.kv_blocks is not None and not row.sampling.is_greedy:
+                    # Recomputed after a preemption: its generated tokens took one draw each.
+                    self._sampler.skip_draws(row.slot, row.kv_blocks.num_generated)
         plan = ForwardPlan.build(
             [
                 RowSpec(

@@ -58,6 +58,13 @@ class Sampler:
         """Re-seed the slot's generator for the sequence that starts in it."""
         self._generators[slot].manual_seed(seed)
 
+    def skip_draws(self, slot: int, count: int) -> None:
+        """Advance the slot's generator past ``count`` draws, exactly as ``count`` sampled
+        rows would (a sequence recomputed after a preemption goes on with the draws it would
+        have made)."""
+        for _ in range(count):
+            torch.rand(1, generator=self._generators[slot])
+
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
         """Token ids for ``logits [R, vocab]``, one per request, in order.
 

@@ -21,6 +21,7 @@ from app.models.runner import ModelRunner
 from tests.checkpoints import TinyCheckpoints
 
 SEEDED_GREEDY = SamplingParams(temperature=0.0, seed=1, batch_invariant=True)
+SEEDED_SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, seed=5, batch_invariant=True)
 SYSTEM = (
     "<|im_start|>system\nYou are a helpful assistant who answers in one short sentence and "
     "never makes anything up.<|im_end|>\n"
@@ -28,7 +29,12 @@ SYSTEM = (
 
 
 def _generate(
-    runner: ModelRunner, prompts: list[list[int]], *, caching: bool, max_tokens: int = 8
+    runner: ModelRunner,
+    prompts: list[list[int]],
+    *,
+    caching: bool,
+    max_tokens: int = 8,
+    sampling: SamplingParams = SEEDED_GREEDY,
 ) -> tuple[list[tuple[int, ...]], SyncEngine]:
     engine = SyncEngine(runner, prefix_caching=caching)
     handles = [
@@ -37,7 +43,7 @@ def _generate(
                 request_id=f"r{index}",
                 prompt_token_ids=tuple(prompt),
                 max_tokens=max_tokens,
-                sampling=SEEDED_GREEDY,
+                sampling=sampling,
             )
         )
         for index, prompt in enumerate(prompts)
@@ -94,23 +100,28 @@ def test_smollm2_multi_turn_same_tokens_with_caching(runner: ModelRunner) -> Non
     assert engine.scheduler.kv_blocks.num_used_blocks == 0
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+@pytest.mark.parametrize(
+    ("architecture", "sampling"),
+    [("llama", SEEDED_GREEDY), ("qwen3", SEEDED_GREEDY), ("llama", SEEDED_SAMPLED)],
+)
 def test_tiny_models_same_tokens_with_caching_and_under_preemption(
-    tiny_checkpoints: TinyCheckpoints, architecture: str
+    tiny_checkpoints: TinyCheckpoints, architecture: str, sampling: SamplingParams
 ) -> None:
     path: Path = tiny_checkpoints.hf(architecture)
     roomy = load_checkpoint(path, max_num_seqs=4, max_model_len=128)
     shared = list(range(5, 5 + 40))
     prompts = [shared + [100 + i, 7, 8 + i] for i in range(4)] + [shared[:32], [3]]
-    off, _ = _generate(roomy, prompts, caching=False, max_tokens=40)
-    on, _ = _generate(roomy, prompts, caching=True, max_tokens=40)
+    off, _ = _generate(roomy, prompts, caching=False, max_tokens=40, sampling=sampling)
+    on, _ = _generate(roomy, prompts, caching=True, max_tokens=40, sampling=sampling)
     assert on == off
     # 12 blocks for 4 slots whose sequences grow to 6 blocks each: decode runs out of blocks.
     block = kv_block_bytes(roomy.model.hparams, dtype=roomy.model.dtype)
     tiny = load_checkpoint(path, max_num_seqs=4, max_model_len=128, kv_cache_memory=12 * block)
     assert tiny.capabilities.num_kv_blocks == 13
     for caching in (True, False):
-        preempted, engine = _generate(tiny, prompts, caching=caching, max_tokens=40)
+        preempted, engine = _generate(
+            tiny, prompts, caching=caching, max_tokens=40, sampling=sampling
+        )
         assert preempted == off
         count = engine.metrics.registry.get_sample_value("slotserve_preemptions_total")
         assert count is not None and count > 0
