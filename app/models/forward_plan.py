@@ -217,10 +217,11 @@ def _plan_decode(
     row_lengths = [row.position + 1 for row in rows]
     key_length = align_keys(max(row_lengths))
     width = key_length // KV_BLOCK_SIZE
-    padded = torch.full((len(rows), width), NULL_BLOCK, dtype=torch.int64)
-    for index, row in enumerate(rows):
-        used = tables[row.slot][: blocks_for(row.position + 1)]
-        padded[index, : len(used)] = torch.tensor(used, dtype=torch.int64)
+    padded_rows = []
+    for row in rows:
+        used = list(tables[row.slot][: blocks_for(row.position + 1)])
+        padded_rows.append(used + [NULL_BLOCK] * (width - len(used)))
+    padded = torch.tensor(padded_rows, dtype=torch.int64)
     mask = None
     if min(row_lengths) != key_length:
         lengths = torch.tensor(row_lengths)
