@@ -112,8 +112,10 @@ async def many_slots(model: tuple[str, ...], log_dir: Path, http: httpx.AsyncCli
     flags += ("--kv-cache-memory", "400MiB", "--max-num-batched-tokens", "512")
     async with launched([_spec("64-slots", flags)], log_dir) as (server,):
         idle = server.stats.rss_bytes()
+        # Distinct from their first token on: no two share a block, so the pool, not the
+        # prefix cache, has to hold them (64 x ~44 blocks is more than 400 MiB holds).
         prompts = [
-            f"{SYSTEM * 20}\nCustomer {i} asks about {TOPICS[i % 8]} number {i * 7919 % 1000}."
+            f"Customer {i} asks about {TOPICS[i % 8]} number {i * 7919 % 1000}.\n{SYSTEM * 20}"
             for i in range(64)
         ]
         started = time.perf_counter()
