@@ -184,6 +184,7 @@ class LLM:
             self.model,
             policy=make_policy(self.config.scheduling),
             max_num_batched_tokens=self.config.max_num_batched_tokens,
+            prefix_caching=self.config.prefix_caching,
         )
         self._builder = RequestBuilder(
             self._engine, RequestLimits.of(self.config, self.model.capabilities)

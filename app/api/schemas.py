@@ -252,3 +252,12 @@ class InfoResponse(BaseModel):
     scheduling: str
     version: str
     sampling_fields: list[str]
+    kv_block_size: int = Field(
+        0, description="positions per block of the paged KV cache; 0 without one"
+    )
+    num_kv_blocks: int = Field(
+        0, description="blocks in the paged KV cache pool (usable ones); 0 without one"
+    )
+    prefix_caching: bool = Field(
+        False, description="whether prompt prefixes reuse cached KV blocks"
+    )

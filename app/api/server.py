@@ -96,6 +96,7 @@ def create_app(
             limits=AdmissionLimits(
                 max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens
             ),
+            prefix_caching=config.prefix_caching,
             model_thread=model_thread,
         )
         await engine.start()

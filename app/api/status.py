@@ -48,6 +48,9 @@ async def info(request: Request) -> InfoResponse:
         scheduling=resources.engine.policy_name,
         version=__version__,
         sampling_fields=list(SAMPLING_FIELDS),
+        kv_block_size=caps.kv_block_size,
+        num_kv_blocks=max(0, caps.num_kv_blocks - 1),
+        prefix_caching=resources.engine.prefix_caching,
     )
 
 

@@ -89,6 +89,8 @@ class AsyncEngine:
         max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
             ``max(model slots, model.capabilities.max_tokens_per_row)``.
         metrics: where to count; a fresh registry by default.
+        prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
+            (``--no-prefix-caching``: False).
         limits: admission limits (queue length and queued prompt tokens).
         model_thread: where ``model.step`` runs; pass the thread the model was loaded on
             (see :mod:`app.engine.model_thread`). A new one by default. The engine shuts it
@@ -102,6 +104,7 @@ class AsyncEngine:
         policy: AdmissionPolicy | None = None,
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
+        prefix_caching: bool = True,
         limits: AdmissionLimits | None = None,
         model_thread: ModelThread | None = None,
     ) -> None:
@@ -117,6 +120,7 @@ class AsyncEngine:
             release_slot=model.release,
             max_num_batched_tokens=max_num_batched_tokens
             or max(caps.max_num_seqs, caps.max_tokens_per_row),
+            prefix_caching=prefix_caching,
         )
         self.metrics.track_queue(
             waiting=lambda: self.scheduler.num_waiting, running=lambda: self.scheduler.num_running
@@ -186,6 +190,12 @@ class AsyncEngine:
     def chat_template(self) -> ChatTemplate:
         """The template chats are rendered with: the model's own, or the ChatML fallback."""
         return self._prompts.chat_template
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether a paged model's prompts reuse cached KV blocks (False when not paged)."""
+        blocks = self.scheduler.kv_blocks
+        return blocks is not None and blocks.prefix_caching
 
     @property
     def policy_name(self) -> str:

@@ -149,6 +149,8 @@ class Sequence:
         status: WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED.
         slot: the batch slot while RUNNING, else None.
         num_computed_tokens: tokens of ``prompt + generated`` the model's state covers.
+        num_cached_tokens: of those, the prefix found in the prefix cache at admission (a
+            multiple of the KV block size; 0 without a paged model).
         generated: sampled token ids, in order.
         unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
         logprobs / unsent_logprobs: the same for the tokens' logprobs (when asked for).
@@ -165,6 +167,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
     num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     unsent_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -184,14 +187,21 @@ class Sequence:
         return len(self.request.prompt_token_ids)
 
     @property
+<<<<<<< HEAD
     def scores_prompt_only(self) -> bool:
         """A request for prompt logprobs and no tokens (``max_tokens`` 0): it needs the
         model's prefill, and nothing after it."""
         return self.request.max_tokens == 0 and self.request.sampling.prompt_logprobs is not None
+=======
+    def num_prefill_tokens(self) -> int:
+        """Tokens fed as prompt chunks: the prompt; after a preemption (recompute), the prompt
+        and every generated token but the last, which the next decode row feeds."""
+        return self.num_prompt_tokens + max(0, len(self.generated) - 1)
+>>>>>>> paged-kv
 
     @property
     def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.num_prompt_tokens
+        return self.num_computed_tokens < self.num_prefill_tokens
 
     def all_token_ids(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids + tuple(self.generated)

@@ -8,6 +8,15 @@ Every way a sequence can end (EOS, stop string, stop token, length, cancel, erro
 goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
 final event and counts the metrics, exactly once (rule R16).
 
+With a paged model (``ModelCapabilities.paged``) the scheduler also owns the KV blocks, through
+its :class:`app.engine.kv_blocks.BlockManager`: a sequence is admitted only when the blocks of
+what it must prefill fit (its cached prefix reused, only the rest prefilled); before each step
+every decoding sequence gets the block its next position needs, and when none is free the
+newest running sequence is preempted by recompute: its blocks and slot are released (through
+``_release``, the one cleanup that ``finish`` uses too) and it goes back to the head of the
+waiting queue keeping its generated tokens, so it prefills ``prompt + generated`` when
+readmitted (from the cache, mostly) and its stream goes on where it stopped.
+
 A constrained request (structured output) owns a ``ConstraintMatcher`` from admission to
 ``finish()``: its sampling rows carry the matcher's mask (``StepRow.token_mask``), each sampled
 token advances it, and the sequence finishes (``stop``) once its language allows no further
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
 from app.engine.request import (
@@ -35,7 +45,14 @@ from app.engine.request import (
     TokenEvent,
 )
 from app.engine.waiting_queue import WaitingQueue
-from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow, Tokenizer
+from app.models.base import (
+    KVBlocks,
+    ModelCapabilities,
+    StepBatch,
+    StepOutput,
+    StepRow,
+    Tokenizer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +87,14 @@ class Scheduler:
         max_num_batched_tokens: most tokens (decode rows + prompt chunks) in one step; must be
             >= the number of slots so every running decode fits.
         clock: seconds, monotonic (``time.perf_counter``); injectable for tests.
+        prefix_caching: with a paged model, reuse cached full KV blocks of a prompt's prefix.
+
+    Attributes:
+        kv_blocks: the block manager of a paged model, else None.
 
     Raises:
-        ValueError: ``max_num_batched_tokens`` smaller than the number of slots.
+        ValueError: ``max_num_batched_tokens`` smaller than the number of slots, or a paged
+            model's pool smaller than one sequence of its context length.
     """
 
     def __init__(
@@ -85,6 +107,7 @@ class Scheduler:
         release_slot: Callable[[int], None],
         max_num_batched_tokens: int,
         clock: Callable[[], float] = time.perf_counter,
+        prefix_caching: bool = True,
     ) -> None:
         if max_num_batched_tokens < capabilities.max_num_seqs:
             raise ValueError(
@@ -100,6 +123,21 @@ class Scheduler:
         self._clock = clock
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
+        self.kv_blocks: BlockManager | None = None
+        if capabilities.paged:
+            needed = -(-capabilities.context_length // capabilities.kv_block_size)
+            if capabilities.num_kv_blocks - 1 < needed:
+                raise ValueError(
+                    f"the KV cache holds {capabilities.num_kv_blocks - 1} blocks of "
+                    f"{capabilities.kv_block_size} positions, less than one sequence of the "
+                    f"context length {capabilities.context_length} needs ({needed})"
+                )
+            self.kv_blocks = BlockManager(
+                num_blocks=capabilities.num_kv_blocks,
+                block_size=capabilities.kv_block_size,
+                prefix_caching=prefix_caching,
+            )
+            metrics.track_kv_cache(lambda: self.kv_blocks.usage if self.kv_blocks else 0.0)
 
     # ----------------------------------------------------------------- read-only views
 
@@ -154,23 +192,40 @@ class Scheduler:
     # ----------------------------------------------------------------- the loop's steps
 
     def admit_waiting(self) -> int:
-        """Moves waiting sequences into free slots, FIFO, as many as the policy allows."""
+        """Moves waiting sequences into free slots, FIFO, as many as the policy allows.
+
+        With a paged model a sequence enters only when the blocks of what it must prefill fit
+        (admission stops at the first that does not); one whose next uncached prompt block is
+        being computed by a running sequence waits for it (it is passed over, keeping its
+        place), so a shared prefix is computed once.
+        """
         free = [index for index, seq in enumerate(self.slots) if seq is None]
         count = self.policy.admit_count(
             free_slots=len(free), running=len(self.slots) - len(free), waiting=len(self.waiting)
         )
         count = self._whole_groups(count)
         now = self._clock()
-        for slot in free[:count]:
-            seq = self.waiting.popleft()
+        admitted = 0
+        for seq in list(self.waiting):
+            if admitted == count:
+                break
+            computed = self._allocate_blocks(seq)
+            if computed is None:
+                break
+            if computed < 0:
+                continue  # its prefix is being computed: next time
+            self.waiting.remove(seq)
+            slot = free[admitted]
+            admitted += 1
             seq.status = SequenceStatus.RUNNING
             seq.slot = slot
-            seq.num_computed_tokens = 0
+            seq.num_computed_tokens = seq.num_cached_tokens = computed
             seq.admitted_at = now
-            if seq.request.constraint is not None:
+            if seq.request.constraint is not None and seq.matcher is None:
+                # a preempted sequence keeps its matcher: its generated tokens stay
                 seq.matcher = seq.request.constraint.new_matcher()
             self.slots[slot] = seq
-        return count
+        return admitted
 
     def _whole_groups(self, count: int) -> int:
         """``count`` cut back so that no group (the ``n`` choices of one prompt, queued one
@@ -200,6 +255,8 @@ class Scheduler:
         an inert row after those for every slot without one, so the step has exactly
         ``max_num_seqs`` rows. Returns None when no slot is busy.
         """
+        if self.kv_blocks is not None:
+            self._grow_decoding(self.kv_blocks)
         budget = self.max_num_batched_tokens
         rows: list[StepRow] = []
         sequences: list[Sequence] = []
@@ -259,7 +316,12 @@ class Scheduler:
                 continue
             seq.num_computed_tokens += len(row.token_ids)
             if prompt_logprobs is not None:
-                seq.prompt_logprobs.extend(prompt_logprobs)
+                # the prompt's own positions only: a preempted sequence recomputes from 0,
+                # its generated tokens after the prompt (scored once, when sampled)
+                room = seq.num_prompt_tokens - len(seq.prompt_logprobs)
+                seq.prompt_logprobs.extend(prompt_logprobs[: max(0, room)])
+            if self.kv_blocks is not None:
+                self._commit_blocks(self.kv_blocks, seq, len(row.token_ids))
             if token is None:
                 if seq.scores_prompt_only and not seq.is_prefilling:
                     self.finish(seq, FinishReason.LENGTH)  # the prompt is scored: done
@@ -300,11 +362,8 @@ class Scheduler:
         was_waiting = seq.status is SequenceStatus.WAITING
         seq.status = SequenceStatus.FINISHED
         seq.matcher = None  # the constraint's state ends with the request
-        if seq.slot is not None:
-            self.slots[seq.slot] = None
-            self._release_slot(seq.slot)
-            seq.slot = None
-        elif was_waiting and seq in self.waiting:
+        self._release(seq)
+        if was_waiting and seq in self.waiting:
             self.waiting.remove(seq)
 
         now = self._clock()
@@ -337,6 +396,87 @@ class Scheduler:
         self._metrics.prompt_tokens.inc(seq.num_prompt_tokens)
         self._metrics.request_latency.observe(now - arrived)
 
+    def _release(self, seq: Sequence) -> None:
+        """Gives back what ``seq`` holds: its slot (and the model's state of it) and its KV
+        blocks. The cleanup shared by ``finish`` and preemption; a no-op for what it lacks."""
+        if seq.slot is not None:
+            self.slots[seq.slot] = None
+            self._release_slot(seq.slot)
+            seq.slot = None
+        if self.kv_blocks is not None:
+            self.kv_blocks.free(seq)
+
+    # ----------------------------------------------------------------- KV blocks
+
+    def _allocate_blocks(self, seq: Sequence) -> int | None:
+        """Blocks for what ``seq`` must prefill. Returns the positions already computed (its
+        cached prefix; 0 without a paged model), None when the blocks do not fit, -1 when its
+        next prompt block is being computed by another sequence (it should wait for it)."""
+        kv = self.kv_blocks
+        if kv is None:
+            return 0
+        tokens = seq.all_token_ids()[: seq.num_prefill_tokens]
+        salt = SALT_EXACT if seq.request.sampling.batch_invariant else SALT_ANY
+        if seq.request.sampling.prompt_logprobs is not None:
+            # every prompt position must be computed to be scored: a salt of its own, so no
+            # cached prefix is found for it (and none it writes is found by others)
+            salt = b"scored:" + seq.request_id.encode()
+        hit = kv.cached_prefix(seq, tokens, salt)
+        if kv.prefix_in_flight(seq, tokens, salt, len(hit)):
+            return -1
+        computed = kv.allocate(seq, tokens, salt, num_tokens=len(tokens))
+        if computed is not None and kv.prefix_caching:
+            self._metrics.prefix_cache_queries.inc(len(tokens))
+            self._metrics.prefix_cache_hits.inc(computed)
+        return computed
+
+    def _grow_decoding(self, kv: BlockManager) -> None:
+        """Gives each decoding sequence, oldest first, the block its next position needs,
+        preempting the newest running sequence while none is free (possibly itself)."""
+        by_age = sorted(self.running(), key=lambda seq: seq.admitted_at or 0.0)
+        for seq in by_age:
+            if seq.is_prefilling or seq.status is not SequenceStatus.RUNNING:
+                continue
+            while not kv.grow(seq, seq.num_computed_tokens + 1):
+                victim = next(s for s in reversed(by_age) if s.status is SequenceStatus.RUNNING)
+                self._preempt(victim)
+                if victim is seq:
+                    break
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: ``seq`` gives back its blocks and slot and goes to the head of
+        the waiting queue, keeping its generated tokens (``num_prefill_tokens``)."""
+        logger.info(
+            "request %s preempted (%d tokens): no free KV block",
+            seq.request_id,
+            seq.num_computed_tokens,
+        )
+        self._release(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.prompt_logprobs.clear()  # computed again with the prompt
+        self.waiting.appendleft(seq)
+        self._metrics.preemptions.inc()
+
+    def _commit_blocks(self, kv: BlockManager, seq: Sequence, new_tokens: int) -> None:
+        """Registers the blocks of ``seq`` that the completed step filled."""
+        size = kv.block_size
+        if seq.num_computed_tokens // size > (seq.num_computed_tokens - new_tokens) // size:
+            kv.commit(seq, seq.all_token_ids(), seq.num_computed_tokens)
+
+    def _kv_blocks_of(self, seq: Sequence) -> KVBlocks | None:
+        if self.kv_blocks is None:
+            return None
+        table = self.kv_blocks.table(seq)
+        if seq.num_computed_tokens != seq.num_cached_tokens:
+            return KVBlocks(table)
+        return KVBlocks(
+            table,
+            starts_sequence=True,
+            prefix_token_ids=seq.all_token_ids()[: seq.num_cached_tokens],
+            generated_token_ids=tuple(seq.generated),
+        )
+
     # ----------------------------------------------------------------- internals
 
     def _decode_row(self, seq: Sequence) -> StepRow:
@@ -347,19 +487,23 @@ class Scheduler:
             sample=True,
             sampling=seq.request.sampling,
             token_mask=_next_token_mask(seq),
+            kv_blocks=self._kv_blocks_of(seq),
         )
 
     def _prefill_row(self, seq: Sequence, budget: int) -> StepRow:
         start = seq.num_computed_tokens
-        length = min(seq.num_prompt_tokens - start, budget, self.capabilities.max_tokens_per_row)
-        sample = start + length == seq.num_prompt_tokens and not seq.scores_prompt_only
+        target = seq.num_prefill_tokens
+        length = min(target - start, budget, self.capabilities.max_tokens_per_row)
+        # After a preemption the last generated token is fed by the next decode row.
+        sample = start + length == target and not seq.generated and not seq.scores_prompt_only
         return StepRow(
             slot=_slot_of(seq),
-            token_ids=seq.request.prompt_token_ids[start : start + length],
+            token_ids=seq.all_token_ids()[start : start + length],
             position=start,
             sample=sample,
             sampling=seq.request.sampling,
             token_mask=_next_token_mask(seq) if sample else None,
+            kv_blocks=self._kv_blocks_of(seq),
         )
 
     def _padding_rows(self, rows: list[StepRow]) -> list[StepRow]:

@@ -83,6 +83,8 @@ class SyncEngine:
         max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
             ``max(model slots, model.capabilities.max_tokens_per_row)``, as ``AsyncEngine``.
         metrics: where to count; a fresh registry by default.
+        prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
+            (``--no-prefix-caching``: False).
 
     Attributes:
         num_model_steps: ``model.step`` calls made so far, failed ones included.
@@ -95,6 +97,7 @@ class SyncEngine:
         policy: AdmissionPolicy | None = None,
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         caps = model.capabilities
         self.model = model
@@ -107,6 +110,7 @@ class SyncEngine:
             release_slot=model.release,
             max_num_batched_tokens=max_num_batched_tokens
             or max(caps.max_num_seqs, caps.max_tokens_per_row),
+            prefix_caching=prefix_caching,
         )
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}

@@ -110,6 +110,10 @@ class ModelCapabilities:
             backend replaying a CUDA graph or a compiled program captured for one shape needs).
             The scheduler then pads each step with inert rows (``StepRow.padding``); False: a
             step has one row per scheduled sequence only.
+        kv_block_size: positions per KV block of a paged KV cache; 0 for a model without one
+            (its state is per slot, and rows carry no ``kv_blocks``).
+        num_kv_blocks: blocks in the model's KV pool, block 0 included (the null block, never
+            handed out: it pads block tables); 0 when not paged.
     """
 
     name: str
@@ -121,6 +125,48 @@ class ModelCapabilities:
     keeps_kv_cache: bool
     max_tokens_per_row: int
     fixed_batch_shape: bool = False
+    kv_block_size: int = 0
+    num_kv_blocks: int = 0
+
+    @property
+    def paged(self) -> bool:
+        """True when the model keeps its KV in blocks the scheduler assigns (``KVBlocks``)."""
+        return self.kv_block_size > 0
+
+
+# Block 0 of a paged pool is never allocated: block tables are padded with it, so a padded entry
+# always names memory that holds finite values (zeros or keys written by no-one) and is masked.
+NULL_BLOCK = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlocks:
+    """Where one row's sequence lives in a paged KV cache (the block table, rule R05).
+
+    The scheduler's block manager (:class:`app.engine.kv_blocks.BlockManager`) decides it; the
+    model only writes and reads through it.
+
+    Attributes:
+        block_ids: the physical block of each ``kv_block_size`` positions of the sequence,
+            covering at least ``[0, position + len(token_ids))``: position ``p`` lives in block
+            ``block_ids[p // kv_block_size]`` at offset ``p % kv_block_size``.
+        starts_sequence: this row is the sequence's first in its slot. Positions
+            ``[0, position)`` are then a cached prefix already in ``block_ids`` (none when
+            ``position == 0``); the model starts the slot's per-sequence state (its random
+            generator) here.
+        prefix_token_ids: on a row that starts a sequence, the tokens of that cached prefix
+            (``position`` of them), for per-sequence state that needs the tokens themselves
+            (a sampler's history of tokens seen); empty otherwise.
+        generated_token_ids: on a row that starts a sequence, the tokens it had generated
+            before it was preempted and is now recomputed (empty for a new request): the
+            sequence's last tokens, fed now as prompt, were sampled, one random draw each, so
+            a seeded sampler advances past those draws and the penalties count them.
+    """
+
+    block_ids: tuple[int, ...]
+    starts_sequence: bool = False
+    prefix_token_ids: tuple[int, ...] = ()
+    generated_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +189,8 @@ class StepRow:
             output), or None for an unconstrained row: an int32 tensor of
             ``ceil(vocab / 32)`` words in llguidance's bitmask layout (see
             :mod:`app.models.token_mask`). Only read when ``sample`` is True.
+        kv_blocks: the row's block table, for a paged model (``ModelCapabilities.paged``);
+            None otherwise and in inert rows.
     """
 
     slot: int
@@ -152,6 +200,14 @@ class StepRow:
     sampling: SamplingParams
     inert: bool = False
     token_mask: torch.Tensor | None = field(default=None, compare=False)
+    kv_blocks: KVBlocks | None = None
+
+    @property
+    def starts_sequence(self) -> bool:
+        """The first row of a sequence in its slot: position 0, or a cached prefix before it."""
+        if self.kv_blocks is not None:
+            return self.kv_blocks.starts_sequence
+        return self.position == 0
 
     @classmethod
     def padding(cls, slot: int) -> StepRow:

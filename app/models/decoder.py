@@ -151,7 +151,7 @@ class DecoderModel:
                 self._rope_cos,
                 self._rope_sin,
                 plan.positions,
-                plan.slots,
+                decode.block_tables,
                 cache.keys[index],
                 cache.values[index],
                 scores,

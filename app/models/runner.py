@@ -2,9 +2,11 @@
 hand-off, over the one shared forward (:class:`app.models.decoder.DecoderModel`).
 
 Ownership (rule R02): the runner owns the per-slot bookkeeping (``_slot_lengths``: how many
-positions of each slot's cache are valid), the :class:`KVCache` tensors it passes to the
-forward, and the :class:`Sampler` (per-slot generators). The scheduler only sends frozen
-:class:`StepBatch` messages and ``release`` calls.
+positions each slot's sequence holds, to check rows against), the paged :class:`KVCache`
+tensors it passes to the forward, and the :class:`Sampler` (per-slot generators). Which blocks
+hold a sequence is the scheduler's block manager's: each row brings its block table
+(:class:`app.models.base.KVBlocks`), and the runner only checks it and passes it on. The
+scheduler only sends frozen :class:`StepBatch` messages and ``release`` calls.
 """
 
 from __future__ import annotations
@@ -15,11 +17,23 @@ from typing import Protocol
 
 import torch
 
-from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow, TokenLogprobs
+from app.models.base import (
+    NULL_BLOCK,
+    ModelCapabilities,
+    StepBatch,
+    StepOutput,
+    StepRow,
+    TokenLogprobs,
+)
 from app.models.base import Tokenizer as BaseTokenizer
 from app.models.decoder import DecoderModel
 from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.kv_cache import KVCache
+from app.models.kv_cache import (
+    DEFAULT_POOL_SEQUENCES,
+    KV_BLOCK_SIZE,
+    KVCache,
+    blocks_for,
+)
 from app.models.logprobs import token_logprobs
 from app.models.sampler import Sampler, SampleRequest
 from app.models.weights import Quantization
@@ -43,6 +57,13 @@ class ModelRunner:
     """Steps a :class:`DecoderModel` over batch slots, keeping each slot's KV cache between
     steps: the :class:`app.models.base.Model` the scheduler drives, for every architecture.
 
+    Args:
+        num_kv_blocks: blocks of ``KV_BLOCK_SIZE`` positions in the paged KV pool, the null
+            block included; None: ``max(max_num_seqs, DEFAULT_POOL_SEQUENCES)`` sequences of
+            ``max_model_len``. A row without a block table (a caller stepping the runner
+            without a block manager) uses its slot's fixed blocks
+            (:meth:`app.models.kv_cache.KVCache.slot_blocks`).
+
     Attributes:
         capabilities: what the scheduler may rely on (read once at start-up).
         tokenizer: the model's tokenizer.
@@ -57,12 +78,17 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        num_kv_blocks: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        if num_kv_blocks is None:
+            sequences = max(max_num_seqs, DEFAULT_POOL_SEQUENCES)
+            num_kv_blocks = 1 + sequences * blocks_for(max_model_len)
         self.cache = KVCache(
             model.hparams,
+            num_blocks=num_kv_blocks,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             dtype=model.dtype,
@@ -88,6 +114,8 @@ class ModelRunner:
             eos_token_ids=frozenset(tokenizer.eos_token_ids),
             keeps_kv_cache=True,
             max_tokens_per_row=min(prefill_chunk, max_model_len),
+            kv_block_size=KV_BLOCK_SIZE,
+            num_kv_blocks=num_kv_blocks,
         )
 
     def step(self, batch: StepBatch) -> StepOutput:
@@ -97,22 +125,39 @@ class ModelRunner:
 
         Raises:
             ValueError: a row is invalid (slot out of range or repeated, no tokens, too many
-                tokens, a position that is neither 0 nor the slot's length, past
-                ``max_model_len``, or a token id outside the vocabulary). Nothing changes.
+                tokens, no block table or one that names a block outside the pool or does not
+                cover the row, a position that neither continues the slot's sequence nor
+                starts one after whole cached blocks, past ``max_model_len``, or a token id
+                outside the vocabulary). Nothing changes.
         """
         if batch.has_inert_rows:
             return batch.expand(self.step(batch.compacted()))
         rows = batch.rows
         self._validate(rows)
         for row in rows:
-            if row.position == 0:
+            if row.starts_sequence:
                 self._sampler.start_sequence(
                     row.slot, row.sampling.seed, row.sampling, device=self.model.device
                 )
+                if row.kv_blocks is not None:
+                    # a cached prefix is prompt the penalties must see; a sequence recomputed
+                    # after a preemption had generated tokens: one draw each when sampled
+                    self._sampler.feed(row.slot, row.kv_blocks.prefix_token_ids)
+                    generated = row.kv_blocks.generated_token_ids
+                    self._sampler.resume(
+                        row.slot, generated, draws=0 if row.sampling.is_greedy else len(generated)
+                    )
             self._sampler.feed(row.slot, row.token_ids)
         plan = ForwardPlan.build(
             [
-                RowSpec(r.slot, r.token_ids, r.position, r.sample, r.sampling.batch_invariant)
+                RowSpec(
+                    r.slot,
+                    r.token_ids,
+                    r.position,
+                    r.sample,
+                    r.sampling.batch_invariant,
+                    r.kv_blocks.block_ids if r.kv_blocks is not None else None,
+                )
                 for r in rows
             ],
             cache=self.cache,
@@ -180,7 +225,8 @@ class ModelRunner:
         return results
 
     def release(self, slot: int) -> None:
-        """Forget the slot's sequence. Its cache is not cleared: it is never read again."""
+        """Forget the slot's sequence. Its blocks are the block manager's to free; their
+        content is not cleared (it is read again only as a cached prefix, or masked)."""
         self._check_slot(slot)
         self._slot_lengths[slot] = 0
         self._sampler.release(slot)
@@ -208,10 +254,17 @@ class ModelRunner:
             most = self.capabilities.max_tokens_per_row
             if not 1 <= count <= most:
                 raise ValueError(f"slot {row.slot}: {count} tokens, expected 1..{most}")
-            if row.position not in (0, self._slot_lengths[row.slot]):
+            self._check_blocks(row)
+            if row.starts_sequence:
+                if row.position % KV_BLOCK_SIZE:
+                    raise ValueError(
+                        f"slot {row.slot}: a sequence starts at position {row.position}, not "
+                        f"after whole blocks of {KV_BLOCK_SIZE}"
+                    )
+            elif row.position != self._slot_lengths[row.slot]:
                 raise ValueError(
-                    f"slot {row.slot}: position {row.position}, expected 0 or "
-                    f"{self._slot_lengths[row.slot]}"
+                    f"slot {row.slot}: position {row.position}, expected "
+                    f"{self._slot_lengths[row.slot]} (or a row that starts a sequence)"
                 )
             if row.position + count > self.max_model_len:
                 raise ValueError(
@@ -220,3 +273,15 @@ class ModelRunner:
                 )
             if not all(0 <= t < vocab for t in row.token_ids):
                 raise ValueError(f"slot {row.slot}: token id outside [0, {vocab})")
+
+    def _check_blocks(self, row: StepRow) -> None:
+        table: Sequence[int]
+        if row.kv_blocks is None:
+            table = self.cache.slot_blocks(row.slot)  # ValueError when the pool lacks them
+        else:
+            table = row.kv_blocks.block_ids
+        if len(table) < blocks_for(row.position + len(row.token_ids)):
+            raise ValueError(f"slot {row.slot}: block table does not cover the row")
+        pool = self.cache.num_blocks
+        if any(not NULL_BLOCK < block < pool for block in table):
+            raise ValueError(f"slot {row.slot}: block table names a block outside [1, {pool})")

@@ -120,6 +120,17 @@ class Sampler:
         """Drop the slot's sampling state (its sequence ended)."""
         self._states[slot] = None
 
+    def resume(self, slot: int, generated_token_ids: Sequence[int], *, draws: int) -> None:
+        """The sequence starting in ``slot`` is one recomputed after a preemption: the tokens
+        it had generated count as its own (``SlotTokenCounts.resume``), and its generator
+        advances past ``draws`` draws, exactly as that many sampled rows would have, so a
+        seeded sequence goes on with the draws it would have made."""
+        state = self._states[slot]
+        if state is not None:
+            state.resume(generated_token_ids)
+        if draws:
+            torch.rand(draws, generator=self._generators[slot])
+
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
         """Token ids for ``logits [R, vocab]``, one per request, in order; each drawn token
         is counted in its slot's state.

@@ -9,7 +9,7 @@ draws), and keeps the request's constant tensors (logit-bias ids and values, the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,10 @@ class SlotTokenCounts:
 
     Attributes:
         sampling: the sequence's parameters.
-        generated: tokens sampled so far (the ``min_tokens`` count).
+        generated: tokens generated so far (the ``min_tokens`` count), those sampled before a
+            preemption included (:meth:`resume`).
+        sampled_here: tokens the sampler drew in this slot; until the first, fed tokens are
+            the prompt's.
         counts: ``[vocab]`` int32, occurrences of each token among the generated ones; only
             allocated when a penalty is on (None otherwise).
         in_prompt: ``[vocab]`` bool, tokens of the prompt (repetition penalty); None unless a
@@ -34,6 +37,7 @@ class SlotTokenCounts:
 
     sampling: SamplingParams
     generated: int = 0
+    sampled_here: int = 0
     counts: torch.Tensor | None = None
     in_prompt: torch.Tensor | None = None
     bias_ids: torch.Tensor | None = None
@@ -77,12 +81,23 @@ class SlotTokenCounts:
     def feed(self, token_ids: Iterable[int]) -> None:
         """Tokens fed to the model for this slot. Before the first draw they are the prompt's;
         after it a row carries the token drawn last step, already counted by :meth:`drawn`."""
-        if self.generated == 0 and self.in_prompt is not None:
+        if self.sampled_here == 0 and self.in_prompt is not None:
             ids = torch.tensor(list(token_ids), dtype=torch.int64, device=self.in_prompt.device)
             self.in_prompt[ids] = True
+
+    def resume(self, generated_token_ids: Sequence[int]) -> None:
+        """The sequence was preempted and is recomputed in this slot: the tokens it had
+        generated count as generated (``min_tokens``, the presence/frequency counts)."""
+        self.generated += len(generated_token_ids)
+        if self.counts is not None and generated_token_ids:
+            ids = torch.tensor(list(generated_token_ids), dtype=torch.int64)
+            self.counts += torch.bincount(ids, minlength=self.counts.numel()).to(
+                device=self.counts.device, dtype=self.counts.dtype
+            )
 
     def drawn(self, token_id: int) -> None:
         """The sampler drew ``token_id`` for this sequence."""
         self.generated += 1
+        self.sampled_here += 1
         if self.counts is not None:
             self.counts[token_id] += 1
