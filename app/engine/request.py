@@ -187,17 +187,16 @@ class Sequence:
         return len(self.request.prompt_token_ids)
 
     @property
-<<<<<<< HEAD
     def scores_prompt_only(self) -> bool:
         """A request for prompt logprobs and no tokens (``max_tokens`` 0): it needs the
         model's prefill, and nothing after it."""
         return self.request.max_tokens == 0 and self.request.sampling.prompt_logprobs is not None
-=======
+
+    @property
     def num_prefill_tokens(self) -> int:
         """Tokens fed as prompt chunks: the prompt; after a preemption (recompute), the prompt
         and every generated token but the last, which the next decode row feeds."""
         return self.num_prompt_tokens + max(0, len(self.generated) - 1)
->>>>>>> paged-kv
 
     @property
     def is_prefilling(self) -> bool:
