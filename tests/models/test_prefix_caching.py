@@ -22,6 +22,17 @@ from tests.checkpoints import TinyCheckpoints
 
 SEEDED_GREEDY = SamplingParams(temperature=0.0, seed=1, batch_invariant=True)
 SEEDED_SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, seed=5, batch_invariant=True)
+# The penalties count the prompt (a cached prefix included) and the generated tokens (those
+# before a preemption included): a sampler that lost either would change these tokens.
+SEEDED_PENALISED = SamplingParams(
+    temperature=0.9,
+    seed=5,
+    batch_invariant=True,
+    presence_penalty=0.8,
+    frequency_penalty=0.6,
+    repetition_penalty=1.6,
+    min_tokens=30,
+)
 SYSTEM = (
     "<|im_start|>system\nYou are a helpful assistant who answers in one short sentence and "
     "never makes anything up.<|im_end|>\n"
@@ -102,7 +113,12 @@ def test_smollm2_multi_turn_same_tokens_with_caching(runner: ModelRunner) -> Non
 
 @pytest.mark.parametrize(
     ("architecture", "sampling"),
-    [("llama", SEEDED_GREEDY), ("qwen3", SEEDED_GREEDY), ("llama", SEEDED_SAMPLED)],
+    [
+        ("llama", SEEDED_GREEDY),
+        ("qwen3", SEEDED_GREEDY),
+        ("llama", SEEDED_SAMPLED),
+        ("llama", SEEDED_PENALISED),
+    ],
 )
 def test_tiny_models_same_tokens_with_caching_and_under_preemption(
     tiny_checkpoints: TinyCheckpoints, architecture: str, sampling: SamplingParams
