@@ -262,3 +262,23 @@ async def test_unconstrained_rows_carry_no_mask():
             ),
         )
     assert True in seen and False in seen
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user"}, "messages.0"),
+        ({"role": "assistant"}, "messages.0"),
+        ({"role": "user", "content": "x", "tool_calls": []}, None),
+        ({"role": "tool", "content": "x", "tool_call_id": "c1"}, None),
+    ],
+)
+async def test_message_fields_by_role(message, param):
+    async with app_client() as client:
+        response = await client.post(
+            "/v1/chat/completions", json={"messages": [message], "max_tokens": 1}
+        )
+    if param is None:
+        assert response.status_code == 200, response.text
+    else:
+        assert response.status_code == 400 and response.json()["error"]["param"] == param
