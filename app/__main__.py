@@ -93,6 +93,15 @@ class Serve(ServerConfig):
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         config = ServerConfig(**self.model_dump())
+        # A port another process holds would only show after the model has loaded, as
+        # uvicorn's multi-line log: say it first, in one line (the bind itself is uvicorn's).
+        busy = port_in_use(config.host, config.port)
+        if busy is not None:
+            print(
+                f"python -m app serve: error: cannot listen on {config.host}:{config.port}: {busy}",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
         # The model is checked before the port opens: a model that cannot be served is one
         # line naming the path and the reason, and exit status 2 (no traceback, no server).
         try:
@@ -114,6 +123,26 @@ class Serve(ServerConfig):
             ),
         )
         server.run()
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (``strerror``), or None when it can. Binds
+    as uvicorn does (``SO_REUSEADDR``, so a port in TIME_WAIT is free) and closes at once;
+    port 0 (any free port) is always free."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as error:
+        return str(error)
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            return error.strerror or str(error)
+    return None
 
 
 class Batch(BatchConfig):

@@ -80,6 +80,12 @@ class GGUFFile:
         try:
             self._reader = _PlainViewReader(path)
         except (ValueError, OSError, IndexError) as error:  # bad magic, truncated file
+            with path.open("rb") as stream:
+                magic = stream.read(4)
+            if magic == b"GGUF":  # a GGUF that ends early or is damaged: say so
+                raise UnsupportedModel(
+                    f"a truncated or damaged GGUF file ({path.stat().st_size} bytes; {error})"
+                ) from None
             raise UnsupportedModel(f"not a GGUF file ({error})") from None
         self._tensors = {tensor.name: tensor for tensor in self._reader.tensors}
 

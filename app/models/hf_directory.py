@@ -163,21 +163,55 @@ def _index(directory: Path) -> dict[str, _TensorEntry]:
 
 
 def _read_header(file: Path) -> dict[str, _TensorEntry]:
+    """The tensors a safetensors file's header lists, each checked to lie inside the file.
+
+    Raises:
+        UnsupportedModel: not a safetensors file, a malformed header, or a file shorter than
+            its header says (truncated: a download or copy that stopped early).
+    """
+    size = file.stat().st_size
     with file.open("rb") as stream:
         prefix = stream.read(8)
         if len(prefix) != 8:
             raise UnsupportedModel(f"{file.name} is not a safetensors file (too short)")
         (length,) = struct.unpack("<Q", prefix)
+        if 8 + length > size:
+            raise UnsupportedModel(
+                f"{file.name} is truncated: its header needs {8 + length} bytes, the file has "
+                f"{size}"
+            )
         try:
             header = json.loads(stream.read(length))
         except (ValueError, UnicodeDecodeError, MemoryError, OverflowError):
             raise UnsupportedModel(f"{file.name} is not a safetensors file (bad header)") from None
+    if not isinstance(header, dict):
+        raise UnsupportedModel(f"{file.name} is not a safetensors file (bad header)")
     start = 8 + length
     entries = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = info["data_offsets"]
-        shape = tuple(int(n) for n in info["shape"])
-        entries[name] = _TensorEntry(file, str(info["dtype"]), shape, start + begin, start + end)
+        try:
+            begin, end = (int(offset) for offset in info["data_offsets"])
+            shape = tuple(int(n) for n in info["shape"])
+            dtype = str(info["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise UnsupportedModel(
+                f"{file.name} is not a safetensors file (bad header entry for {name})"
+            ) from None
+        if not 0 <= begin <= end:
+            raise UnsupportedModel(
+                f"{file.name} is not a safetensors file (bad offsets for {name})"
+            )
+        if start + end > size:
+            raise UnsupportedModel(
+                f"{file.name} is truncated: {name} ends at byte {start + end}, the file has {size}"
+            )
+        entries[name] = _TensorEntry(file, dtype, shape, start + begin, start + end)
+    covered = max((entry.end for entry in entries.values()), default=start)
+    if covered != size:
+        raise UnsupportedModel(
+            f"{file.name} is not a safetensors file (its tensors cover {covered} of its {size} "
+            "bytes)"
+        )
     return entries

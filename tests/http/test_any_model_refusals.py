@@ -4,6 +4,7 @@ checked in-process: tests/models/test_loading.py.)"""
 
 from __future__ import annotations
 
+import shutil
 import struct
 import subprocess
 import sys
@@ -59,6 +60,17 @@ def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
         gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
         == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0]
     )
+    # damaged files a user does get (a download cut short, a bad copy): found by a new user,
+    # these went past the check and failed as tracebacks once the server was starting
+    weights = hf / "model.safetensors"
+    cut_dir = shutil.copytree(hf, root / "cut-safetensors")
+    (cut_dir / "model.safetensors").write_bytes(weights.read_bytes()[:100_000])
+    scrawled_dir = shutil.copytree(hf, root / "bad-header")
+    scrawled = bytearray(weights.read_bytes())
+    scrawled[10:20] = b"#" * 10
+    (scrawled_dir / "model.safetensors").write_bytes(bytes(scrawled))
+    cut_gguf = root / "cut.gguf"
+    cut_gguf.write_bytes(q4_0.read_bytes()[:300_000])
     supported = r"\(supported: llama, mistral, qwen2, qwen3\)"
     huge = tiny_checkpoints.hf("llama", max_position_embeddings=10**8)
     return {
@@ -67,6 +79,9 @@ def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
         "no-config": Case(empty_dir, "no config.json"),
         "gguf-architecture": Case(phi3, f"unsupported architecture 'phi3' {supported}"),
         "tensor-type": Case(iq4, "tensor blk.0.attn_q.weight has unsupported type IQ4_NL"),
+        "truncated-safetensors": Case(cut_dir, r"model\.safetensors is truncated"),
+        "bad-safetensors-header": Case(scrawled_dir, "model.safetensors is not a safetensors"),
+        "truncated-gguf": Case(cut_gguf, r"a truncated or damaged GGUF file \(300000 bytes"),
         "memory": Case(
             huge,
             r"model \d+ MiB \+ KV cache \d+ MiB \(1024 slots x 100000000 positions\) = \d+ MiB, "
@@ -102,6 +117,9 @@ def refused(cases: dict[str, Case]) -> dict[str, subprocess.CompletedProcess]:
         "no-config",
         "gguf-architecture",
         "tensor-type",
+        "truncated-safetensors",
+        "bad-safetensors-header",
+        "truncated-gguf",
         "memory",
     ],
 )
