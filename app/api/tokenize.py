@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.api.admission import read_body
 from app.api.errors import APIError, validation_error
+from app.api.openai.routes import body_schema
 from app.api.openai.schemas import ChatMessageBody
 from app.api.request_builder import INLINE_TOKENIZE_MAX_CHARS
 from app.api.resources import resources_of
@@ -74,7 +75,12 @@ def _parse(model: type[BaseModel], raw: bytes) -> BaseModel:
         raise validation_error(exc) from None
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+@router.post(
+    "/tokenize",
+    response_model=TokenizeResponse,
+    responses=_ERRORS,
+    openapi_extra=body_schema(TokenizeRequestBody),
+)
 async def tokenize(request: Request) -> TokenizeResponse:
     """The token ids of a prompt, or of a conversation through the chat template."""
     resources = resources_of(request)
@@ -103,7 +109,12 @@ async def tokenize(request: Request) -> TokenizeResponse:
     )
 
 
-@router.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+@router.post(
+    "/detokenize",
+    response_model=DetokenizeResponse,
+    responses=_ERRORS,
+    openapi_extra=body_schema(DetokenizeRequestBody),
+)
 async def detokenize(request: Request) -> DetokenizeResponse:
     """The text of token ids."""
     resources = resources_of(request)

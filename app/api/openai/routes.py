@@ -14,7 +14,7 @@ import time
 from typing import TypeVar
 
 from fastapi import APIRouter, Request, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.api.admission import read_body, refuse_if_overloaded
 from app.api.answers import answer
@@ -48,7 +48,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 router = APIRouter(prefix=V1_PREFIX, route_class=OpenAIRoute, tags=["openai"])
 
 
-def _body_schema(model: type[OpenAIRequestBody]) -> dict[str, object]:
+def body_schema(model: type[BaseModel]) -> dict[str, object]:
     """The OpenAPI request body of a route that parses its body itself (nested models inlined:
     pydantic's ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
     schema = model.model_json_schema()
@@ -97,7 +97,7 @@ async def retrieve_model(model_id: str, request: Request) -> ModelCard:
     "/completions",
     response_model=CompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(CompletionRequestBody),
+    openapi_extra=body_schema(CompletionRequestBody),
 )
 async def create_completion(request: Request) -> Response:
     """Continues one prompt. ``max_tokens`` defaults to 16, as at OpenAI."""
@@ -108,7 +108,7 @@ async def create_completion(request: Request) -> Response:
     "/chat/completions",
     response_model=ChatCompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(ChatCompletionRequestBody),
+    openapi_extra=body_schema(ChatCompletionRequestBody),
 )
 async def create_chat_completion(request: Request) -> Response:
     """Answers a conversation, rendered with the model's chat template."""
