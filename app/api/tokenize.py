@@ -21,7 +21,7 @@ from app.api.errors import APIError, validation_error
 from app.api.openai.schemas import ChatMessageBody
 from app.api.request_builder import INLINE_TOKENIZE_MAX_CHARS
 from app.api.resources import resources_of
-from app.api.schemas import ErrorResponse, TokenId
+from app.api.schemas import ErrorResponse, TokenId, request_body_openapi
 from app.engine.chat_template import ChatMessage, ChatTemplateError
 from app.engine.prompt_encoder import TokenizationError
 
@@ -74,7 +74,12 @@ def _parse(model: type[BaseModel], raw: bytes) -> BaseModel:
         raise validation_error(exc) from None
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+@router.post(
+    "/tokenize",
+    response_model=TokenizeResponse,
+    responses=_ERRORS,
+    openapi_extra=request_body_openapi(TokenizeRequestBody),
+)
 async def tokenize(request: Request) -> TokenizeResponse:
     """The token ids of a prompt, or of a conversation through the chat template."""
     resources = resources_of(request)
@@ -103,7 +108,12 @@ async def tokenize(request: Request) -> TokenizeResponse:
     )
 
 
-@router.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+@router.post(
+    "/detokenize",
+    response_model=DetokenizeResponse,
+    responses=_ERRORS,
+    openapi_extra=request_body_openapi(DetokenizeRequestBody),
+)
 async def detokenize(request: Request) -> DetokenizeResponse:
     """The text of token ids."""
     resources = resources_of(request)
