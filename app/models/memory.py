@@ -57,9 +57,9 @@ class MemoryEstimate:
     def describe(self, *, max_num_seqs: int, max_model_len: int) -> str:
         return (
             f"model {self.weights / MIB:.0f} MiB + KV cache {self.kv_cache / MIB:.0f} MiB "
-            f"({max_num_seqs} slots, {max_model_len} positions each at most) = "
-            f"{self.total / MIB:.0f} MiB, more than the {self.available / MIB:.0f} MiB of "
-            f"{self.where} available (lower --kv-cache-memory or --max-model-len)"
+            f"({max_num_seqs} slots x {max_model_len} positions) = {self.total / MIB:.0f} MiB, "
+            f"more than the {self.available / MIB:.0f} MiB of {self.where} available "
+            "(lower --kv-cache-memory, --max-num-seqs or --max-model-len)"
         )
 
 
