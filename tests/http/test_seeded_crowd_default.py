@@ -35,16 +35,33 @@ def _default_config(**overrides) -> ServerConfig:
     return ServerConfig(max_num_seqs=SLOTS, max_model_len=256, **overrides)
 
 
-@pytest.fixture(scope="module", params=["default", "bfloat16-dense"])
-def default_runner(request: pytest.FixtureRequest):
-    overrides = {} if request.param == "default" else {"quantization": "none"}
-    config = _default_config(**overrides)
-    return config, load_runner(plan_load(config.model, LoadOptions.from_config(config)))
+@pytest.fixture(scope="module")
+def runners():
+    """Loads, once per module, the serve defaults ("default": bfloat16, quantization auto,
+    fused decode) or the same with dense bfloat16 weights; freed after the module."""
+    loaded: dict[str, tuple] = {}
+
+    def load(configuration: str) -> tuple:
+        if configuration not in loaded:
+            overrides = {} if configuration == "default" else {"quantization": "none"}
+            config = _default_config(**overrides)
+            runner = load_runner(plan_load(config.model, LoadOptions.from_config(config)))
+            loaded[configuration] = (config, runner)
+        return loaded[configuration]
+
+    yield load
+    loaded.clear()
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-async def test_seeded_request_alone_equals_in_a_crowd(default_runner, mode: str) -> None:
-    config, runner = default_runner
+CASES = [("default", mode) for mode in MODES] + [
+    ("bfloat16-dense", "top_p"),
+    ("bfloat16-dense", "penalties"),
+]
+
+
+@pytest.mark.parametrize(("configuration", "mode"), CASES)
+async def test_seeded_request_alone_equals_in_a_crowd(runners, configuration, mode) -> None:
+    config, runner = runners(configuration)
     seeded = {
         "prompt": "My favourite colour is",
         "max_tokens": 16,
