@@ -292,12 +292,19 @@ class AsyncEngine:
     def cancel(self, request_id: str, *, owner: str | None = None) -> bool:
         """Cancels the in-flight request ``request_id`` made by ``owner``.
 
+        The id of an ``n`` > 1 answer is its group's (``GenerationRequest.group_id``, the id
+        of choice 0): cancelling it cancels every choice still in flight.
+
         Returns False (the caller answers 404) when no such request is in flight for that
         owner, including when it was already cancelled: a second cancel is a miss.
         """
         handle = self._in_flight.get(request_id)
         if handle is None or handle.request.owner != owner:
             return False
+        if handle.request.group_id == request_id:
+            for member in self._in_flight:  # a copy: abort() discards from it
+                if member.request.group_id == request_id and member.request.owner == owner:
+                    self.abort(member)
         self.abort(handle)
         return True
 

@@ -463,6 +463,30 @@ async def test_sdk_stream_cancelled_by_delete(live_server_factory):
 
 
 @pytest.mark.slow
+async def test_delete_of_an_n_answer_cancels_every_choice(live_server_factory):
+    """The answer's id is choice 0's; its DELETE used to cancel choice 0 only."""
+    server = live_server_factory(mock_step_ms=5, max_num_seqs=4)
+    body = {"model": MODEL, "prompt": "go", "n": 3, "stream": True, "max_tokens": 2000}
+    body["ignore_eos"] = True  # the mock stops at random
+    finished: dict[int, str] = {}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        async with client.stream(
+            "POST", "/v1/completions", json=body, headers={"X-Request-Id": "many"}
+        ) as response:
+            assert response.status_code == 200
+            await wait_for_queue(client, running=3)
+            deleted = await client.delete("/generate/many")
+            assert deleted.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        if choice["finish_reason"] is not None:
+                            finished[choice["index"]] = choice["finish_reason"]
+        assert finished == {0: "cancelled", 1: "cancelled", 2: "cancelled"}
+        await wait_for_queue(client, running=0)
+
+
+@pytest.mark.slow
 async def test_sdk_client_leaving_cancels(live_server_factory):
     server = live_server_factory(mock_step_ms=20, max_num_seqs=2)
     client = sdk(server.url)
