@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from app.models.base import NULL_BLOCK
+from app.models.base import NULL_BLOCK, ModelCapabilities
 
 BlockHash = bytes
 
@@ -100,6 +100,27 @@ class BlockManager:
         # Digests of the prompts of owners not yet holding blocks (waiting), kept between tries.
         self._hashes: dict[Hashable, list[BlockHash]] = {}
         self._pending: dict[BlockHash, int] = {}
+
+    @classmethod
+    def for_model(cls, capabilities: ModelCapabilities, *, prefix_caching: bool) -> BlockManager:
+        """The manager of a paged model's pool (``capabilities.num_kv_blocks`` of
+        ``kv_block_size`` positions, block 0 the null block).
+
+        Raises:
+            ValueError: the pool cannot hold one sequence of the model's context length.
+        """
+        needed = -(-capabilities.context_length // capabilities.kv_block_size)
+        if capabilities.num_kv_blocks - 1 < needed:
+            raise ValueError(
+                f"the KV cache holds {capabilities.num_kv_blocks - 1} blocks of "
+                f"{capabilities.kv_block_size} positions, less than one sequence of the "
+                f"context length {capabilities.context_length} needs ({needed})"
+            )
+        return cls(
+            num_blocks=capabilities.num_kv_blocks,
+            block_size=capabilities.kv_block_size,
+            prefix_caching=prefix_caching,
+        )
 
     # ----------------------------------------------------------------- read-only views
 
@@ -210,6 +231,16 @@ class BlockManager:
         self._holdings[owner] = holding
         return len(hit) * self.block_size
 
+    def admit(self, owner: Hashable, token_ids: Sequence[int], salt: bytes) -> int | None:
+        """``allocate`` for all of ``token_ids`` (a sequence about to prefill them), unless
+        the next block of its prefix is being computed by another owner: then -1, nothing
+        changes, and it should try again after that owner's step (the prefix is computed
+        once). Else as ``allocate``: the positions already computed, or None (no room)."""
+        hit = self.cached_prefix(owner, token_ids, salt)
+        if self.prefix_in_flight(owner, token_ids, salt, len(hit)):
+            return -1
+        return self.allocate(owner, token_ids, salt, num_tokens=len(token_ids))
+
     # ----------------------------------------------------------------- growth and commit
 
     def grow(self, owner: Hashable, num_tokens: int) -> bool:
@@ -255,6 +286,15 @@ class BlockManager:
         holding.committed = full
 
     # ----------------------------------------------------------------- release
+
+    def commit_filled(
+        self, owner: Hashable, token_ids: Sequence[int], num_computed: int, new_tokens: int
+    ) -> None:
+        """``commit`` after a step that computed ``new_tokens`` positions up to
+        ``num_computed``, when it filled a block (nothing to do otherwise)."""
+        size = self.block_size
+        if num_computed // size > (num_computed - new_tokens) // size:
+            self.commit(owner, token_ids, num_computed)
 
     def free(self, owner: Hashable) -> None:
         """Lets go of everything ``owner`` holds or had hashed; a no-op for an unknown owner."""

@@ -204,3 +204,40 @@ class Sequence:
 
     def all_token_ids(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids + tuple(self.generated)
+
+    def emit_final(
+        self,
+        reason: FinishReason,
+        now: float,
+        *,
+        stop_reason: str | int | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Emits what text is held back (a last TokenEvent, when there is any), then the
+        FinalEvent with this sequence's tokens, usage, logprobs and timings (``now``:
+        ``time.perf_counter()`` seconds). The scheduler's ``finish`` calls it, once."""
+        tail = self.text.flush()
+        if tail or self.unsent_token_ids:
+            self.emit(TokenEvent(tail, tuple(self.unsent_token_ids), tuple(self.unsent_logprobs)))
+            self.unsent_token_ids.clear()
+            self.unsent_logprobs.clear()
+        arrived = self.request.arrived_at
+        timings = Timings(
+            queued_ms=((self.admitted_at or now) - arrived) * 1000.0,
+            ttft_ms=None if self.first_token_at is None else (self.first_token_at - arrived) * 1e3,
+            total_ms=(now - arrived) * 1000.0,
+        )
+        self.emit(
+            FinalEvent(
+                finish_reason=reason,
+                stop_reason=stop_reason,
+                text=self.text.text,
+                token_ids=tuple(self.generated),
+                prompt_tokens=self.num_prompt_tokens,
+                completion_tokens=len(self.generated),
+                timings=timings,
+                error=error,
+                logprobs=tuple(self.logprobs),
+                prompt_logprobs=tuple(self.prompt_logprobs),
+            )
+        )

@@ -30,23 +30,25 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import torch
-
-from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager
+from app.engine.kv_blocks import BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
 from app.engine.request import (
-    FinalEvent,
     FinishReason,
     GenerationRequest,
     Sequence,
     SequenceStatus,
-    Timings,
     TokenEvent,
+)
+from app.engine.step_rows import (
+    decode_row,
+    padding_rows,
+    prefill_row,
+    prefix_salt,
+    whole_groups,
 )
 from app.engine.waiting_queue import WaitingQueue
 from app.models.base import (
-    KVBlocks,
     ModelCapabilities,
     StepBatch,
     StepOutput,
@@ -125,18 +127,7 @@ class Scheduler:
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
         self.kv_blocks: BlockManager | None = None
         if capabilities.paged:
-            needed = -(-capabilities.context_length // capabilities.kv_block_size)
-            if capabilities.num_kv_blocks - 1 < needed:
-                raise ValueError(
-                    f"the KV cache holds {capabilities.num_kv_blocks - 1} blocks of "
-                    f"{capabilities.kv_block_size} positions, less than one sequence of the "
-                    f"context length {capabilities.context_length} needs ({needed})"
-                )
-            self.kv_blocks = BlockManager(
-                num_blocks=capabilities.num_kv_blocks,
-                block_size=capabilities.kv_block_size,
-                prefix_caching=prefix_caching,
-            )
+            self.kv_blocks = BlockManager.for_model(capabilities, prefix_caching=prefix_caching)
             metrics.track_kv_cache(lambda: self.kv_blocks.usage if self.kv_blocks else 0.0)
 
     # ----------------------------------------------------------------- read-only views
@@ -203,7 +194,7 @@ class Scheduler:
         count = self.policy.admit_count(
             free_slots=len(free), running=len(self.slots) - len(free), waiting=len(self.waiting)
         )
-        count = self._whole_groups(count)
+        count = whole_groups(self.waiting, count)
         now = self._clock()
         admitted = 0
         for seq in list(self.waiting):
@@ -227,25 +218,6 @@ class Scheduler:
             self.slots[slot] = seq
         return admitted
 
-    def _whole_groups(self, count: int) -> int:
-        """``count`` cut back so that no group (the ``n`` choices of one prompt, queued one
-        after another with one ``GenerationRequest.group_id``) is split between slots now and
-        later: the first ``count`` waiting sequences, less a trailing group cut short."""
-        taken = 0
-        sequences = iter(self.waiting)
-        pending = next(sequences, None)
-        while pending is not None and taken < count:
-            group = pending.request.group_id
-            size = 1
-            pending = next(sequences, None)
-            while group is not None and pending is not None and pending.request.group_id == group:
-                size += 1
-                pending = next(sequences, None)
-            if taken + size > count:
-                break
-            taken += size
-        return taken
-
     def schedule(self) -> ScheduledStep | None:
         """Builds the next step: every decoding sequence, then prompt chunks within the budget.
 
@@ -262,7 +234,7 @@ class Scheduler:
         sequences: list[Sequence] = []
         for seq in self.running():
             if not seq.is_prefilling:
-                rows.append(self._decode_row(seq))
+                rows.append(decode_row(seq, self.kv_blocks))
                 sequences.append(seq)
                 budget -= 1
         prefilling = sorted(
@@ -272,14 +244,14 @@ class Scheduler:
         for seq in prefilling:
             if budget <= 0:
                 break
-            row = self._prefill_row(seq, budget)
+            row = prefill_row(seq, budget, self.capabilities.max_tokens_per_row, self.kv_blocks)
             rows.append(row)
             sequences.append(seq)
             budget -= len(row.token_ids)
         if not rows:
             return None
         if self.capabilities.fixed_batch_shape:
-            rows.extend(self._padding_rows(rows))
+            rows.extend(padding_rows(rows, len(self.slots)))
         return ScheduledStep(StepBatch(tuple(rows)), tuple(sequences))
 
     def apply(self, step: ScheduledStep, output: StepOutput) -> None:
@@ -321,7 +293,9 @@ class Scheduler:
                 room = seq.num_prompt_tokens - len(seq.prompt_logprobs)
                 seq.prompt_logprobs.extend(prompt_logprobs[: max(0, room)])
             if self.kv_blocks is not None:
-                self._commit_blocks(self.kv_blocks, seq, len(row.token_ids))
+                self.kv_blocks.commit_filled(
+                    seq, seq.all_token_ids(), seq.num_computed_tokens, len(row.token_ids)
+                )
             if token is None:
                 if seq.scores_prompt_only and not seq.is_prefilling:
                     self.finish(seq, FinishReason.LENGTH)  # the prompt is scored: done
@@ -367,34 +341,10 @@ class Scheduler:
             self.waiting.remove(seq)
 
         now = self._clock()
-        tail = seq.text.flush()
-        if tail or seq.unsent_token_ids:
-            seq.emit(TokenEvent(tail, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs)))
-            seq.unsent_token_ids.clear()
-            seq.unsent_logprobs.clear()
-        arrived = seq.request.arrived_at
-        timings = Timings(
-            queued_ms=((seq.admitted_at or now) - arrived) * 1000.0,
-            ttft_ms=None if seq.first_token_at is None else (seq.first_token_at - arrived) * 1e3,
-            total_ms=(now - arrived) * 1000.0,
-        )
-        seq.emit(
-            FinalEvent(
-                finish_reason=reason,
-                stop_reason=stop_reason,
-                text=seq.text.text,
-                token_ids=tuple(seq.generated),
-                prompt_tokens=seq.num_prompt_tokens,
-                completion_tokens=len(seq.generated),
-                timings=timings,
-                error=error,
-                logprobs=tuple(seq.logprobs),
-                prompt_logprobs=tuple(seq.prompt_logprobs),
-            )
-        )
+        seq.emit_final(reason, now, stop_reason=stop_reason, error=error)
         self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
         self._metrics.prompt_tokens.inc(seq.num_prompt_tokens)
-        self._metrics.request_latency.observe(now - arrived)
+        self._metrics.request_latency.observe(now - seq.request.arrived_at)
 
     def _release(self, seq: Sequence) -> None:
         """Gives back what ``seq`` holds: its slot (and the model's state of it) and its KV
@@ -416,16 +366,8 @@ class Scheduler:
         if kv is None:
             return 0
         tokens = seq.all_token_ids()[: seq.num_prefill_tokens]
-        salt = SALT_EXACT if seq.request.sampling.batch_invariant else SALT_ANY
-        if seq.request.sampling.prompt_logprobs is not None:
-            # every prompt position must be computed to be scored: a salt of its own, so no
-            # cached prefix is found for it (and none it writes is found by others)
-            salt = b"scored:" + seq.request_id.encode()
-        hit = kv.cached_prefix(seq, tokens, salt)
-        if kv.prefix_in_flight(seq, tokens, salt, len(hit)):
-            return -1
-        computed = kv.allocate(seq, tokens, salt, num_tokens=len(tokens))
-        if computed is not None and kv.prefix_caching:
+        computed = kv.admit(seq, tokens, prefix_salt(seq))
+        if computed is not None and computed >= 0 and kv.prefix_caching:
             self._metrics.prefix_cache_queries.inc(len(tokens))
             self._metrics.prefix_cache_hits.inc(computed)
         return computed
@@ -458,57 +400,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self._metrics.preemptions.inc()
 
-    def _commit_blocks(self, kv: BlockManager, seq: Sequence, new_tokens: int) -> None:
-        """Registers the blocks of ``seq`` that the completed step filled."""
-        size = kv.block_size
-        if seq.num_computed_tokens // size > (seq.num_computed_tokens - new_tokens) // size:
-            kv.commit(seq, seq.all_token_ids(), seq.num_computed_tokens)
-
-    def _kv_blocks_of(self, seq: Sequence) -> KVBlocks | None:
-        if self.kv_blocks is None:
-            return None
-        table = self.kv_blocks.table(seq)
-        if seq.num_computed_tokens != seq.num_cached_tokens:
-            return KVBlocks(table)
-        return KVBlocks(
-            table,
-            starts_sequence=True,
-            prefix_token_ids=seq.all_token_ids()[: seq.num_cached_tokens],
-            generated_token_ids=tuple(seq.generated),
-        )
-
     # ----------------------------------------------------------------- internals
-
-    def _decode_row(self, seq: Sequence) -> StepRow:
-        return StepRow(
-            slot=_slot_of(seq),
-            token_ids=(seq.generated[-1],),
-            position=seq.num_computed_tokens,
-            sample=True,
-            sampling=seq.request.sampling,
-            token_mask=_next_token_mask(seq),
-            kv_blocks=self._kv_blocks_of(seq),
-        )
-
-    def _prefill_row(self, seq: Sequence, budget: int) -> StepRow:
-        start = seq.num_computed_tokens
-        target = seq.num_prefill_tokens
-        length = min(target - start, budget, self.capabilities.max_tokens_per_row)
-        # After a preemption the last generated token is fed by the next decode row.
-        sample = start + length == target and not seq.generated and not seq.scores_prompt_only
-        return StepRow(
-            slot=_slot_of(seq),
-            token_ids=seq.all_token_ids()[start : start + length],
-            position=start,
-            sample=sample,
-            sampling=seq.request.sampling,
-            token_mask=_next_token_mask(seq) if sample else None,
-            kv_blocks=self._kv_blocks_of(seq),
-        )
-
-    def _padding_rows(self, rows: list[StepRow]) -> list[StepRow]:
-        scheduled = {row.slot for row in rows}
-        return [StepRow.padding(slot) for slot in range(len(self.slots)) if slot not in scheduled]
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> None:
         seq.generated.append(token)
@@ -551,14 +443,3 @@ class Scheduler:
             or seq.num_prompt_tokens + len(seq.generated) >= self.capabilities.context_length
         ):
             self.finish(seq, FinishReason.LENGTH)
-
-
-def _next_token_mask(seq: Sequence) -> torch.Tensor | None:
-    """The constraint's mask for the sequence's next token (None when unconstrained)."""
-    return None if seq.matcher is None else seq.matcher.next_mask()
-
-
-def _slot_of(seq: Sequence) -> int:
-    if seq.slot is None:
-        raise RuntimeError(f"request {seq.request_id} has no slot")
-    return seq.slot

@@ -31,7 +31,8 @@ from app.api.openai.responses import (
     ModelList,
     OpenAIErrorResponse,
 )
-from app.api.openai.responses_api import ResponsesAnswer, ResponsesRequestBody
+from app.api.openai.responses_api import ResponsesAnswer
+from app.api.openai.responses_request import ResponsesRequestBody
 from app.api.openai.schemas import (
     ChatCompletionRequestBody,
     CompletionRequestBody,
