@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.api.admission import read_body
 from app.api.errors import APIError, validation_error
-from app.api.openai.schemas import ChatMessageBody
+from app.api.openai.wire_fields import ChatMessageBody
 from app.api.request_builder import INLINE_TOKENIZE_MAX_CHARS
 from app.api.resources import resources_of
 from app.api.schemas import ErrorResponse, TokenId, request_body_openapi

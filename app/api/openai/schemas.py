@@ -15,7 +15,6 @@ extensions, under vLLM's names: ``top_k``, ``min_p``, ``repetition_penalty``, ``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
@@ -31,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from app.api.constraint_body import ConstraintBody
 from app.api.openai.tools import MAX_TOOLS, ToolBody, ToolChoiceBody, ToolPlan, tool_plan
+from app.api.openai.wire_fields import ChatMessageBody, accepts, unsupported
 from app.api.request_builder import (
     ChatPrompt,
     GenerationParams,
@@ -49,30 +49,11 @@ from app.api.schemas import (
     logit_bias_pairs,
 )
 from app.constraints import ConstraintSpec
-from app.engine.chat_template import ChatMessage, ToolCallTurn
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_CHOICES = 16  # n, API.md
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
-
-
-def _unsupported(message: str) -> PydanticCustomError:
-    return PydanticCustomError("unsupported_value", message)
-
-
-def _accepts(*alternatives: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
-    """A field's JSON schema, for fields whose ``before`` validator takes more shapes than the
-    type they become (``stop``: a string or a list)."""
-
-    def document(schema: dict[str, Any]) -> None:
-        description = schema.get("description")
-        schema.clear()
-        schema["anyOf"] = list(alternatives)
-        if description:
-            schema["description"] = description
-
-    return document
 
 
 _STOP_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
@@ -138,7 +119,7 @@ class OpenAIRequestBody(BaseModel):
     stop: list[StopString] = Field(
         default_factory=list,
         max_length=MAX_STOP_STRINGS,
-        json_schema_extra=_accepts(
+        json_schema_extra=accepts(
             _STOP_SCHEMA,
             {"type": "array", "items": _STOP_SCHEMA, "maxItems": MAX_STOP_STRINGS},
             {"type": "null"},
@@ -240,7 +221,7 @@ class CompletionRequestBody(OpenAIRequestBody):
 
     prompt: str | list[TokenId] = Field(
         min_length=1,
-        json_schema_extra=_accepts(
+        json_schema_extra=accepts(
             {"type": "string", "minLength": 1},
             {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 1},
             {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
@@ -278,13 +259,13 @@ class CompletionRequestBody(OpenAIRequestBody):
             return prompt[0]  # one text, or one list of token ids
         if prompt and all(isinstance(item, int) for item in prompt):
             return prompt  # token ids
-        raise _unsupported(f"one prompt per request is supported, got a list of {len(prompt)}")
+        raise unsupported(f"one prompt per request is supported, got a list of {len(prompt)}")
 
     @field_validator("echo")
     @classmethod
     def _echo_logprobs_not_streamed(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
         if echo and info.data.get("logprobs") is not None and info.data.get("stream"):
-            raise _unsupported("echo with logprobs is answered whole: set stream to false")
+            raise unsupported("echo with logprobs is answered whole: set stream to false")
         return echo
 
     @field_validator("best_of")
@@ -292,99 +273,15 @@ class CompletionRequestBody(OpenAIRequestBody):
     def _best_of_is_n(cls, best_of: int | None, info: ValidationInfo) -> int | None:
         n = info.data.get("n") or 1
         if best_of is not None and best_of != n:
-            raise _unsupported(f"best_of must equal n ({n}); ranking candidates is not supported")
+            raise unsupported(f"best_of must equal n ({n}); ranking candidates is not supported")
         return best_of
 
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, suffix: str | None) -> str | None:
         if suffix:
-            raise _unsupported("suffix is not supported")
+            raise unsupported("suffix is not supported")
         return suffix
-
-
-class CalledFunction(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    name: str
-    arguments: str
-
-
-class AssistantToolCall(BaseModel):
-    """A call an earlier assistant turn made (sent back with the tool's result)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    id: str
-    type: Literal["function"] = "function"
-    function: CalledFunction
-
-
-class ChatMessageBody(BaseModel):
-    """One message. ``content`` is a string or a list of text parts (joined with newlines);
-    ``developer`` is OpenAI's newer name for ``system``."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str = Field(
-        "",
-        json_schema_extra=_accepts(
-            {"type": "string"},
-            {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                    "required": ["type", "text"],
-                },
-            },
-        ),
-    )
-    name: str | None = Field(None, description="accepted and ignored")
-    tool_calls: list[AssistantToolCall] | None = None
-    tool_call_id: str | None = None
-
-    @model_validator(mode="after")
-    def _tool_fields_where_they_belong(self) -> ChatMessageBody:
-        if self.role != "assistant" and "content" not in self.model_fields_set:
-            raise PydanticCustomError("missing", "content is required for this role")
-        if self.role == "assistant" and "content" not in self.model_fields_set:
-            if not self.tool_calls:
-                raise PydanticCustomError("missing", "content or tool_calls is required")
-        if self.role == "tool" and not self.tool_call_id:
-            raise PydanticCustomError("missing", "a tool message needs its tool_call_id")
-        if self.tool_calls and self.role != "assistant":
-            raise PydanticCustomError("invalid_value", "only an assistant message has tool_calls")
-        return self
-
-    def turn(self) -> ChatMessage:
-        """The turn as the chat template reads it (``developer`` rendered as ``system``)."""
-        return ChatMessage(
-            role="system" if self.role == "developer" else self.role,
-            content=self.content,
-            tool_calls=tuple(
-                ToolCallTurn(call.id, call.function.name, call.function.arguments)
-                for call in self.tool_calls or ()
-            ),
-            tool_call_id=self.tool_call_id,
-        )
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_joined(cls, content: Any) -> Any:
-        if content is None:
-            return ""  # an assistant turn that only made tool calls
-        if not isinstance(content, list):
-            return content
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise _unsupported("only text content parts are supported")
-            texts.append(part.get("text"))
-        if not all(isinstance(text, str) for text in texts):
-            raise PydanticCustomError("invalid_value", "a text part needs a string 'text'")
-        return "\n".join(texts)
 
 
 class ChatCompletionRequestBody(OpenAIRequestBody):
