@@ -6,9 +6,10 @@ Each field ``some_flag`` is the CLI flag ``--some-flag`` and the environment var
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliImplicitFlag, SettingsConfigDict
 
 
@@ -61,6 +62,17 @@ class ServerConfig(BaseSettings):
         ge=16,
         description="context length per sequence (tokens); sizes the KV cache; capped at the "
         "model's own context length",
+    )
+    kv_cache_memory: str | None = Field(
+        None,
+        description="size of the paged KV cache pool: bytes with a unit (512MiB, 2GiB, 400MB) "
+        "or a fraction of the memory available at start-up (0.3); unset: room for 16 "
+        "sequences of --max-model-len positions (mock: 4 bytes a position)",
+    )
+    prefix_caching: CliImplicitFlag[bool] = Field(
+        True,
+        description="reuse the KV blocks of a prompt prefix computed before (a shared system "
+        "prompt, earlier chat turns); --no-prefix-caching: every prompt is prefilled in full",
     )
     max_num_batched_tokens: int | None = Field(
         None,
@@ -121,9 +133,55 @@ class ServerConfig(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
 
+    @field_validator("kv_cache_memory")
+    @classmethod
+    def _check_kv_cache_memory(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_memory_size(value)
+        return value
+
     @model_validator(mode="after")
     def _check_budget(self) -> ServerConfig:
         budget = self.max_num_batched_tokens
         if budget is not None and budget < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         return self
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+
+
+def parse_memory_size(text: str) -> int | float:
+    """``--kv-cache-memory``: bytes (an int) from ``"512MiB"``, ``"2GiB"``, ``"400MB"``,
+    ``"1048576"``; or a fraction of available memory (a float in (0, 1)) from ``"0.3"``.
+
+    Raises:
+        ValueError: anything else, a size of 0, or a fraction outside (0, 1).
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"kv_cache_memory {text!r}: a size with a unit (512MiB, 2GiB) or a fraction (0.3)"
+        )
+    number = float(match.group(1))
+    if not unit and "." in match.group(1):
+        if not 0 < number < 1:
+            raise ValueError(f"kv_cache_memory fraction {text!r} must be in (0, 1)")
+        return number
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"kv_cache_memory {text!r} must be more than 0 bytes")
+    return size

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.api.constraint_body import ConstraintBody
 from app.api.errors import APIError
 from app.api.request_builder import (
     GenerationParams,
@@ -34,12 +35,22 @@ from app.api.request_builder import (
     TextPrompt,
     TokenBudget,
 )
-from app.api.schemas import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SEED_LIMIT, StopString, TokenId
+from app.api.schemas import (
+    MAX_LOGPROBS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SEED_LIMIT,
+    LogitBiasMap,
+    StopString,
+    TokenId,
+    check_logit_bias_keys,
+    logit_bias_pairs,
+)
 from app.config import ServerConfig
 from app.engine.policy import make_policy
 from app.engine.request import GenerationRequest
 from app.engine.sync_engine import ModelStepError, SyncEngine, SyncHandle
-from app.models.base import Model, ModelCapabilities
+from app.models.base import Model, ModelCapabilities, TokenLogprobs
 from app.models.loading import load_model
 
 logger = logging.getLogger(__name__)
@@ -60,6 +71,12 @@ class SamplingOptions(BaseModel):
         stop: strings that end the text (not part of it).
         stop_token_ids: token ids that end it (in ``token_ids``, not in the text).
         ignore_eos: only ``max_tokens`` or a stop ends it.
+        constraint: structured output (API.md, "Constrained output"), e.g.
+            ``{"type": "json_schema", "schema": {...}}``; None: free text.
+        min_p, presence_penalty, frequency_penalty, repetition_penalty, min_tokens,
+            logit_bias: the logits processors, as /generate takes them.
+        logprobs / prompt_logprobs: raw logprobs of the generated / prompt tokens with this
+            many alternatives (``Generation.logprobs`` / ``prompt_logprobs``); None: none.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -72,6 +89,17 @@ class SamplingOptions(BaseModel):
     stop: tuple[StopString, ...] = Field((), max_length=MAX_STOP_STRINGS)
     stop_token_ids: tuple[TokenId, ...] = Field((), max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
+    constraint: ConstraintBody | None = None
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, allow_inf_nan=False)
+    min_tokens: int = Field(0, ge=0)
+    logit_bias: LogitBiasMap = Field(default_factory=dict)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    _logit_bias_keys = field_validator("logit_bias")(check_logit_bias_keys)
 
     def generation_params(self, prompt: str) -> GenerationParams:
         """These options for ``prompt``, in the request builder's wire-neutral terms."""
@@ -85,6 +113,15 @@ class SamplingOptions(BaseModel):
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
+            constraint=None if self.constraint is None else self.constraint.spec("constraint"),
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            logit_bias=logit_bias_pairs(self.logit_bias),
+            logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -102,6 +139,8 @@ class Generation:
             request; ``error`` says so, the other prompts are unaffected).
         stop_reason: the stop string or stop token id matched; None otherwise.
         error: a message when ``finish_reason`` is ``"error"``, else None.
+        logprobs: one entry per ``token_ids`` entry when asked (``SamplingOptions.logprobs``).
+        prompt_logprobs: one entry per prompt token (None for the first) when asked.
     """
 
     request_id: str
@@ -112,6 +151,8 @@ class Generation:
     finish_reason: str
     stop_reason: str | int | None
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
 
 
 class LLM:
@@ -143,6 +184,7 @@ class LLM:
             self.model,
             policy=make_policy(self.config.scheduling),
             max_num_batched_tokens=self.config.max_num_batched_tokens,
+            prefix_caching=self.config.prefix_caching,
         )
         self._builder = RequestBuilder(
             self._engine, RequestLimits.of(self.config, self.model.capabilities)
@@ -235,4 +277,6 @@ def _generation(text: str, handle: SyncHandle) -> Generation:
         finish_reason=final.finish_reason.value,
         stop_reason=final.stop_reason,
         error=final.error,
+        logprobs=final.logprobs,
+        prompt_logprobs=final.prompt_logprobs,
     )

@@ -141,7 +141,7 @@ async def final_unless_disconnected(
     Returns None when the client disconnected first; the request is then cancelled.
     """
     result = asyncio.ensure_future(handle.result())
-    disconnect = asyncio.ensure_future(_client_disconnected(request))
+    disconnect = asyncio.ensure_future(client_disconnected(request))
     try:
         done, _ = await asyncio.wait({result, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         if result in done:
@@ -156,7 +156,7 @@ async def final_unless_disconnected(
         disconnect.cancel()
 
 
-async def _client_disconnected(request: Request) -> None:
+async def client_disconnected(request: Request) -> None:
     """Returns once the ASGI server reports ``http.disconnect`` (body already read)."""
     while True:
         message = await request.receive()

@@ -32,6 +32,8 @@ from app.api.schemas import (
     TimingsBody,
     TokenEventData,
     Usage,
+    logprob_bodies,
+    request_body_openapi,
 )
 from app.engine.request import FinalEvent, TokenEvent
 
@@ -51,12 +53,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         **_ERROR_RESPONSES,
         200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"},
     },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": GenerateRequestBody.model_json_schema()}},
-        }
-    },
+    openapi_extra=request_body_openapi(GenerateRequestBody),
 )
 async def generate(request: Request) -> Response:
     """Generates text for one prompt; see API.md. The body is JSON whatever its Content-Type."""
@@ -66,9 +63,12 @@ async def generate(request: Request) -> Response:
     body = parse_body(await read_body(request, resources.config.max_body_bytes))
     refuse_if_overloaded(resources, max_tokens=body.max_tokens)
     generation = await resources.builder.build(body.generation_params(), origin)
-    return await answer(
-        request, resources, generation, NativeAnswer(origin.request_id), stream=body.stream
+    answer_format = NativeAnswer(
+        origin.request_id,
+        logprobs=body.logprobs is not None,
+        prompt_logprobs=body.prompt_logprobs is not None,
     )
+    return await answer(request, resources, generation, answer_format, stream=body.stream)
 
 
 @router.delete("/generate/{request_id}", response_model=CancelResponse, responses=_ERROR_RESPONSES)
@@ -94,6 +94,8 @@ class NativeAnswer:
     """The native wire format of one request's answer (``app.api.answers.AnswerFormat``)."""
 
     request_id: str
+    logprobs: bool = False  # the request asked for logprobs: the answer carries them
+    prompt_logprobs: bool = False  # and for prompt logprobs (the JSON answer, the done event)
     sse_separator: str | None = None  # sse-starlette's default, "\r\n"
 
     def response(self, final: FinalEvent) -> dict[str, object]:
@@ -101,18 +103,26 @@ class NativeAnswer:
             id=self.request_id,
             text=final.text,
             token_ids=list(final.token_ids),
+            logprobs=logprob_bodies(final.logprobs) if self.logprobs else None,
             **self._ending(final),
-        ).model_dump()
+        ).model_dump(exclude=self._unasked(("logprobs", "prompt_logprobs")))
 
     def opening(self) -> Iterable[ServerSentEvent]:
         return ()
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
-        data = TokenEventData(id=self.request_id, text=event.text, token_ids=list(event.token_ids))
-        yield ServerSentEvent(data=json.dumps(data.model_dump(), ensure_ascii=False), event="token")
+        data = TokenEventData(
+            id=self.request_id,
+            text=event.text,
+            token_ids=list(event.token_ids),
+            logprobs=logprob_bodies(event.logprobs) if self.logprobs else None,  # type: ignore[arg-type]
+        ).model_dump(exclude=self._unasked(("logprobs",)))
+        yield ServerSentEvent(data=json.dumps(data, ensure_ascii=False), event="token")
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
-        done = DoneEventData(id=self.request_id, **self._ending(final)).model_dump()
+        done = DoneEventData(id=self.request_id, **self._ending(final)).model_dump(
+            exclude=self._unasked(("prompt_logprobs",))
+        )
         yield ServerSentEvent(data=json.dumps(done, ensure_ascii=False), event="done")
 
     def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
@@ -122,11 +132,18 @@ class NativeAnswer:
     def closing(self) -> Iterable[ServerSentEvent]:
         return ()
 
-    @staticmethod
-    def _ending(final: FinalEvent) -> dict[str, object]:
+    def _unasked(self, names: tuple[str, ...]) -> set[str]:
+        """Of these optional fields, those the request did not ask for (left out)."""
+        asked = {"logprobs": self.logprobs, "prompt_logprobs": self.prompt_logprobs}
+        return {name for name in names if not asked[name]}
+
+    def _ending(self, final: FinalEvent) -> dict[str, object]:
         """The fields a ``GenerateResponse`` and the ``done`` event share."""
         ttft_ms = final.timings.ttft_ms
         return {
+            "prompt_logprobs": (
+                logprob_bodies(final.prompt_logprobs) if self.prompt_logprobs else None
+            ),
             "finish_reason": finish_reason_name(final.finish_reason),
             "stop_reason": final.stop_reason,
             "usage": Usage(

@@ -5,9 +5,11 @@ Every generating body (``POST /generate``, ``/v1/completions``, ``/v1/chat/compl
 itself into ``GenerationParams`` (its ``generation_params()``): wire names and wire defaults end
 there. ``RequestBuilder.build`` then runs the checks that need the model, once and in one order:
 
-    token budget <= the server's cap -> stop token ids in the vocabulary -> the prompt, tokenized
+    token budget <= the server's cap -> stop token ids and logit_bias ids in the vocabulary ->
+    min_tokens <= the budget -> the prompt, tokenized
     by the engine (a chat rendered with the model's template) -> the default budget of a chat ->
     prompt + budget <= the context length -> the seed (a random one unless the client chose it)
+    -> the constraint, compiled by the engine (on a worker thread: cached, else milliseconds)
 
 So a new request field is added to ``GenerationParams``, to ``build``, and to each wire schema
 that offers it. ``build`` needs no HTTP request (the batch runner has only a body): every refusal
@@ -20,13 +22,15 @@ is an ``APIError`` in the native vocabulary, which each route family renders in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.api.errors import APIError
 from app.config import ServerConfig
+from app.constraints import CompiledConstraint, ConstraintError, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplateError
 from app.engine.prompt_encoder import TokenizationError
 from app.engine.request import GenerationRequest, StopCriteria
@@ -50,11 +54,22 @@ class TextPrompt:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    """A prompt already tokenized by the client (OpenAI's completions take token ids; so
+    evaluation harnesses send them). Each id must be in the vocabulary."""
+
+    token_ids: tuple[int, ...]
+    param: str = "prompt"
+
+
+@dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A conversation, rendered with the model's chat template up to the assistant's turn."""
+    """A conversation, rendered with the model's chat template up to the assistant's turn;
+    ``tools`` are the functions (OpenAI's tool entries) the template is given."""
 
     messages: tuple[ChatMessage, ...]
     param: str = "messages"
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +99,16 @@ class GenerationParams:
         seed: the client's seed, or None (a random one is drawn).
         stop: stop strings. stop_token_ids: token ids that end generation.
         ignore_eos: the model's EOS does not end generation.
+        min_p / presence_penalty / frequency_penalty / repetition_penalty / min_tokens /
+            logit_bias: the logits processors (``SamplingParams``; 0 / 0 / 0 / 1 / 0 / ()
+            switch each off); ``logit_bias`` as ``(token_id, bias)`` pairs, distinct ids.
+        logprobs: how many alternatives to report with each generated token's logprob, or
+            None for no logprobs.
+        prompt_logprobs: the same for each prompt token (None: none).
+        constraint: structured output (the language every output must be in), or None.
     """
 
-    prompt: TextPrompt | ChatPrompt
+    prompt: TextPrompt | TokenPrompt | ChatPrompt
     budget: TokenBudget
     temperature: float = 1.0
     top_p: float = 1.0
@@ -95,6 +117,15 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    constraint: ConstraintSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +173,11 @@ class PromptTokenizingEngine(Protocol):
 
     def encode_text(self, text: str) -> tuple[int, ...]: ...
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]: ...
+    def encode_chat(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[dict[str, Any], ...] = ()
+    ) -> tuple[int, ...]: ...
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint: ...
 
 
 class RequestBuilder:
@@ -164,15 +199,20 @@ class RequestBuilder:
         Raises:
             APIError: 422 ``invalid_request`` naming the field (budget over the cap, a stop
                 token id outside the vocabulary, a prompt of no tokens or over the prompt
-                limit, a conversation the chat template refuses); 400
-                ``context_length_exceeded``; 500 ``internal`` when the tokenizer fails.
+                limit, a conversation the chat template refuses, a constraint that cannot be
+                compiled); 400 ``context_length_exceeded``; 500 ``internal`` when the
+                tokenizer fails.
         """
         self._check_before_encoding(params)
         if _prompt_chars(params.prompt) > INLINE_TOKENIZE_MAX_CHARS:
             prompt_ids = await asyncio.to_thread(self._encode, params.prompt, origin.request_id)
         else:
             prompt_ids = self._encode(params.prompt, origin.request_id)
-        return self._request(params, origin, prompt_ids)
+        request = self._request(params, origin, prompt_ids)
+        if params.constraint is None:
+            return request
+        compiled = await asyncio.to_thread(self._compile, params.constraint)
+        return dataclasses.replace(request, constraint=compiled)
 
     def build_sync(self, params: GenerationParams, origin: RequestOrigin) -> GenerationRequest:
         """``build`` on the caller's thread, for a caller without an event loop.
@@ -181,13 +221,24 @@ class RequestBuilder:
             APIError: as ``build``.
         """
         self._check_before_encoding(params)
-        return self._request(params, origin, self._encode(params.prompt, origin.request_id))
+        request = self._request(params, origin, self._encode(params.prompt, origin.request_id))
+        if params.constraint is None:
+            return request
+        return dataclasses.replace(request, constraint=self._compile(params.constraint))
 
     def _check_before_encoding(self, params: GenerationParams) -> None:
         budget = params.budget
         if budget.max_tokens is not None:
             self._check_max_tokens(budget.max_tokens, budget.param)
         self._check_stop_token_ids(params.stop_token_ids)
+        self._check_logit_bias(params.logit_bias)
+        if budget.max_tokens is not None and params.min_tokens > budget.max_tokens:
+            raise APIError(
+                422,
+                "invalid_request",
+                f"min_tokens ({params.min_tokens}) must be <= {budget.param} ({budget.max_tokens})",
+                param="min_tokens",
+            )
 
     def _request(
         self, params: GenerationParams, origin: RequestOrigin, prompt_ids: tuple[int, ...]
@@ -206,6 +257,15 @@ class RequestBuilder:
                 top_k=params.top_k,
                 seed=params.seed if params.seed is not None else secrets.randbits(SEED_BITS),
                 batch_invariant=params.seed is not None,
+                min_p=params.min_p,
+                presence_penalty=params.presence_penalty,
+                frequency_penalty=params.frequency_penalty,
+                repetition_penalty=params.repetition_penalty,
+                min_tokens=min(params.min_tokens, max_tokens),
+                min_tokens_token_ids=params.stop_token_ids if params.min_tokens else (),
+                logit_bias=params.logit_bias,
+                logprobs=params.logprobs,
+                prompt_logprobs=params.prompt_logprobs,
             ),
             stop=StopCriteria(
                 stop_strings=params.stop,
@@ -234,13 +294,40 @@ class RequestBuilder:
                 param="stop_token_ids",
             )
 
-    def _encode(self, prompt: TextPrompt | ChatPrompt, request_id: str) -> tuple[int, ...]:
+    def _checked_token_ids(self, prompt: TokenPrompt) -> tuple[int, ...]:
+        vocab_size = self._engine.capabilities.vocab_size
+        outside = [token for token in prompt.token_ids if token >= vocab_size]
+        if outside:
+            raise APIError(
+                422,
+                "invalid_request",
+                f"{prompt.param}: token {outside[0]} is outside the vocabulary (size {vocab_size})",
+                param=prompt.param,
+            )
+        return prompt.token_ids
+
+    def _check_logit_bias(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
+        vocab_size = self._engine.capabilities.vocab_size
+        outside = [token for token, _ in logit_bias if token >= vocab_size]
+        if outside:
+            raise APIError(
+                422,
+                "invalid_request",
+                f"logit_bias: {outside[0]} is outside the vocabulary (size {vocab_size})",
+                param="logit_bias",
+            )
+
+    def _encode(
+        self, prompt: TextPrompt | TokenPrompt | ChatPrompt, request_id: str
+    ) -> tuple[int, ...]:
         """The prompt's token ids: at least one, within the context and the prompt limit."""
         try:
-            if isinstance(prompt, TextPrompt):
+            if isinstance(prompt, TokenPrompt):
+                prompt_ids = self._checked_token_ids(prompt)
+            elif isinstance(prompt, TextPrompt):
                 prompt_ids = self._engine.encode_text(prompt.text)
             else:
-                prompt_ids = self._engine.encode_chat(prompt.messages)
+                prompt_ids = self._engine.encode_chat(prompt.messages, prompt.tools)
         except ChatTemplateError as exc:
             message = f"{prompt.param}: {exc}"
             raise APIError(422, "invalid_request", message, param=prompt.param) from None
@@ -269,6 +356,13 @@ class RequestBuilder:
             )
         return prompt_ids
 
+    def _compile(self, spec: ConstraintSpec) -> CompiledConstraint:
+        try:
+            return self._engine.compile_constraint(spec)
+        except ConstraintError as exc:
+            message = f"{spec.param}: {exc}"
+            raise APIError(422, "invalid_request", message, param=spec.param) from None
+
     def _max_tokens(self, budget: TokenBudget, prompt_tokens: int) -> int:
         if budget.max_tokens is not None:
             return budget.max_tokens
@@ -290,7 +384,9 @@ class RequestBuilder:
             )
 
 
-def _prompt_chars(prompt: TextPrompt | ChatPrompt) -> int:
+def _prompt_chars(prompt: TextPrompt | TokenPrompt | ChatPrompt) -> int:
+    if isinstance(prompt, TokenPrompt):
+        return 0  # nothing to tokenize
     if isinstance(prompt, TextPrompt):
         return len(prompt.text)
     return sum(len(message.content) for message in prompt.messages)

@@ -6,19 +6,47 @@ fields are rejected, NaN/Infinity are not numbers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from app.api.constraint_body import ConstraintBody
 from app.api.request_builder import GenerationParams, TextPrompt, TokenBudget
+from app.models.base import TokenLogprobs
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 SEED_LIMIT = 2**63
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGPROBS = 20
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 TokenId = Annotated[int, Field(ge=0)]
+LogitBias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS, allow_inf_nan=False)]
+LogitBiasMap = Annotated[dict[str, LogitBias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)]
+
+
+def check_logit_bias_keys(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """``logit_bias``'s keys must be token ids written in decimal (OpenAI's wire form)."""
+    for key in bias or {}:
+        if not (key.isascii() and key.isdigit()):
+            raise PydanticCustomError(
+                "invalid_value", f"keys must be token ids in decimal, got {key!r}"
+            )
+    return bias
+
+
+def logit_bias_pairs(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """The checked map as ``(token_id, bias)`` pairs (distinct ids: JSON keys; ``"07"`` and
+    ``"7"`` would be one id, so the later one wins)."""
+    merged: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        merged[int(key)] = value
+    return tuple(merged.items())
 
 
 class GenerateRequestBody(BaseModel):
@@ -36,6 +64,17 @@ class GenerateRequestBody(BaseModel):
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     stream: bool = False
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, allow_inf_nan=False)
+    min_tokens: int = Field(0, ge=0, description="EOS and stop_token_ids held back until then")
+    logit_bias: LogitBiasMap = Field(default_factory=dict)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    _logit_bias_keys = field_validator("logit_bias")(check_logit_bias_keys)
+    constraint: ConstraintBody | None = None
 
     def generation_params(self) -> GenerationParams:
         return GenerationParams(
@@ -48,7 +87,41 @@ class GenerateRequestBody(BaseModel):
             stop=tuple(self.stop),
             stop_token_ids=tuple(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            logit_bias=logit_bias_pairs(self.logit_bias),
+            logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            constraint=None if self.constraint is None else self.constraint.spec("constraint"),
         )
+
+
+def request_body_openapi(model: type[BaseModel]) -> dict[str, object]:
+    """The OpenAPI request body of a route that parses its body itself, nested models inlined:
+    pydantic's ``#/$defs/...`` references (and a discriminator's mapping onto them) would not
+    resolve inside the OpenAPI document. A discriminated union stays a plain ``oneOf``."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: object) -> object:
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/$defs/"):
+                return inline(definitions[reference.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items() if key != "discriminator"}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline(schema)}},
+        }
+    }
 
 
 class Usage(BaseModel):
@@ -68,8 +141,34 @@ class TimingsBody(BaseModel):
 FinishReasonName = Literal["stop", "length", "cancelled"]
 
 
+class TopLogprobBody(BaseModel):
+    token_id: int
+    logprob: float
+
+
+class TokenLogprobBody(BaseModel):
+    """One generated token's raw log-probability and the ``top`` most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[TopLogprobBody]
+
+
+def logprob_bodies(logprobs: Iterable[TokenLogprobs | None]) -> list[TokenLogprobBody | None]:
+    return [
+        None
+        if entry is None
+        else TokenLogprobBody(
+            token_id=entry.token_id,
+            logprob=entry.logprob,
+            top=[TopLogprobBody(token_id=t, logprob=lp) for t, lp in entry.top],
+        )
+        for entry in logprobs
+    ]
+
+
 class GenerateResponse(BaseModel):
-    """Answer of ``POST /generate`` with ``stream: false``."""
+    """Answer of ``POST /generate`` with ``stream: false``; ``logprobs`` only when asked."""
 
     id: str
     text: str
@@ -78,24 +177,28 @@ class GenerateResponse(BaseModel):
     stop_reason: str | int | None
     usage: Usage
     timings: TimingsBody
+    logprobs: list[TokenLogprobBody] | None = None
+    prompt_logprobs: list[TokenLogprobBody | None] | None = None
 
 
 class TokenEventData(BaseModel):
-    """``data`` of an SSE ``token`` event."""
+    """``data`` of an SSE ``token`` event; ``logprobs`` only when asked."""
 
     id: str
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprobBody] | None = None
 
 
 class DoneEventData(BaseModel):
-    """``data`` of the SSE ``done`` event."""
+    """``data`` of the SSE ``done`` event; ``prompt_logprobs`` only when asked."""
 
     id: str
     finish_reason: FinishReasonName
     stop_reason: str | int | None
     usage: Usage
     timings: TimingsBody
+    prompt_logprobs: list[TokenLogprobBody | None] | None = None
 
 
 class CancelResponse(BaseModel):
@@ -117,6 +220,27 @@ class HealthResponse(BaseModel):
     status: Literal["ok", "unavailable"]
 
 
+# The /generate fields that choose how tokens are picked (/info lists them; a client can tell
+# which controls this server has). Every one is a field of GenerateRequestBody.
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "logit_bias",
+    "logprobs",
+    "prompt_logprobs",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+)
+
+
 class InfoResponse(BaseModel):
     model: str
     backend: str
@@ -127,3 +251,13 @@ class InfoResponse(BaseModel):
     keeps_kv_cache: bool
     scheduling: str
     version: str
+    sampling_fields: list[str]
+    kv_block_size: int = Field(
+        0, description="positions per block of the paged KV cache; 0 without one"
+    )
+    num_kv_blocks: int = Field(
+        0, description="blocks in the paged KV cache pool (usable ones); 0 without one"
+    )
+    prefix_caching: bool = Field(
+        False, description="whether prompt prefixes reuse cached KV blocks"
+    )

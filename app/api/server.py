@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from prometheus_client import Histogram
 
 from app import __version__
-from app.api import generate, status, ui
+from app.api import generate, status, tokenize, ui
 from app.api.admission_gate import AdmissionGate
 from app.api.auth import ApiKeyGuard
 from app.api.errors import install_error_handlers
@@ -96,6 +96,7 @@ def create_app(
             limits=AdmissionLimits(
                 max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens
             ),
+            prefix_caching=config.prefix_caching,
             model_thread=model_thread,
         )
         await engine.start()
@@ -136,6 +137,7 @@ def create_app(
     app.include_router(generate.router)
     app.include_router(openai_routes.router)
     app.include_router(status.router)
+    app.include_router(tokenize.router)
     if config.ui:
         app.include_router(ui.router)
     return app

@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app import __version__
 from app.api.errors import error_body
 from app.api.resources import resources_of
-from app.api.schemas import ErrorResponse, HealthResponse, InfoResponse
+from app.api.schemas import SAMPLING_FIELDS, ErrorResponse, HealthResponse, InfoResponse
 
 router = APIRouter()
 
@@ -47,6 +47,10 @@ async def info(request: Request) -> InfoResponse:
         keeps_kv_cache=caps.keeps_kv_cache,
         scheduling=resources.engine.policy_name,
         version=__version__,
+        sampling_fields=list(SAMPLING_FIELDS),
+        kv_block_size=caps.kv_block_size,
+        num_kv_blocks=max(0, caps.num_kv_blocks - 1),
+        prefix_caching=resources.engine.prefix_caching,
     )
 
 

@@ -20,8 +20,9 @@ from app.api.admission import submit
 from app.api.answers import failure_error
 from app.api.errors import APIError
 from app.api.openai.answers import ChatAnswer, CompletionAnswer
+from app.api.openai.choices import choice_requests, group_usage, whole_group_answer
 from app.api.openai.errors import openai_error_body, openai_status
-from app.api.openai.routes import openai_answer_format, parse_body
+from app.api.openai.routes import check_choices, openai_answer_format, parse_body
 from app.api.openai.schemas import ChatCompletionRequestBody, CompletionRequestBody
 from app.api.request_builder import RequestOrigin
 from app.api.request_id import make_request_id
@@ -99,8 +100,26 @@ class BatchEndpoints:
             raise APIError(413, "payload_too_large", f"request body is larger than {limit} bytes")
         endpoint = ENDPOINTS[request.url]
         body = parse_body(endpoint.body_schema, request.body)
+        check_choices(body, resources)
         generation = await resources.builder.build(body.generation_params(), origin)
-        writer = openai_answer_format(endpoint.answer_format, body, origin.request_id, resources)
+        if body.choices > 1:
+            generations = choice_requests(generation, body.choices)
+            formats = [
+                openai_answer_format(
+                    endpoint.answer_format, body, choice, resources, index=i, group=True
+                )
+                for i, choice in enumerate(generations)
+            ]
+            answer_body, finals = await whole_group_answer(resources, generations, formats)
+            usage = group_usage(finals)
+            return EndpointAnswer(
+                origin.request_id,
+                200,
+                answer_body,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+            )
+        writer = openai_answer_format(endpoint.answer_format, body, generation, resources)
         final = await submit(resources, generation).result()
         if final.finish_reason is FinishReason.ERROR:
             raise failure_error(final)

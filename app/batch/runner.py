@@ -217,6 +217,7 @@ async def _start_engine(
             max_queue=max_pending_lines,
             max_queued_tokens=max_pending_lines * model.capabilities.context_length,
         ),
+        prefix_caching=config.prefix_caching,
         model_thread=model_thread,
     )
     await engine.start()

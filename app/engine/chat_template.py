@@ -39,11 +39,49 @@ class ChatTemplateError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallTurn:
+    """A function call an assistant turn made: its id, the function's name, and its arguments
+    as the JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def as_template_value(self) -> dict[str, Any]:
+        """Hugging Face's shape of a tool call in a chat (``arguments`` parsed when it is a
+        JSON object, as the Qwen/Hermes templates expect; else the text)."""
+        try:
+            arguments: Any = json.loads(self.arguments)
+        except ValueError:
+            arguments = self.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One turn of a conversation: ``role`` is ``system``, ``user`` or ``assistant``."""
+    """One turn of a conversation: ``role`` is ``system``, ``user``, ``assistant`` or ``tool``.
+
+    Attributes:
+        tool_calls: the calls an assistant turn made (its ``content`` may then be "").
+        tool_call_id: the call a ``tool`` turn answers.
+    """
 
     role: str
     content: str
+    tool_calls: tuple[ToolCallTurn, ...] = ()
+    tool_call_id: str | None = None
+
+    def as_template_value(self) -> dict[str, Any]:
+        value: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            value["tool_calls"] = [call.as_template_value() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            value["tool_call_id"] = self.tool_call_id
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,19 +112,59 @@ class ChatTemplate:
             from_model=bool(source),
         )
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt for ``messages``, ending where the assistant's answer begins.
+    @property
+    def renders_tools(self) -> bool:
+        """The template reads a ``tools`` list (a Hermes/Qwen-style tool-aware template)."""
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt for ``messages``, ending where the assistant's answer begins (or after
+        the last message with ``add_generation_prompt=False``: ``/tokenize``).
+
+        ``tools`` (OpenAI's ``{"type": "function", "function": {...}}`` entries) are passed to
+        a template that renders them (``renders_tools``); for any other template they are
+        described in a system message before the conversation (:func:`tools_system_prompt`).
 
         Raises:
             ChatTemplateError: the template rejected the conversation.
             jinja2.TemplateError: the template itself is broken (a fault of the model file).
         """
+        turns = [message.as_template_value() for message in messages]
+        extra: dict[str, Any] = {}
+        if tools and self.renders_tools:
+            extra["tools"] = list(tools)
+        elif tools:
+            described = tools_system_prompt(tools)
+            if turns and turns[0]["role"] == "system":
+                turns[0] = {**turns[0], "content": f"{turns[0]['content']}\n\n{described}"}
+            else:
+                turns.insert(0, {"role": "system", "content": described})
         return _compile(self.source).render(
-            messages=[{"role": message.role, "content": message.content} for message in messages],
-            add_generation_prompt=True,
+            messages=turns,
+            add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
+            **extra,
         )
+
+
+def tools_system_prompt(tools: Sequence[dict[str, Any]]) -> str:
+    """The tools described for a model whose template does not render them: each function's
+    JSON, and the Hermes ``<tool_call>`` format the server parses (``tool_choice: auto``)."""
+    signatures = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return (
+        "You may call one or more functions to answer. The functions:\n"
+        f"<tools>\n{signatures}\n</tools>\n"
+        "To call a function, write a JSON object with its name and arguments inside "
+        "<tool_call></tool_call> tags:\n"
+        '<tool_call>\n{"name": "<function-name>", "arguments": {<arguments>}}\n</tool_call>'
+    )
 
 
 @functools.lru_cache(maxsize=8)

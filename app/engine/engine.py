@@ -18,7 +18,9 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
 from app.engine.handle import InFlightRequests, RequestHandle
@@ -87,6 +89,8 @@ class AsyncEngine:
         max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
             ``max(model slots, model.capabilities.max_tokens_per_row)``.
         metrics: where to count; a fresh registry by default.
+        prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
+            (``--no-prefix-caching``: False).
         limits: admission limits (queue length and queued prompt tokens).
         model_thread: where ``model.step`` runs; pass the thread the model was loaded on
             (see :mod:`app.engine.model_thread`). A new one by default. The engine shuts it
@@ -100,6 +104,7 @@ class AsyncEngine:
         policy: AdmissionPolicy | None = None,
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
+        prefix_caching: bool = True,
         limits: AdmissionLimits | None = None,
         model_thread: ModelThread | None = None,
     ) -> None:
@@ -115,6 +120,7 @@ class AsyncEngine:
             release_slot=model.release,
             max_num_batched_tokens=max_num_batched_tokens
             or max(caps.max_num_seqs, caps.max_tokens_per_row),
+            prefix_caching=prefix_caching,
         )
         self.metrics.track_queue(
             waiting=lambda: self.scheduler.num_waiting, running=lambda: self.scheduler.num_running
@@ -123,6 +129,7 @@ class AsyncEngine:
         self._inbox = Inbox()
         self._in_flight = InFlightRequests()
         self._prompts = PromptEncoder(model.tokenizer, caps.name)
+        self._constraints = ConstraintCompiler(model.tokenizer, caps)
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
 
@@ -185,6 +192,12 @@ class AsyncEngine:
         return self._prompts.chat_template
 
     @property
+    def prefix_caching(self) -> bool:
+        """Whether a paged model's prompts reuse cached KV blocks (False when not paged)."""
+        blocks = self.scheduler.kv_blocks
+        return blocks is not None and blocks.prefix_caching
+
+    @property
     def policy_name(self) -> str:
         """The admission policy in use (``continuous`` or ``static``)."""
         return self.scheduler.policy.name
@@ -197,14 +210,43 @@ class AsyncEngine:
         """
         return self._prompts.encode_text(text)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def decode(self, token_ids: tuple[int, ...]) -> str:
+        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
+
+        Raises:
+            TokenizationError: the tokenizer failed.
+        """
+        return self._prompts.decode(token_ids)
+
+    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
+        """Each token's own bytes (logprobs answers)."""
+        return self._prompts.token_bytes(token_ids)
+
+    def encode_chat(
+        self,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[dict[str, Any], ...] = (),
+        *,
+        add_generation_prompt: bool = True,
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(
+            messages, tools, add_generation_prompt=add_generation_prompt
+        )
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
+        hundreds of ms), so it belongs off an event loop.
+
+        Raises:
+            ConstraintError: the constraint cannot be compiled (the reason in the message).
+        """
+        return self._constraints.compile(spec)
 
     # ----------------------------------------------------------------- commands (any task)
 
@@ -220,22 +262,24 @@ class AsyncEngine:
             raise EngineUnavailable(f"engine is {self.state.value}")
         if self._in_flight.get(request.request_id) is not None:
             raise DuplicateRequestId(request.request_id)
-        if request.max_tokens > 0:  # max_tokens 0 finishes at once and never waits
+        # max_tokens 0 finishes at once and never waits, unless it scores the prompt
+        if request.max_tokens > 0 or request.sampling.prompt_logprobs is not None:
             self.check_admission(len(request.prompt_token_ids))
         handle = RequestHandle(request, on_final=self._in_flight.discard)
         self._in_flight.add(handle)
         self._inbox.put(Submit(handle))
         return handle
 
-    def check_admission(self, prompt_tokens: int) -> None:
-        """Raises ``Overloaded`` if a request of ``prompt_tokens`` would not be admitted now.
+    def check_admission(self, prompt_tokens: int, *, count: int = 1) -> None:
+        """Raises ``Overloaded`` if ``count`` requests of ``prompt_tokens`` in all (the ``n``
+        choices of one prompt) would not be admitted now.
 
         Cheap (no allocation), so the HTTP edge can call it before reading the body and
         answer 429 before doing any work; ``submit`` checks again with the real count.
         Requests that will find a free slot do not wait; the limits apply to the rest.
         """
         waiting = self._inbox.num_submits + self.scheduler.num_waiting
-        would_wait = waiting + 1 - self.scheduler.num_free_slots
+        would_wait = waiting + count - self.scheduler.num_free_slots
         if would_wait > self.limits.max_queue:
             raise Overloaded(f"the waiting queue is full ({self.limits.max_queue} requests)")
         queued_tokens = self._inbox.submitted_prompt_tokens + self.scheduler.waiting_prompt_tokens
@@ -248,12 +292,19 @@ class AsyncEngine:
     def cancel(self, request_id: str, *, owner: str | None = None) -> bool:
         """Cancels the in-flight request ``request_id`` made by ``owner``.
 
+        The id of an ``n`` > 1 answer is its group's (``GenerationRequest.group_id``, the id
+        of choice 0): cancelling it cancels every choice still in flight.
+
         Returns False (the caller answers 404) when no such request is in flight for that
         owner, including when it was already cancelled: a second cancel is a miss.
         """
         handle = self._in_flight.get(request_id)
         if handle is None or handle.request.owner != owner:
             return False
+        if handle.request.group_id == request_id:
+            for member in self._in_flight:  # a copy: abort() discards from it
+                if member.request.group_id == request_id and member.request.owner == owner:
+                    self.abort(member)
         self.abort(handle)
         return True
 

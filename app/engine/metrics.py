@@ -104,6 +104,28 @@ class EngineMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.prefix_cache_queries = Counter(
+            "slotserve_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache at admission (paged KV cache).",
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "slotserve_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache at admission (not prefilled again).",
+            registry=r,
+        )
+        self.kv_cache_usage = Gauge(
+            "slotserve_kv_cache_usage_ratio",
+            "KV blocks held by running sequences / all KV blocks (cached free blocks count as "
+            "free); 0 without a paged KV cache.",
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "slotserve_preemptions",
+            "Running sequences sent back to the waiting queue for lack of a free KV block "
+            "(recomputed when readmitted).",
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "slotserve_event_loop_lag_seconds",
             "How late the event loop ran a timer it was asked to run every "
@@ -111,6 +133,10 @@ class EngineMetrics:
             buckets=_LOOP_LAG_BUCKETS_S,
             registry=r,
         )
+
+    def track_kv_cache(self, usage: Callable[[], float]) -> None:
+        """Binds the KV usage gauge to the block manager's ``usage`` (read at scrape time)."""
+        self.kv_cache_usage.set_function(usage)
 
     def track_queue(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
         """Binds the gauges to functions that read the scheduler's state at scrape time."""

@@ -8,6 +8,7 @@ engine (rule R11) and the request builder works on either.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.models.base import Tokenizer
@@ -45,15 +46,25 @@ class PromptEncoder:
         except Exception as exc:
             raise TokenizationError(str(exc)) from exc
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def encode_chat(
+        self,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[dict[str, Any], ...] = (),
+        *,
+        add_generation_prompt: bool = True,
+    ) -> tuple[int, ...]:
         """The token ids of a conversation rendered by :attr:`chat_template`, ending where the
-        assistant's answer begins.
+        assistant's answer begins (after the last message with
+        ``add_generation_prompt=False``); ``tools`` are the functions the model may call (see
+        ``ChatTemplate.render``).
 
         Raises:
             ChatTemplateError: the template refused the conversation (roles out of order...).
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        text = self.chat_template.render(messages)
+        text = self.chat_template.render(
+            messages, tools, add_generation_prompt=add_generation_prompt
+        )
         # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
         # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's
         # byte tokenizer adds none and has no such method.
@@ -64,3 +75,18 @@ class PromptEncoder:
             return tuple(encode(text))
         except Exception as exc:
             raise TokenizationError(str(exc)) from exc
+
+    def decode(self, token_ids: tuple[int, ...]) -> str:
+        """The text of ``token_ids`` (bytes that are not UTF-8 become U+FFFD).
+
+        Raises:
+            TokenizationError: the tokenizer failed (an id outside its vocabulary...).
+        """
+        try:
+            return self._tokenizer.decode_bytes(token_ids).decode("utf-8", errors="replace")
+        except Exception as exc:
+            raise TokenizationError(str(exc)) from exc
+
+    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
+        """Each token's own bytes (a token may hold part of a UTF-8 character)."""
+        return [self._tokenizer.decode_bytes((token,)) for token in token_ids]

@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.constraints import CompiledConstraint, ConstraintMatcher
 from app.engine.detokenizer import TextAssembler
-from app.models.base import SamplingParams
+from app.models.base import SamplingParams, TokenLogprobs
 
 
 class FinishReason(enum.Enum):
@@ -59,6 +60,11 @@ class GenerationRequest:
         owner: an opaque tag of who made the request (API key digest), so that only the same
             owner may cancel it; None when no key is configured.
         arrived_at: ``time.perf_counter()`` seconds when the HTTP request was accepted.
+        constraint: the compiled structured-output constraint every generated token must
+            keep the output inside, or None (unconstrained).
+        group_id: set on the ``n`` choices of one prompt (submitted one after another, the
+            same value on each): the scheduler admits a group's waiting sequences into slots
+            together (all or none); None for a request on its own.
     """
 
     request_id: str
@@ -68,6 +74,8 @@ class GenerationRequest:
     stop: StopCriteria = StopCriteria()
     owner: str | None = None
     arrived_at: float = field(default_factory=time.perf_counter)
+    constraint: CompiledConstraint | None = None
+    group_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +92,15 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """New output of one request: ``text`` may be empty when text is held back."""
+    """New output of one request: ``text`` may be empty when text is held back.
+
+    ``logprobs``: one entry per ``token_ids`` entry when the request asked for logprobs
+    (``SamplingParams.logprobs``), else empty.
+    """
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +115,10 @@ class FinalEvent:
         prompt_tokens / completion_tokens: usage, in tokens.
         timings: latencies in ms.
         error: a client-safe message when ``finish_reason`` is ERROR, else None.
+        logprobs: one entry per ``token_ids`` entry when the request asked for logprobs,
+            else empty.
+        prompt_logprobs: one entry per prompt token (None for the first) when the request
+            asked for prompt logprobs, else empty.
     """
 
     finish_reason: FinishReason
@@ -112,6 +129,8 @@ class FinalEvent:
     completion_tokens: int
     timings: Timings
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
 
 
 StreamEvent = TokenEvent | FinalEvent
@@ -130,10 +149,16 @@ class Sequence:
         status: WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED.
         slot: the batch slot while RUNNING, else None.
         num_computed_tokens: tokens of ``prompt + generated`` the model's state covers.
+        num_cached_tokens: of those, the prefix found in the prefix cache at admission (a
+            multiple of the KV block size; 0 without a paged model).
         generated: sampled token ids, in order.
         unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
+        logprobs / unsent_logprobs: the same for the tokens' logprobs (when asked for).
+        prompt_logprobs: the prompt tokens' logprobs so far (when asked for).
         text: assembles output text (UTF-8 safe, stop-string aware).
         admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
+        matcher: the request's place in its constraint's language, from admission until it
+            finishes (None when unconstrained, waiting or finished).
     """
 
     request: GenerationRequest
@@ -142,11 +167,16 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
     num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     unsent_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    unsent_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    matcher: ConstraintMatcher | None = None
 
     @property
     def request_id(self) -> str:
@@ -157,8 +187,57 @@ class Sequence:
         return len(self.request.prompt_token_ids)
 
     @property
+    def scores_prompt_only(self) -> bool:
+        """A request for prompt logprobs and no tokens (``max_tokens`` 0): it needs the
+        model's prefill, and nothing after it."""
+        return self.request.max_tokens == 0 and self.request.sampling.prompt_logprobs is not None
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens fed as prompt chunks: the prompt; after a preemption (recompute), the prompt
+        and every generated token but the last, which the next decode row feeds."""
+        return self.num_prompt_tokens + max(0, len(self.generated) - 1)
+
+    @property
     def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.num_prompt_tokens
+        return self.num_computed_tokens < self.num_prefill_tokens
 
     def all_token_ids(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids + tuple(self.generated)
+
+    def emit_final(
+        self,
+        reason: FinishReason,
+        now: float,
+        *,
+        stop_reason: str | int | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Emits what text is held back (a last TokenEvent, when there is any), then the
+        FinalEvent with this sequence's tokens, usage, logprobs and timings (``now``:
+        ``time.perf_counter()`` seconds). The scheduler's ``finish`` calls it, once."""
+        tail = self.text.flush()
+        if tail or self.unsent_token_ids:
+            self.emit(TokenEvent(tail, tuple(self.unsent_token_ids), tuple(self.unsent_logprobs)))
+            self.unsent_token_ids.clear()
+            self.unsent_logprobs.clear()
+        arrived = self.request.arrived_at
+        timings = Timings(
+            queued_ms=((self.admitted_at or now) - arrived) * 1000.0,
+            ttft_ms=None if self.first_token_at is None else (self.first_token_at - arrived) * 1e3,
+            total_ms=(now - arrived) * 1000.0,
+        )
+        self.emit(
+            FinalEvent(
+                finish_reason=reason,
+                stop_reason=stop_reason,
+                text=self.text.text,
+                token_ids=tuple(self.generated),
+                prompt_tokens=self.num_prompt_tokens,
+                completion_tokens=len(self.generated),
+                timings=timings,
+                error=error,
+                logprobs=tuple(self.logprobs),
+                prompt_logprobs=tuple(self.prompt_logprobs),
+            )
+        )

@@ -7,6 +7,20 @@ The scheduler is synchronous and knows nothing of asyncio or HTTP; ``AsyncEngine
 Every way a sequence can end (EOS, stop string, stop token, length, cancel, error, shutdown)
 goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
 final event and counts the metrics, exactly once (rule R16).
+
+With a paged model (``ModelCapabilities.paged``) the scheduler also owns the KV blocks, through
+its :class:`app.engine.kv_blocks.BlockManager`: a sequence is admitted only when the blocks of
+what it must prefill fit (its cached prefix reused, only the rest prefilled); before each step
+every decoding sequence gets the block its next position needs, and when none is free the
+newest running sequence is preempted by recompute: its blocks and slot are released (through
+``_release``, the one cleanup that ``finish`` uses too) and it goes back to the head of the
+waiting queue keeping its generated tokens, so it prefills ``prompt + generated`` when
+readmitted (from the cache, mostly) and its stream goes on where it stopped.
+
+A constrained request (structured output) owns a ``ConstraintMatcher`` from admission to
+``finish()``: its sampling rows carry the matcher's mask (``StepRow.token_mask``), each sampled
+token advances it, and the sequence finishes (``stop``) once its language allows no further
+token. Unconstrained rows carry no mask.
 """
 
 from __future__ import annotations
@@ -16,19 +30,31 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from app.engine.kv_blocks import BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
 from app.engine.request import (
-    FinalEvent,
     FinishReason,
     GenerationRequest,
     Sequence,
     SequenceStatus,
-    Timings,
     TokenEvent,
 )
+from app.engine.step_rows import (
+    decode_row,
+    padding_rows,
+    prefill_row,
+    prefix_salt,
+    whole_groups,
+)
 from app.engine.waiting_queue import WaitingQueue
-from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow, Tokenizer
+from app.models.base import (
+    ModelCapabilities,
+    StepBatch,
+    StepOutput,
+    StepRow,
+    Tokenizer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +89,14 @@ class Scheduler:
         max_num_batched_tokens: most tokens (decode rows + prompt chunks) in one step; must be
             >= the number of slots so every running decode fits.
         clock: seconds, monotonic (``time.perf_counter``); injectable for tests.
+        prefix_caching: with a paged model, reuse cached full KV blocks of a prompt's prefix.
+
+    Attributes:
+        kv_blocks: the block manager of a paged model, else None.
 
     Raises:
-        ValueError: ``max_num_batched_tokens`` smaller than the number of slots.
+        ValueError: ``max_num_batched_tokens`` smaller than the number of slots, or a paged
+            model's pool smaller than one sequence of its context length.
     """
 
     def __init__(
@@ -78,6 +109,7 @@ class Scheduler:
         release_slot: Callable[[int], None],
         max_num_batched_tokens: int,
         clock: Callable[[], float] = time.perf_counter,
+        prefix_caching: bool = True,
     ) -> None:
         if max_num_batched_tokens < capabilities.max_num_seqs:
             raise ValueError(
@@ -93,6 +125,10 @@ class Scheduler:
         self._clock = clock
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
+        self.kv_blocks: BlockManager | None = None
+        if capabilities.paged:
+            self.kv_blocks = BlockManager.for_model(capabilities, prefix_caching=prefix_caching)
+            metrics.track_kv_cache(lambda: self.kv_blocks.usage if self.kv_blocks else 0.0)
 
     # ----------------------------------------------------------------- read-only views
 
@@ -129,8 +165,9 @@ class Scheduler:
     # ----------------------------------------------------------------- commands
 
     def add(self, seq: Sequence) -> None:
-        """Queues a new sequence; ``max_tokens == 0`` finishes at once and never takes a slot."""
-        if seq.request.max_tokens == 0:
+        """Queues a new sequence; ``max_tokens == 0`` finishes at once and never takes a slot,
+        unless it asks for prompt logprobs (the prompt must then be run through the model)."""
+        if seq.request.max_tokens == 0 and not seq.scores_prompt_only:
             self.finish(seq, FinishReason.LENGTH)
             return
         seq.status = SequenceStatus.WAITING
@@ -146,20 +183,40 @@ class Scheduler:
     # ----------------------------------------------------------------- the loop's steps
 
     def admit_waiting(self) -> int:
-        """Moves waiting sequences into free slots, FIFO, as many as the policy allows."""
+        """Moves waiting sequences into free slots, FIFO, as many as the policy allows.
+
+        With a paged model a sequence enters only when the blocks of what it must prefill fit
+        (admission stops at the first that does not); one whose next uncached prompt block is
+        being computed by a running sequence waits for it (it is passed over, keeping its
+        place), so a shared prefix is computed once.
+        """
         free = [index for index, seq in enumerate(self.slots) if seq is None]
         count = self.policy.admit_count(
             free_slots=len(free), running=len(self.slots) - len(free), waiting=len(self.waiting)
         )
+        count = whole_groups(self.waiting, count)
         now = self._clock()
-        for slot in free[:count]:
-            seq = self.waiting.popleft()
+        admitted = 0
+        for seq in list(self.waiting):
+            if admitted == count:
+                break
+            computed = self._allocate_blocks(seq)
+            if computed is None:
+                break
+            if computed < 0:
+                continue  # its prefix is being computed: next time
+            self.waiting.remove(seq)
+            slot = free[admitted]
+            admitted += 1
             seq.status = SequenceStatus.RUNNING
             seq.slot = slot
-            seq.num_computed_tokens = 0
+            seq.num_computed_tokens = seq.num_cached_tokens = computed
             seq.admitted_at = now
+            if seq.request.constraint is not None and seq.matcher is None:
+                # a preempted sequence keeps its matcher: its generated tokens stay
+                seq.matcher = seq.request.constraint.new_matcher()
             self.slots[slot] = seq
-        return count
+        return admitted
 
     def schedule(self) -> ScheduledStep | None:
         """Builds the next step: every decoding sequence, then prompt chunks within the budget.
@@ -170,12 +227,14 @@ class Scheduler:
         an inert row after those for every slot without one, so the step has exactly
         ``max_num_seqs`` rows. Returns None when no slot is busy.
         """
+        if self.kv_blocks is not None:
+            self._grow_decoding(self.kv_blocks)
         budget = self.max_num_batched_tokens
         rows: list[StepRow] = []
         sequences: list[Sequence] = []
         for seq in self.running():
             if not seq.is_prefilling:
-                rows.append(self._decode_row(seq))
+                rows.append(decode_row(seq, self.kv_blocks))
                 sequences.append(seq)
                 budget -= 1
         prefilling = sorted(
@@ -185,14 +244,14 @@ class Scheduler:
         for seq in prefilling:
             if budget <= 0:
                 break
-            row = self._prefill_row(seq, budget)
+            row = prefill_row(seq, budget, self.capabilities.max_tokens_per_row, self.kv_blocks)
             rows.append(row)
             sequences.append(seq)
             budget -= len(row.token_ids)
         if not rows:
             return None
         if self.capabilities.fixed_batch_shape:
-            rows.extend(self._padding_rows(rows))
+            rows.extend(padding_rows(rows, len(self.slots)))
         return ScheduledStep(StepBatch(tuple(rows)), tuple(sequences))
 
     def apply(self, step: ScheduledStep, output: StepOutput) -> None:
@@ -211,8 +270,16 @@ class Scheduler:
         live = len(step.sequences)  # the padding's outputs, past these, are dropped here
         tokens = output.next_token_ids[:live]
         errors = (output.row_errors or (None,) * live)[:live]
-        for seq, row, token, error in zip(
-            step.sequences, step.live_rows, tokens, errors, strict=True
+        row_logprobs = (output.logprobs or (None,) * live)[:live]
+        row_prompt_logprobs = (output.prompt_logprobs or (None,) * live)[:live]
+        for seq, row, token, error, logprobs, prompt_logprobs in zip(
+            step.sequences,
+            step.live_rows,
+            tokens,
+            errors,
+            row_logprobs,
+            row_prompt_logprobs,
+            strict=True,
         ):
             if self.slots[row.slot] is not seq:
                 continue
@@ -220,8 +287,22 @@ class Scheduler:
                 self.finish(seq, FinishReason.ERROR, error=error)
                 continue
             seq.num_computed_tokens += len(row.token_ids)
+            if prompt_logprobs is not None:
+                # the prompt's own positions only: a preempted sequence recomputes from 0,
+                # its generated tokens after the prompt (scored once, when sampled)
+                room = seq.num_prompt_tokens - len(seq.prompt_logprobs)
+                seq.prompt_logprobs.extend(prompt_logprobs[: max(0, room)])
+            if self.kv_blocks is not None:
+                self.kv_blocks.commit_filled(
+                    seq, seq.all_token_ids(), seq.num_computed_tokens, len(row.token_ids)
+                )
             if token is None:
+                if seq.scores_prompt_only and not seq.is_prefilling:
+                    self.finish(seq, FinishReason.LENGTH)  # the prompt is scored: done
                 continue
+            if logprobs is not None:
+                seq.logprobs.append(logprobs)
+                seq.unsent_logprobs.append(logprobs)
             try:
                 self._append_token(seq, token, now)
             except Exception:
@@ -254,65 +335,72 @@ class Scheduler:
             return
         was_waiting = seq.status is SequenceStatus.WAITING
         seq.status = SequenceStatus.FINISHED
+        seq.matcher = None  # the constraint's state ends with the request
+        self._release(seq)
+        if was_waiting and seq in self.waiting:
+            self.waiting.remove(seq)
+
+        now = self._clock()
+        seq.emit_final(reason, now, stop_reason=stop_reason, error=error)
+        self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
+        self._metrics.prompt_tokens.inc(seq.num_prompt_tokens)
+        self._metrics.request_latency.observe(now - seq.request.arrived_at)
+
+    def _release(self, seq: Sequence) -> None:
+        """Gives back what ``seq`` holds: its slot (and the model's state of it) and its KV
+        blocks. The cleanup shared by ``finish`` and preemption; a no-op for what it lacks."""
         if seq.slot is not None:
             self.slots[seq.slot] = None
             self._release_slot(seq.slot)
             seq.slot = None
-        elif was_waiting and seq in self.waiting:
-            self.waiting.remove(seq)
+        if self.kv_blocks is not None:
+            self.kv_blocks.free(seq)
 
-        now = self._clock()
-        tail = seq.text.flush()
-        if tail or seq.unsent_token_ids:
-            seq.emit(TokenEvent(tail, tuple(seq.unsent_token_ids)))
-            seq.unsent_token_ids.clear()
-        arrived = seq.request.arrived_at
-        timings = Timings(
-            queued_ms=((seq.admitted_at or now) - arrived) * 1000.0,
-            ttft_ms=None if seq.first_token_at is None else (seq.first_token_at - arrived) * 1e3,
-            total_ms=(now - arrived) * 1000.0,
+    # ----------------------------------------------------------------- KV blocks
+
+    def _allocate_blocks(self, seq: Sequence) -> int | None:
+        """Blocks for what ``seq`` must prefill. Returns the positions already computed (its
+        cached prefix; 0 without a paged model), None when the blocks do not fit, -1 when its
+        next prompt block is being computed by another sequence (it should wait for it)."""
+        kv = self.kv_blocks
+        if kv is None:
+            return 0
+        tokens = seq.all_token_ids()[: seq.num_prefill_tokens]
+        computed = kv.admit(seq, tokens, prefix_salt(seq))
+        if computed is not None and computed >= 0 and kv.prefix_caching:
+            self._metrics.prefix_cache_queries.inc(len(tokens))
+            self._metrics.prefix_cache_hits.inc(computed)
+        return computed
+
+    def _grow_decoding(self, kv: BlockManager) -> None:
+        """Gives each decoding sequence, oldest first, the block its next position needs,
+        preempting the newest running sequence while none is free (possibly itself)."""
+        by_age = sorted(self.running(), key=lambda seq: seq.admitted_at or 0.0)
+        for seq in by_age:
+            if seq.is_prefilling or seq.status is not SequenceStatus.RUNNING:
+                continue
+            while not kv.grow(seq, seq.num_computed_tokens + 1):
+                victim = next(s for s in reversed(by_age) if s.status is SequenceStatus.RUNNING)
+                self._preempt(victim)
+                if victim is seq:
+                    break
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: ``seq`` gives back its blocks and slot and goes to the head of
+        the waiting queue, keeping its generated tokens (``num_prefill_tokens``)."""
+        logger.info(
+            "request %s preempted (%d tokens): no free KV block",
+            seq.request_id,
+            seq.num_computed_tokens,
         )
-        seq.emit(
-            FinalEvent(
-                finish_reason=reason,
-                stop_reason=stop_reason,
-                text=seq.text.text,
-                token_ids=tuple(seq.generated),
-                prompt_tokens=seq.num_prompt_tokens,
-                completion_tokens=len(seq.generated),
-                timings=timings,
-                error=error,
-            )
-        )
-        self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
-        self._metrics.prompt_tokens.inc(seq.num_prompt_tokens)
-        self._metrics.request_latency.observe(now - arrived)
+        self._release(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.prompt_logprobs.clear()  # computed again with the prompt
+        self.waiting.appendleft(seq)
+        self._metrics.preemptions.inc()
 
     # ----------------------------------------------------------------- internals
-
-    def _decode_row(self, seq: Sequence) -> StepRow:
-        return StepRow(
-            slot=_slot_of(seq),
-            token_ids=(seq.generated[-1],),
-            position=seq.num_computed_tokens,
-            sample=True,
-            sampling=seq.request.sampling,
-        )
-
-    def _prefill_row(self, seq: Sequence, budget: int) -> StepRow:
-        start = seq.num_computed_tokens
-        length = min(seq.num_prompt_tokens - start, budget, self.capabilities.max_tokens_per_row)
-        return StepRow(
-            slot=_slot_of(seq),
-            token_ids=seq.request.prompt_token_ids[start : start + length],
-            position=start,
-            sample=start + length == seq.num_prompt_tokens,
-            sampling=seq.request.sampling,
-        )
-
-    def _padding_rows(self, rows: list[StepRow]) -> list[StepRow]:
-        scheduled = {row.slot for row in rows}
-        return [StepRow.padding(slot) for slot in range(len(self.slots)) if slot not in scheduled]
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> None:
         seq.generated.append(token)
@@ -324,6 +412,15 @@ class Scheduler:
         elif seq.last_token_at is not None:
             self._metrics.inter_token_latency.observe(now - seq.last_token_at)
         seq.last_token_at = now
+        if seq.matcher is not None and not seq.matcher.advance(token):
+            logger.error(
+                "request %s: token %d is outside its constraint (%s)",
+                seq.request_id,
+                token,
+                seq.matcher.error or "the mask was not applied",
+            )
+            self.finish(seq, FinishReason.ERROR, error="the output left the request's constraint")
+            return
 
         stop = seq.request.stop
         if token in stop.stop_token_ids:
@@ -334,18 +431,15 @@ class Scheduler:
             return
         new_text = seq.text.append(self._tokenizer.decode_bytes((token,)))
         if new_text:
-            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids)))
+            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs)))
             seq.unsent_token_ids.clear()
+            seq.unsent_logprobs.clear()
         if seq.text.matched_stop is not None:
             self.finish(seq, FinishReason.STOP, stop_reason=seq.text.matched_stop)
+        elif seq.matcher is not None and seq.matcher.is_finished:
+            self.finish(seq, FinishReason.STOP)  # the language allows no further token
         elif (
             len(seq.generated) >= seq.request.max_tokens
             or seq.num_prompt_tokens + len(seq.generated) >= self.capabilities.context_length
         ):
             self.finish(seq, FinishReason.LENGTH)
-
-
-def _slot_of(seq: Sequence) -> int:
-    if seq.slot is None:
-        raise RuntimeError(f"request {seq.request_id} has no slot")
-    return seq.slot

@@ -16,7 +16,9 @@ The model should be stepped on the thread that loaded it (one OpenMP team, see
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.engine.detokenizer import TextAssembler
 from app.engine.metrics import EngineMetrics
@@ -81,6 +83,8 @@ class SyncEngine:
         max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
             ``max(model slots, model.capabilities.max_tokens_per_row)``, as ``AsyncEngine``.
         metrics: where to count; a fresh registry by default.
+        prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
+            (``--no-prefix-caching``: False).
 
     Attributes:
         num_model_steps: ``model.step`` calls made so far, failed ones included.
@@ -93,6 +97,7 @@ class SyncEngine:
         policy: AdmissionPolicy | None = None,
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         caps = model.capabilities
         self.model = model
@@ -105,10 +110,12 @@ class SyncEngine:
             release_slot=model.release,
             max_num_batched_tokens=max_num_batched_tokens
             or max(caps.max_num_seqs, caps.max_tokens_per_row),
+            prefix_caching=prefix_caching,
         )
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}
         self._prompts = PromptEncoder(model.tokenizer, caps.name)
+        self._constraints = ConstraintCompiler(model.tokenizer, caps)
 
     @property
     def has_work(self) -> bool:
@@ -135,14 +142,43 @@ class SyncEngine:
         """
         return self._prompts.encode_text(text)
 
-    def encode_chat(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+    def decode(self, token_ids: tuple[int, ...]) -> str:
+        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
+
+        Raises:
+            TokenizationError: the tokenizer failed.
+        """
+        return self._prompts.decode(token_ids)
+
+    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
+        """Each token's own bytes (logprobs answers)."""
+        return self._prompts.token_bytes(token_ids)
+
+    def encode_chat(
+        self,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[dict[str, Any], ...] = (),
+        *,
+        add_generation_prompt: bool = True,
+    ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``.
 
         Raises:
             ChatTemplateError: the template refused the conversation.
             TokenizationError: the tokenizer failed on the rendered text.
         """
-        return self._prompts.encode_chat(messages)
+        return self._prompts.encode_chat(
+            messages, tools, add_generation_prompt=add_generation_prompt
+        )
+
+    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
+        hundreds of ms), so it belongs off an event loop.
+
+        Raises:
+            ConstraintError: the constraint cannot be compiled (the reason in the message).
+        """
+        return self._constraints.compile(spec)
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes

@@ -39,6 +39,11 @@ class WaitingQueue:
         self._sequences.append(seq)
         self.prompt_tokens += seq.num_prompt_tokens
 
+    def appendleft(self, seq: Sequence) -> None:
+        """Puts ``seq`` at the head (a preempted sequence goes first when blocks free up)."""
+        self._sequences.appendleft(seq)
+        self.prompt_tokens += seq.num_prompt_tokens
+
     def popleft(self) -> Sequence:
         """The oldest sequence, removed. Raises IndexError when the queue is empty."""
         seq = self._sequences.popleft()

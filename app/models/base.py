@@ -13,8 +13,11 @@ of a slot beyond ``row.position``: whatever a previous occupant of the slot left
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,23 @@ class SamplingParams:
         batch_invariant: the client chose the seed, so API.md promises the same tokens
             whatever else is in the batch: a model whose kernels round a row differently with
             the batch's shape must compute this request's rows the slower, exact way.
+        min_p: drop tokens whose probability (after temperature) is below ``min_p`` times the
+            most likely token's; 0 disables it.
+        presence_penalty / frequency_penalty: OpenAI's, over the generated tokens: a token
+            generated ``c > 0`` times has ``c * frequency_penalty + presence_penalty``
+            subtracted from its logit; 0 disables each.
+        repetition_penalty: Hugging Face's (CTRL, https://arxiv.org/abs/1909.05858) over the
+            prompt and the generated tokens: such a token's logit is divided by it when
+            positive, multiplied when negative; 1 disables it.
+        min_tokens: until this many tokens are generated, the model's EOS ids and
+            ``min_tokens_token_ids`` cannot be sampled.
+        min_tokens_token_ids: the request's stop token ids, which ``min_tokens`` holds back
+            too.
+        logit_bias: ``(token_id, bias)`` pairs added to the logits (distinct ids).
+        logprobs: report the sampled token's raw log-probability and this many most likely
+            alternatives (0..20); None: no logprobs.
+        prompt_logprobs: the same for every prompt token but the first (computed during
+            prefill, chunk by chunk); None: none.
     """
 
     temperature: float = 1.0
@@ -38,10 +58,33 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     batch_invariant: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    min_tokens_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether any penalty needs the sequence's token counts."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
+    def uses_processors(self) -> bool:
+        """Whether any step before the temperature (bias, penalties, min_tokens) is on."""
+        return bool(self.logit_bias) or self.uses_penalties or self.min_tokens > 0
 
 
 # An inert row samples nothing; it still carries parameters, so every row has the same fields.
@@ -67,6 +110,10 @@ class ModelCapabilities:
             backend replaying a CUDA graph or a compiled program captured for one shape needs).
             The scheduler then pads each step with inert rows (``StepRow.padding``); False: a
             step has one row per scheduled sequence only.
+        kv_block_size: positions per KV block of a paged KV cache; 0 for a model without one
+            (its state is per slot, and rows carry no ``kv_blocks``).
+        num_kv_blocks: blocks in the model's KV pool, block 0 included (the null block, never
+            handed out: it pads block tables); 0 when not paged.
     """
 
     name: str
@@ -78,6 +125,48 @@ class ModelCapabilities:
     keeps_kv_cache: bool
     max_tokens_per_row: int
     fixed_batch_shape: bool = False
+    kv_block_size: int = 0
+    num_kv_blocks: int = 0
+
+    @property
+    def paged(self) -> bool:
+        """True when the model keeps its KV in blocks the scheduler assigns (``KVBlocks``)."""
+        return self.kv_block_size > 0
+
+
+# Block 0 of a paged pool is never allocated: block tables are padded with it, so a padded entry
+# always names memory that holds finite values (zeros or keys written by no-one) and is masked.
+NULL_BLOCK = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlocks:
+    """Where one row's sequence lives in a paged KV cache (the block table, rule R05).
+
+    The scheduler's block manager (:class:`app.engine.kv_blocks.BlockManager`) decides it; the
+    model only writes and reads through it.
+
+    Attributes:
+        block_ids: the physical block of each ``kv_block_size`` positions of the sequence,
+            covering at least ``[0, position + len(token_ids))``: position ``p`` lives in block
+            ``block_ids[p // kv_block_size]`` at offset ``p % kv_block_size``.
+        starts_sequence: this row is the sequence's first in its slot. Positions
+            ``[0, position)`` are then a cached prefix already in ``block_ids`` (none when
+            ``position == 0``); the model starts the slot's per-sequence state (its random
+            generator) here.
+        prefix_token_ids: on a row that starts a sequence, the tokens of that cached prefix
+            (``position`` of them), for per-sequence state that needs the tokens themselves
+            (a sampler's history of tokens seen); empty otherwise.
+        generated_token_ids: on a row that starts a sequence, the tokens it had generated
+            before it was preempted and is now recomputed (empty for a new request): the
+            sequence's last tokens, fed now as prompt, were sampled, one random draw each, so
+            a seeded sampler advances past those draws and the penalties count them.
+    """
+
+    block_ids: tuple[int, ...]
+    starts_sequence: bool = False
+    prefix_token_ids: tuple[int, ...] = ()
+    generated_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +185,12 @@ class StepRow:
         inert: a padding row (see ``padding``): it only fills a fixed batch shape. A model
             checks this first: it must not read or write the slot's state (KV cache, random
             generator, prefix) for it, and its output is ignored.
+        token_mask: the constraint's allowed tokens for this row's next token (structured
+            output), or None for an unconstrained row: an int32 tensor of
+            ``ceil(vocab / 32)`` words in llguidance's bitmask layout (see
+            :mod:`app.models.token_mask`). Only read when ``sample`` is True.
+        kv_blocks: the row's block table, for a paged model (``ModelCapabilities.paged``);
+            None otherwise and in inert rows.
     """
 
     slot: int
@@ -104,6 +199,15 @@ class StepRow:
     sample: bool
     sampling: SamplingParams
     inert: bool = False
+    token_mask: torch.Tensor | None = field(default=None, compare=False)
+    kv_blocks: KVBlocks | None = None
+
+    @property
+    def starts_sequence(self) -> bool:
+        """The first row of a sequence in its slot: position 0, or a cached prefix before it."""
+        if self.kv_blocks is not None:
+            return self.kv_blocks.starts_sequence
+        return self.position == 0
 
     @classmethod
     def padding(cls, slot: int) -> StepRow:
@@ -155,11 +259,41 @@ class StepBatch:
             raise ValueError(f"{len(output.next_token_ids)} results for {len(live)} live rows")
         tokens: list[int | None] = [None] * len(self.rows)
         errors: list[str | None] = [None] * len(self.rows)
+        logprobs: list[TokenLogprobs | None] = [None] * len(self.rows)
         row_errors = output.row_errors or (None,) * len(live)
-        for index, token, error in zip(live, output.next_token_ids, row_errors, strict=True):
+        row_logprobs = output.logprobs or (None,) * len(live)
+        for index, token, error, logprob in zip(
+            live, output.next_token_ids, row_errors, row_logprobs, strict=True
+        ):
             tokens[index] = token
             errors[index] = error
-        return StepOutput(tuple(tokens), tuple(errors) if output.row_errors else None)
+            logprobs[index] = logprob
+        prompt: list[tuple[TokenLogprobs | None, ...] | None] = [None] * len(self.rows)
+        for index, entries in zip(live, output.prompt_logprobs or (None,) * len(live), strict=True):
+            prompt[index] = entries
+        return StepOutput(
+            tuple(tokens),
+            tuple(errors) if output.row_errors else None,
+            tuple(logprobs) if output.logprobs else None,
+            tuple(prompt) if output.prompt_logprobs else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Raw log-probabilities at one position: float32 log-softmax of the model's logits,
+    before any logits processing (API.md).
+
+    Attributes:
+        token_id: the token at this position (the sampled one, or the prompt's).
+        logprob: its log-probability (natural log, <= 0).
+        top: the most likely tokens as ``(token_id, logprob)``, most likely first; as many
+            as asked.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +307,17 @@ class StepOutput:
     client-safe message for a failed row ``i`` (its token is ignored and the request ends with
     an error), None for a row that succeeded. A model that cannot tell raises from ``step``
     instead, which fails every row of the step.
+
+    ``logprobs[i]`` is row ``i``'s :class:`TokenLogprobs` when its sampling asked for them
+    (``SamplingParams.logprobs``), else None; ``logprobs`` itself is None when no row asked.
+    ``prompt_logprobs[i]``: for a prompt chunk of a request with ``prompt_logprobs``, one
+    entry per token of the chunk (None for the prompt's first token), else None.
     """
 
     next_token_ids: tuple[int | None, ...]
     row_errors: tuple[str | None, ...] | None = None
+    logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    prompt_logprobs: tuple[tuple[TokenLogprobs | None, ...] | None, ...] | None = None
 
 
 class Tokenizer(Protocol):

@@ -70,15 +70,24 @@ class DecoderModel:
     def quantization(self) -> Quantization:
         return self.weights.quantization
 
-    def forward(self, plan: ForwardPlan, cache: KVCache) -> torch.Tensor:
+    def forward(
+        self,
+        plan: ForwardPlan,
+        cache: KVCache,
+        *,
+        hidden_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Run all layers over the packed tokens, writing their K/V into ``cache``.
 
         Returns logits ``[len(plan.logits_index), vocab]`` in the model dtype (a bfloat16
-        model's LM head rounds to bfloat16, as Hugging Face's does). Call under
-        ``torch.inference_mode()``.
+        model's LM head rounds to bfloat16, as Hugging Face's does). ``hidden_out``, when
+        given, receives the last layer's hidden states of every packed token (``[N, hidden]``,
+        before the output norm; :meth:`output_logits` turns rows of it into logits): prompt
+        logprobs. Call under ``torch.inference_mode()``.
         """
         if (
-            self.fused_decode is not None
+            hidden_out is None
+            and self.fused_decode is not None
             and plan.decode is not None
             and not plan.prefills
             and plan.exact_tokens is None
@@ -107,7 +116,16 @@ class DecoderModel:
             gate_up = project(layer.gate_up, self._normed(hidden, layer.ffn_norm), exact)
             activated = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
             hidden = project(layer.down, activated, exact, residual=hidden)
+        if hidden_out is not None:
+            hidden_out.append(hidden)
         return self._logits(hidden, plan, plan.exact_logits)
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output norm and LM head of hidden states ``[n, hidden]`` (from ``hidden_out``):
+        logits ``[n, vocab]`` in the model dtype."""
+        w = self.weights
+        normed = F.rms_norm(hidden, w.output_norm.shape, w.output_norm, self.hparams.rms_norm_eps)
+        return project(w.lm_head, normed, None)
 
     def _forward_fused_decode(
         self, plan: ForwardPlan, cache: KVCache, kernels: FusedDecodeKernels
@@ -133,7 +151,7 @@ class DecoderModel:
                 self._rope_cos,
                 self._rope_sin,
                 plan.positions,
-                plan.slots,
+                decode.block_tables,
                 cache.keys[index],
                 cache.values[index],
                 scores,

@@ -5,15 +5,18 @@ runs once over all of them. Only attention depends on which slot a token belongs
 in groups planned by :class:`ForwardPlan`:
 
 * **single-token rows** (decode steps, and one-token prompts) in *one* attention call, however
-  different their lengths: the slots ``[slot_start, slot_stop)`` spanned by those rows are read
-  as a view of the cache (no copy), padded to the longest length, with a mask that hides each
-  slot's positions ``>= its length`` (and every position of a slot in the span that has no row
-  this step), so stale cache content is never attended to;
-* **each multi-token row** (a prompt chunk) in its own attention call with a causal mask offset
-  by the row's start position. Padding would make every row as long as the longest chunk, in
-  the matmuls as well as in attention. Measured (bfloat16, 2-core CPU): 15 decode rows plus
-  one 128-token chunk take 228 ms packed as here; a forward over 16 rows of 128 tokens, the
-  least that padding would cost, takes 622 ms.
+  different their lengths: each row's keys and values are gathered from the paged cache through
+  its block table (whole blocks, padded with the null block to the longest row), with a mask
+  that hides each row's positions ``>= its length``, so stale cache content is never attended
+  to (the fused C decode kernel reads the blocks in place instead: ``DecodeGroup.block_tables``);
+* **each multi-token row** (a prompt chunk) in its own attention call over its gathered blocks,
+  with a causal mask offset by the row's start position. Padding would make every row as long
+  as the longest chunk, in the matmuls as well as in attention. Measured (bfloat16, 2-core
+  CPU): 15 decode rows plus one 128-token chunk take 228 ms packed as here; a forward over 16
+  rows of 128 tokens, the least that padding would cost, takes 622 ms.
+
+Positions in the pool are "flat": position ``p`` of a row with table ``T`` is pool row
+``T[p // KV_BLOCK_SIZE] * KV_BLOCK_SIZE + p % KV_BLOCK_SIZE`` of every head.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from app.models.kv_cache import KVCache, align_keys
+from app.models.base import NULL_BLOCK
+from app.models.kv_cache import KV_BLOCK_SIZE, KVCache, align_keys, blocks_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,9 @@ class RowSpec:
     # request, API.md); costs extra matmul calls once a step has more rows than a call may hold
     # exactly (see app.models.projections).
     batch_invariant: bool = False
+    # The row's block table (KVBlocks.block_ids); None: the slot's fixed blocks
+    # (KVCache.slot_blocks, a cache made for slots).
+    block_ids: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +53,8 @@ class PrefillGroup:
 
     ``mask`` is ``[1, 1, T, key_length]``, additive (see :func:`_additive_mask`): query ``i``
     sees keys ``<= position + i``; ``key_length`` is ``position + T`` padded to ``KEY_ALIGN``
-    (SDPA's own ``is_causal`` would tie the result to the chunk's length).
+    (SDPA's own ``is_causal`` would tie the result to the chunk's length). ``key_positions``
+    is ``[key_length]`` int64, the flat pool position of each key (its whole blocks).
     """
 
     slot: int
@@ -54,6 +62,7 @@ class PrefillGroup:
     stop: int
     key_length: int
     mask: torch.Tensor
+    key_positions: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +70,15 @@ class DecodeGroup:
     """Attention work of all single-token rows: packed tokens ``[0, count)``.
 
     Attributes:
-        slot_start, slot_stop: the span of slots read as one view of the cache.
-        row_offsets: ``[count]`` int64, ``slot - slot_start`` of each packed token.
         key_length: longest ``position + 1`` among the rows, padded to ``KEY_ALIGN`` (keys
-            read per slot).
-        mask: ``[slot_stop - slot_start, 1, 1, key_length]``, additive; a slot of the
-            span with no row may attend only to position 0, so its (discarded) output is finite.
-            None when no position needs hiding (every slot of the span has a row of length
+            read per row: whole blocks).
+        block_tables: ``[count, key_length / KV_BLOCK_SIZE]`` int64, each row's blocks, padded
+            with the null block.
+        key_positions: ``[count * key_length]`` int64, the flat pool position of each row's
+            keys, row-major (what the eager path gathers).
+        mask: ``[count, 1, 1, key_length]``, additive, hiding each row's positions ``>= its
+            length``; None when no position needs hiding (every row has length
             ``key_length``).
-        dense: True when every slot of the span has a row (no scatter/gather needed).
         fold_query_heads: how grouped-query attention is laid out: the ``group_size`` query
             heads of a KV head as its ``group_size`` query rows (True), or SDPA's own
             ``enable_gqa`` with one query row per head (False). The CPU flash kernel splits its
@@ -88,12 +97,10 @@ class DecodeGroup:
     """
 
     count: int
-    slot_start: int
-    slot_stop: int
-    row_offsets: torch.Tensor
     key_length: int
+    block_tables: torch.Tensor
+    key_positions: torch.Tensor
     mask: torch.Tensor | None
-    dense: bool
     fold_query_heads: bool
 
 
@@ -105,6 +112,8 @@ class ForwardPlan:
 
     Attributes:
         token_ids, positions, slots: ``[N]`` int64, one entry per packed token.
+        flat_positions: ``[N]`` int64, where each token's K/V go in the pool (see the module
+            docstring).
         cache_index: ``[N * n_kv_heads]`` int64, where each token's K/V go
             (:meth:`app.models.kv_cache.KVCache.write_index`).
         decode: the single-token rows' attention group, or None when there are none.
@@ -115,34 +124,46 @@ class ForwardPlan:
             when there are none.
         exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
             want logits, or None when there are none.
+        row_starts: ``slot -> packed index`` of each row's first token (prompt logprobs read
+            a row's hidden states there).
     """
 
     token_ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
+    flat_positions: torch.Tensor
     cache_index: torch.Tensor
     decode: DecodeGroup | None
     prefills: tuple[PrefillGroup, ...]
     logits_index: torch.Tensor
     exact_tokens: torch.Tensor | None = None
     exact_logits: torch.Tensor | None = None
+    row_starts: dict[int, int] | None = None
 
     @classmethod
     def build(cls, rows: Sequence[RowSpec], *, cache: KVCache) -> ForwardPlan:
-        """Plan a forward over ``rows`` (distinct slots, each with >= 1 token)."""
+        """Plan a forward over ``rows`` (distinct slots, each with >= 1 token, each block table
+        covering the row's positions)."""
         dtype, device = cache.keys.dtype, cache.keys.device
         single = sorted((r for r in rows if len(r.token_ids) == 1), key=lambda r: r.slot)
         multi = [r for r in rows if len(r.token_ids) > 1]
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        flat: list[int] = []
         exact_tokens: list[int] = []
         last_index: dict[int, int] = {}
+        row_starts: dict[int, int] = {}
+        tables = {row.slot: _table_of(row, cache) for row in rows}
         for row in (*single, *multi):
+            row_starts[row.slot] = len(token_ids)
             if row.batch_invariant:
                 exact_tokens.extend(range(len(token_ids), len(token_ids) + len(row.token_ids)))
             token_ids.extend(row.token_ids)
-            positions.extend(range(row.position, row.position + len(row.token_ids)))
+            span = range(row.position, row.position + len(row.token_ids))
+            positions.extend(span)
+            table = tables[row.slot]
+            flat.extend(table[p // KV_BLOCK_SIZE] * KV_BLOCK_SIZE + p % KV_BLOCK_SIZE for p in span)
             slots.extend([row.slot] * len(row.token_ids))
             last_index[row.slot] = len(token_ids) - 1
         logit_rows = [r for r in rows if r.want_logits]
@@ -155,19 +176,21 @@ class ForwardPlan:
         start = len(single)
         for row in multi:
             stop = start + len(row.token_ids)
-            prefills.append(_plan_prefill(row, start, stop, dtype, device))
+            prefills.append(_plan_prefill(row, tables[row.slot], start, stop, dtype, device))
             start = stop
-        position_tensor, slot_tensor = as_tensor(positions), as_tensor(slots)
+        flat_tensor = as_tensor(flat)
         return cls(
             token_ids=as_tensor(token_ids),
-            positions=position_tensor,
-            slots=slot_tensor,
-            cache_index=cache.write_index(slot_tensor, position_tensor),
-            decode=_plan_decode(single, dtype, device) if single else None,
+            positions=as_tensor(positions),
+            slots=as_tensor(slots),
+            flat_positions=flat_tensor,
+            cache_index=cache.write_index(flat_tensor),
+            decode=_plan_decode(single, tables, dtype, device) if single else None,
             prefills=tuple(prefills),
             logits_index=as_tensor([last_index[r.slot] for r in logit_rows]),
             exact_tokens=as_tensor(exact_tokens) if exact_tokens else None,
             exact_logits=as_tensor(exact_logits) if exact_logits else None,
+            row_starts=row_starts,
         )
 
 
@@ -178,26 +201,44 @@ def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.devi
     return mask.masked_fill_(~allowed, float("-inf")).to(device)
 
 
-def _plan_decode(rows: Sequence[RowSpec], dtype: torch.dtype, device: torch.device) -> DecodeGroup:
-    slot_start, slot_stop = rows[0].slot, rows[-1].slot + 1
+def _table_of(row: RowSpec, cache: KVCache) -> Sequence[int]:
+    table = row.block_ids if row.block_ids is not None else cache.slot_blocks(row.slot)
+    if len(table) < blocks_for(row.position + len(row.token_ids)):
+        raise ValueError(f"slot {row.slot}: block table does not cover the row")
+    return table
+
+
+def _key_positions(tables: torch.Tensor) -> torch.Tensor:
+    """``[rows, blocks]`` block ids -> ``[rows * blocks * KV_BLOCK_SIZE]`` flat positions."""
+    offsets = torch.arange(KV_BLOCK_SIZE, dtype=torch.int64)
+    return (tables[:, :, None] * KV_BLOCK_SIZE + offsets).flatten()
+
+
+def _plan_decode(
+    rows: Sequence[RowSpec],
+    tables: dict[int, Sequence[int]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> DecodeGroup:
     row_lengths = [row.position + 1 for row in rows]
     key_length = align_keys(max(row_lengths))
-    offsets = [row.slot - slot_start for row in rows]
-    dense = len(rows) == slot_stop - slot_start
+    width = key_length // KV_BLOCK_SIZE
+    padded_rows = []
+    for row in rows:
+        used = list(tables[row.slot][: blocks_for(row.position + 1)])
+        padded_rows.append(used + [NULL_BLOCK] * (width - len(used)))
+    padded = torch.tensor(padded_rows, dtype=torch.int64)
     mask = None
-    if not (dense and min(row_lengths) == key_length):
-        lengths = torch.ones(slot_stop - slot_start, dtype=torch.int64)  # rowless: position 0
-        lengths[offsets] = torch.tensor(row_lengths)
+    if min(row_lengths) != key_length:
+        lengths = torch.tensor(row_lengths)
         allowed = torch.arange(key_length)[None, :] < lengths[:, None]
         mask = _additive_mask(allowed[:, None, None, :], dtype, device)
     return DecodeGroup(
         count=len(rows),
-        slot_start=slot_start,
-        slot_stop=slot_stop,
-        row_offsets=torch.tensor(offsets, dtype=torch.int64, device=device),
         key_length=key_length,
+        block_tables=padded.to(device),
+        key_positions=_key_positions(padded).to(device),
         mask=mask,
-        dense=dense,
         fold_query_heads=device.type != "cpu"
         or torch.get_num_threads() > 1
         or any(row.batch_invariant for row in rows),
@@ -205,10 +246,23 @@ def _plan_decode(rows: Sequence[RowSpec], dtype: torch.dtype, device: torch.devi
 
 
 def _plan_prefill(
-    row: RowSpec, start: int, stop: int, dtype: torch.dtype, device: torch.device
+    row: RowSpec,
+    table: Sequence[int],
+    start: int,
+    stop: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> PrefillGroup:
     key_length = align_keys(row.position + stop - start)
     query_positions = torch.arange(row.position, row.position + stop - start)
     allowed = torch.arange(key_length)[None, :] <= query_positions[:, None]
     mask = _additive_mask(allowed[None, None], dtype, device)
-    return PrefillGroup(slot=row.slot, start=start, stop=stop, key_length=key_length, mask=mask)
+    blocks = torch.tensor(table[: key_length // KV_BLOCK_SIZE], dtype=torch.int64)
+    return PrefillGroup(
+        slot=row.slot,
+        start=start,
+        stop=stop,
+        key_length=key_length,
+        mask=mask,
+        key_positions=_key_positions(blocks[None]).to(device),
+    )

@@ -200,8 +200,11 @@ static void rope_head(const bf16 *x, const bf16 *cos, const bf16 *sin, float *ou
  *            the fused QKV projection's output (queries, keys, values; heads in order).
  * rope_cos, rope_sin: [max_positions, head_dim] bfloat16 tables (see rope_head).
  * positions: [rows] int64, the position of each row's token (its K/V go there).
- * slots:     [rows] int64, each row's slot in the cache (distinct).
- * keys, values: one layer of the cache, [slots, n_kv_heads, cache_len, head_dim] bfloat16.
+ * block_tables: [rows, table_stride] int64, each row's KV blocks (its block table): position t
+ *            of row r lives in block block_tables[r * table_stride + t / block_size] at offset
+ *            t % block_size (distinct rows own distinct blocks for the positions they write).
+ * keys, values: one layer of the paged cache, [n_kv_heads, pool_len, head_dim] bfloat16, with
+ *            pool_len = num_blocks * block_size.
  * scores:    float32 workspace, threads * scores_per_thread elements; scores_per_thread at
  *            least group_size * (max position + 1).
  * out:       [rows, n_heads * head_dim] bfloat16, contiguous.
@@ -212,7 +215,7 @@ static void rope_head(const bf16 *x, const bf16 *cos, const bf16 *sin, float *ou
  *            sl_rms_norm rounds; eps is their epsilon.
  *
  * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). Row r
- * attends to positions 0..positions[r] of its slot (its own new key included), with scores
+ * attends to positions 0..positions[r] of its blocks (its own new key included), with scores
  * scaled by 1 / sqrt(head_dim) and a float32 softmax; the output is rounded once.
  */
 /* What sl_decode_attention was given, shared by the threads that split its rows. */
@@ -222,10 +225,12 @@ struct attention_args {
     const bf16 *rope_cos;
     const bf16 *rope_sin;
     const int64_t *positions;
-    const int64_t *slots;
+    const int64_t *block_tables;
+    int64_t table_stride;
     bf16 *keys;
     bf16 *values;
-    int64_t cache_len;
+    int64_t pool_len;
+    int64_t block_size;
     bf16 *out;
     int64_t n_heads;
     int64_t n_kv_heads;
@@ -244,6 +249,51 @@ static const bf16 *normed_head(const bf16 *head, const bf16 *weight, float eps, 
     }
     sl_rms_norm((bf16 *)head, head_dim, NULL, weight, scratch, 1, head_dim, eps);
     return scratch;
+}
+
+/* Offset (in elements) of position t of KV head kv, for a row whose block table is `table`. */
+static inline int64_t pool_offset(const struct attention_args *a, const int64_t *table,
+                                  int64_t kv, int64_t t) {
+    const int64_t block = table[t / a->block_size];
+    return (kv * a->pool_len + block * a->block_size + t % a->block_size) * a->head_dim;
+}
+
+/* Walks positions 0, 1, ... of one KV head of one row through its block table without a
+ * division per position (a 64-bit division costs more than the dot product it would address). */
+struct block_walk {
+    const bf16 *pool;     /* keys or values of the layer */
+    const int64_t *table; /* the row's block table */
+    int64_t head_base;    /* kv * pool_len, in positions */
+    int64_t block_size, head_dim, next_block, offset;
+    const bf16 *block;
+};
+
+static inline struct block_walk walk_start(const struct attention_args *a, const bf16 *pool,
+                                           const int64_t *table, int64_t kv) {
+    const struct block_walk walk = {pool, table, kv * a->pool_len, a->block_size, a->head_dim,
+                                    0,    a->block_size, NULL};
+    return walk;
+}
+
+/* The next position's head_dim elements. Entering a block, the next block of the table is
+ * prefetched: blocks lie anywhere in the pool, where the hardware prefetcher cannot guess them
+ * (the caller never walks past the row's length, so table[next_block] is read only while the
+ * walk is inside the table; the last block's successor is not prefetched). */
+static inline const bf16 *walk_next(struct block_walk *w, int64_t blocks) {
+    if (w->offset == w->block_size) {
+        const int64_t first = w->head_base + w->table[w->next_block++] * w->block_size;
+        w->block = w->pool + first * w->head_dim;
+        w->offset = 0;
+        if (w->next_block < blocks) {
+            const int64_t next = w->head_base + w->table[w->next_block] * w->block_size;
+            const char *lines = (const char *)(w->pool + next * w->head_dim);
+            const int64_t bytes = w->block_size * w->head_dim * (int64_t)sizeof(bf16);
+            for (int64_t line = 0; line < bytes; line += 64) {
+                __builtin_prefetch(lines + line, 0, 1);
+            }
+        }
+    }
+    return w->block + w->offset++ * w->head_dim;
 }
 
 static void attend_rows(const struct attention_args *a, int64_t begin, int64_t end,
@@ -265,18 +315,17 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
         const bf16 *row = a->qkv + r * a->qkv_stride;
         const bf16 *cos = a->rope_cos + position * head_dim;
         const bf16 *sin = a->rope_sin + position * head_dim;
+        const int64_t *table = a->block_tables + r * a->table_stride;
         for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
-            const int64_t base = (a->slots[r] * n_kv_heads + kv) * a->cache_len * head_dim;
-            bf16 *slot_keys = a->keys + base;
-            bf16 *slot_values = a->values + base;
             /* The new key (rotated) and value go into the cache first. */
+            const int64_t written = pool_offset(a, table, kv, position);
             const bf16 *new_key = normed_head(row + (n_heads + kv) * head_dim, a->k_norm, a->eps,
                                               normed, head_dim);
             rope_head(new_key, cos, sin, key, head_dim);
             for (int64_t d = 0; d < head_dim; ++d) {
-                slot_keys[position * head_dim + d] = float_to_bf16(key[d]);
+                a->keys[written + d] = float_to_bf16(key[d]);
             }
-            memcpy(slot_values + position * head_dim, row + (n_heads + n_kv_heads + kv) * head_dim,
+            memcpy(a->values + written, row + (n_heads + n_kv_heads + kv) * head_dim,
                    (size_t)head_dim * sizeof(bf16));
             for (int64_t g = 0; g < group; ++g) {
                 const bf16 *head = normed_head(row + (kv * group + g) * head_dim, a->q_norm,
@@ -284,8 +333,10 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
                 rope_head(head, cos, sin, query[g], head_dim);
             }
             /* Scores: each cached key is read once for the whole query group. */
+            const int64_t blocks = (length + a->block_size - 1) / a->block_size;
+            struct block_walk keys_walk = walk_start(a, a->keys, table, kv);
             for (int64_t t = 0; t < length; ++t) {
-                const bf16 *k = slot_keys + t * head_dim;
+                const bf16 *k = walk_next(&keys_walk, blocks);
                 for (int64_t g = 0; g < group; ++g) {
                     scores[g * length + t] = dot_bf16(query[g], k, head_dim) * scale;
                 }
@@ -332,8 +383,9 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
                 memset(acc[g], 0, (size_t)head_dim * sizeof(float));
             }
             /* Weighted sum of the values: each cached value is read once for the group. */
+            struct block_walk values_walk = walk_start(a, a->values, table, kv);
             for (int64_t t = 0; t < length; ++t) {
-                const bf16 *v = slot_values + t * head_dim;
+                const bf16 *v = walk_next(&values_walk, blocks);
                 for (int64_t d = 0; d < head_dim; ++d) {
                     key[d] = bf16_to_float(v[d]);
                 }
@@ -355,15 +407,16 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
 }
 
 void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_cos,
-                         const bf16 *rope_sin, const int64_t *positions, const int64_t *slots,
-                         bf16 *keys, bf16 *values, int64_t cache_len, float *scores,
+                         const bf16 *rope_sin, const int64_t *positions,
+                         const int64_t *block_tables, int64_t table_stride, bf16 *keys,
+                         bf16 *values, int64_t pool_len, int64_t block_size, float *scores,
                          int64_t scores_per_thread, bf16 *out, int64_t rows, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t threads,
                          const bf16 *q_norm, const bf16 *k_norm, float eps) {
-    const struct attention_args args = {qkv,     qkv_stride, rope_cos, rope_sin,  positions,
-                                        slots,   keys,       values,   cache_len, out,
-                                        n_heads, n_kv_heads, head_dim, q_norm,    k_norm,
-                                        eps};
+    const struct attention_args args = {
+        qkv,      qkv_stride, rope_cos,   rope_sin, positions, block_tables,
+        table_stride, keys,   values,     pool_len, block_size, out,
+        n_heads,  n_kv_heads, head_dim,   q_norm,   k_norm,    eps};
 #ifndef _OPENMP
     threads = 1; /* built without OpenMP (app/models/fused_decode.py says when) */
     (void)scores_per_thread;

@@ -6,7 +6,8 @@ layer between the projections (two RMSNorms, rope, the K/V cache write, SDPA, si
 adds; each a dispatch of a few microseconds of work, see docs/MODEL_PERF.md). These kernels do
 the same work in four calls per layer: ``rms_norm`` twice (each with the residual add before
 it), ``decode_attention`` (rope, K/V write and grouped-query attention of single-token rows,
-its rows shared among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
+reading and writing the paged cache through each row's block table in place, its rows shared
+among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
 threads: a decode step takes 0.69-0.84x the eager step's time from 1 to 64 rows and from 40 to
 2000 positions (docs/MODEL_PERF.md).
 
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from app.models.kv_cache import KV_BLOCK_SIZE
 
 SOURCE = Path(__file__).with_name("fused_decode.c")
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c11")
@@ -111,7 +114,7 @@ class FusedDecodeKernels:
         rope_cos: torch.Tensor,
         rope_sin: torch.Tensor,
         positions: torch.Tensor,
-        slots: torch.Tensor,
+        block_tables: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
         scores: torch.Tensor,
@@ -128,8 +131,11 @@ class FusedDecodeKernels:
             qkv: ``[rows, (n_heads + 2 * n_kv_heads) * head_dim]``, the QKV projection.
             rope_cos, rope_sin: ``[max_positions, head_dim]`` (``DecoderModel``'s tables,
                 :mod:`app.models.rope`).
-            positions, slots: ``[rows]`` int64; each row's position and cache slot.
-            keys, values: one layer of the cache, ``[slots, n_kv_heads, cache_len, head_dim]``.
+            positions: ``[rows]`` int64; each row's position.
+            block_tables: ``[rows, blocks]`` int64, contiguous: each row's block table
+                (:class:`app.models.base.KVBlocks`), covering its position.
+            keys, values: one layer of the paged cache, ``[n_kv_heads, num_blocks *
+                block_size, head_dim]`` (:class:`app.models.kv_cache.KVCache`).
             scores: float32 workspace, ``[threads, n]`` with ``n >= n_heads / n_kv_heads *
                 (max(positions) + 1)``.
             threads: OpenMP threads sharing the rows, split by their lengths. They come from
@@ -159,10 +165,12 @@ class FusedDecodeKernels:
             rope_cos.data_ptr(),
             rope_sin.data_ptr(),
             positions.data_ptr(),
-            slots.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
             keys.data_ptr(),
             values.data_ptr(),
-            keys.shape[2],
+            keys.shape[1],
+            KV_BLOCK_SIZE,
             scores.data_ptr(),
             scores.shape[-1],
             out.data_ptr(),
@@ -209,10 +217,12 @@ def _declare(library: ctypes.CDLL) -> None:
         _c_void_p,  # rope_cos
         _c_void_p,  # rope_sin
         _c_void_p,  # positions
-        _c_void_p,  # slots
+        _c_void_p,  # block_tables
+        _c_int64,  # table_stride
         _c_void_p,  # keys
         _c_void_p,  # values
-        _c_int64,  # cache_len
+        _c_int64,  # pool_len
+        _c_int64,  # block_size
         _c_void_p,  # scores
         _c_int64,  # scores_per_thread
         _c_void_p,  # out

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 
-from app.config import ServerConfig
+from app.config import ServerConfig, parse_memory_size
 from app.models.allocator import keep_step_buffers_in_the_heap, return_freed_memory_to_the_os
 from app.models.decoder import DecoderModel
 from app.models.int4 import int4_kernel_status
-from app.models.memory import MemoryEstimate, estimate_memory
+from app.models.kv_cache import kv_block_bytes, pool_blocks
+from app.models.memory import MemoryEstimate, available_memory, estimate_memory
 from app.models.projections import select_linear_kernel
 from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
@@ -50,6 +51,9 @@ class LoadOptions:
         served_model_name: the name to serve under; None: the bundled model's name, the GGUF's
             ``general.name``, or the directory's name.
         prefill_chunk: most prompt tokens one row carries in a step.
+        kv_cache_memory: the paged KV pool: bytes (int), a fraction of available memory
+            (float), or None (room for ``DEFAULT_POOL_SEQUENCES`` sequences of
+            ``max_model_len``); ``--kv-cache-memory``.
     """
 
     max_num_seqs: int
@@ -60,6 +64,7 @@ class LoadOptions:
     fused_decode: bool = True
     served_model_name: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    kv_cache_memory: int | float | None = None
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> LoadOptions:
@@ -71,6 +76,9 @@ class LoadOptions:
             quantization=config.quantization,
             fused_decode=config.fused_decode,
             served_model_name=config.served_model_name,
+            kv_cache_memory=(
+                parse_memory_size(config.kv_cache_memory) if config.kv_cache_memory else None
+            ),
         )
 
 
@@ -85,6 +93,7 @@ class LoadPlan:
         quantization: ``auto`` resolved; ``quantization_reason`` says why.
         max_model_len: positions per slot (the asked value capped at the model's context).
         memory: the estimate that was checked.
+        num_kv_blocks: blocks of the paged KV pool, the null block included.
     """
 
     source: ModelSource
@@ -95,6 +104,7 @@ class LoadPlan:
     quantization_reason: str
     max_model_len: int
     memory: MemoryEstimate
+    num_kv_blocks: int
 
 
 def resolve_device(device: str) -> str:
@@ -164,20 +174,32 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
             options.max_model_len,
             max_model_len,
         )
+    try:
+        num_kv_blocks = pool_blocks(
+            options.kv_cache_memory,
+            bytes_per_block=kv_block_bytes(source.hparams, dtype=dtype),
+            max_model_len=max_model_len,
+            max_num_seqs=options.max_num_seqs,
+            available=available_memory(device)[0],
+        )
+    except ValueError as error:
+        raise ModelRefused(source.path, str(error)) from None
     memory = estimate_memory(
         source.hparams,
         dtype=dtype,
         device=device,
         quantization=quantization,
-        max_num_seqs=options.max_num_seqs,
         max_model_len=max_model_len,
+        num_kv_blocks=num_kv_blocks,
     )
     if not memory.fits:
         raise ModelRefused(
             source.path,
             memory.describe(max_num_seqs=options.max_num_seqs, max_model_len=max_model_len),
         )
-    return LoadPlan(source, options, dtype, device, quantization, reason, max_model_len, memory)
+    return LoadPlan(
+        source, options, dtype, device, quantization, reason, max_model_len, memory, num_kv_blocks
+    )
 
 
 def load_runner(plan: LoadPlan) -> ModelRunner:
@@ -221,17 +243,21 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         max_num_seqs=options.max_num_seqs,
         max_model_len=plan.max_model_len,
         prefill_chunk=options.prefill_chunk,
+        num_kv_blocks=plan.num_kv_blocks,
     )
     return_freed_memory_to_the_os()
     keep_step_buffers_in_the_heap()
     logger.info("decode steps: %s", model.fused_decode_status)
     logger.info(
-        "loaded %s (%s) in %.1f s; KV cache %.1f MiB (%.2f MiB per slot)",
+        "loaded %s (%s) in %.1f s; KV cache %.1f MiB: %d blocks of %d positions, %.2f MiB each%s",
         source.name,
         runner.capabilities.backend,
         time.perf_counter() - started,
         runner.cache.total_bytes / 2**20,
-        runner.cache.bytes_per_slot / 2**20,
+        runner.cache.num_blocks - 1,
+        runner.cache.block_size,
+        runner.cache.bytes_per_block / 2**20,
+        "" if options.kv_cache_memory is not None else " (default; --kv-cache-memory sets it)",
     )
     return runner
 

@@ -12,9 +12,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from app.config import ServerConfig
+from app.config import ServerConfig, parse_memory_size
 from app.models.base import Model
-from app.models.mock import MockModelRunner
+from app.models.mock import MOCK_BYTES_PER_POSITION, MOCK_KV_BLOCK_SIZE, MockModelRunner
+from app.models.refusal import ModelRefused
 
 if TYPE_CHECKING:
     from app.models.load_plan import LoadPlan
@@ -26,9 +27,14 @@ def inspect_model(config: ServerConfig) -> LoadPlan | None:
     """Open and check the configured model and decide how to load it; None for the mock.
 
     Raises:
-        ModelRefused: the model cannot be served (:func:`app.models.load_plan.plan_load`).
+        ModelRefused: the model cannot be served (:func:`app.models.load_plan.plan_load`), or
+            the mock's KV pool would not hold one sequence.
     """
     if config.model == "mock":
+        try:
+            _mock_kv_blocks(config)
+        except ValueError as error:
+            raise ModelRefused("mock", str(error)) from None
         return None
     from app.models.load_plan import LoadOptions, plan_load  # the real model's modules
 
@@ -50,6 +56,7 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
             context_length=config.mock_context_length,
             step_ms=config.mock_step_ms,
             fail_every=config.mock_fail_every,
+            kv_blocks=_mock_kv_blocks(config),
         )
     else:
         import torch  # the real model's modules
@@ -69,3 +76,28 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
         time.perf_counter() - started,
     )
     return model
+
+
+def _mock_kv_blocks(config: ServerConfig) -> int:
+    """The mock's pool, sized as the real model's is (``app.models.kv_cache.pool_blocks``), at
+    ``MOCK_BYTES_PER_POSITION`` bytes a position.
+
+    Raises:
+        ValueError: the pool would not hold one sequence of the mock's context length.
+    """
+    import psutil
+
+    setting = None if config.kv_cache_memory is None else parse_memory_size(config.kv_cache_memory)
+    per_block = MOCK_BYTES_PER_POSITION * MOCK_KV_BLOCK_SIZE
+    one_sequence = -(-config.mock_context_length // MOCK_KV_BLOCK_SIZE)
+    if setting is None:
+        usable = max(16, config.max_num_seqs) * one_sequence
+    else:
+        available = psutil.virtual_memory().available
+        usable = (int(setting * available) if isinstance(setting, float) else setting) // per_block
+    if usable < one_sequence:
+        raise ValueError(
+            f"--kv-cache-memory gives the mock {usable} KV blocks, fewer than one sequence of "
+            f"--mock-context-length {config.mock_context_length} needs ({one_sequence})"
+        )
+    return usable + 1

@@ -1,8 +1,8 @@
 """Will the model and its KV cache fit? An estimate from the hyper-parameters, before loading.
 
-The estimate counts what stays resident once every slot holds ``max_model_len`` positions: the
+The estimate counts what stays resident once every block of the KV pool is written: the
 weights in the format they are loaded in (the lookups that read the file's rows count nothing:
-those pages are file cache, reclaimable), the rope tables and the full KV cache (lazily zeroed,
+those pages are file cache, reclaimable), the rope tables and the full KV pool (lazily zeroed,
 so a server that never fills it uses less; refusing on the full size is what keeps a busy one
 from being killed later). It is compared with the memory available now: psutil's
 ``available`` for the CPU, the device's free memory for CUDA.
@@ -16,7 +16,7 @@ import psutil
 import torch
 
 from app.models.hparams import HParams
-from app.models.kv_cache import kv_cache_bytes
+from app.models.kv_cache import kv_block_bytes
 from app.models.weights import Quantization
 
 MIB = 2**20
@@ -36,7 +36,7 @@ class MemoryEstimate:
 
     Attributes:
         weights: projections, LM head, embedding (when not read from the file), norms, rope.
-        kv_cache: the KV cache with every position of every slot written.
+        kv_cache: the paged KV pool with every block written.
         available: free memory of the device now.
         where: "RAM" or the device's name.
     """
@@ -59,7 +59,7 @@ class MemoryEstimate:
             f"model {self.weights / MIB:.0f} MiB + KV cache {self.kv_cache / MIB:.0f} MiB "
             f"({max_num_seqs} slots x {max_model_len} positions) = {self.total / MIB:.0f} MiB, "
             f"more than the {self.available / MIB:.0f} MiB of {self.where} available "
-            "(lower --max-num-seqs or --max-model-len)"
+            "(lower --kv-cache-memory, --max-num-seqs or --max-model-len)"
         )
 
 
@@ -69,8 +69,8 @@ def estimate_memory(
     dtype: torch.dtype,
     device: torch.device,
     quantization: Quantization,
-    max_num_seqs: int,
     max_model_len: int,
+    num_kv_blocks: int,
 ) -> MemoryEstimate:
     """The estimate for one load (see the module docstring)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -83,14 +83,13 @@ def estimate_memory(
     embedding = 0 if (hparams.tied_embeddings or device.type == "cpu") else head
     rope = 2 * max_model_len * hparams.head_dim * itemsize
     weights = int(projections + head + embedding + rope)
-    kv = kv_cache_bytes(
-        hparams, max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype
-    )
-    available, where = _available(device)
+    kv = kv_block_bytes(hparams, dtype=dtype) * num_kv_blocks
+    available, where = available_memory(device)
     return MemoryEstimate(weights=weights, kv_cache=kv, available=available, where=where)
 
 
-def _available(device: torch.device) -> tuple[int, str]:
+def available_memory(device: torch.device) -> tuple[int, str]:
+    """Bytes free now on ``device`` (psutil's ``available`` for the CPU), and where."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free), torch.cuda.get_device_name(device)

@@ -3,7 +3,12 @@
 ``MockModel.next_tokens`` is the seed's contract as written: every call receives each sequence's
 whole token prefix and returns one token per entry, keeping nothing between calls.
 ``MockModelRunner`` adapts it to the scheduler's ``Model`` protocol; like a real model's KV cache,
-it keeps each slot's prefix between steps, and it drops that state on ``release``.
+it keeps each slot's prefix between steps, and it drops that state on ``release``. Given
+``kv_blocks`` it is paged like the real runner: it keeps the tokens of every block of a pool
+(its stand-in for K/V), writes each row's tokens where the row's block table says and, for a
+row that starts a sequence after a cached prefix, reads that prefix back from the blocks. Its
+outputs depend only on the prefix it read, so a wrong block table or a stale block shows as
+different text: with prefix caching on and off, its outputs must be the same (the oracle).
 
 Tokens are bytes: ids 0..255 are the UTF-8 bytes of the text (so a multi-byte character really is
 split over several tokens), 256 is EOS.
@@ -21,13 +26,29 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from array import array
 from collections.abc import Sequence
 
-from app.models.base import ModelCapabilities, StepBatch, StepOutput
+import torch
+
+from app.models.base import (
+    NULL_BLOCK,
+    ModelCapabilities,
+    StepBatch,
+    StepOutput,
+    StepRow,
+    TokenLogprobs,
+)
+from app.models.token_mask import unpack_token_masks
 
 MOCK_EOS_TOKEN_ID = 256
 MOCK_FAIL_MARKER = b"<<fail>>"
 MOCK_VOCAB_SIZE = 257
+MOCK_KV_BLOCK_SIZE = 16
+# What --kv-cache-memory buys in the mock: one int32 token id per position.
+MOCK_BYTES_PER_POSITION = 4
+# A block position never written holds this (never a token).
+_UNWRITTEN = -1
 _ALPHABET = tuple("abcdefghijklmnopqrstuvwxyz      .,éß中文😀")
 _ALPHABET_BYTES = tuple(ch.encode("utf-8") for ch in _ALPHABET)
 
@@ -87,6 +108,22 @@ class MockModel:
         return _ALPHABET_BYTES[(digest // self.eos_one_in) % len(_ALPHABET_BYTES)][0]
 
 
+def _within(mask: torch.Tensor, token: int, prefix: Sequence[int]) -> int:
+    """The mock's token under a constraint's mask (``app.models.token_mask``'s layout): its own
+    when allowed, else EOS when the language may end, else an allowed token picked by a hash
+    of the prefix (deterministic, like the rest of the mock)."""
+    allowed = unpack_token_masks(mask[None, :], MOCK_VOCAB_SIZE)[0]
+    if allowed[token]:
+        return token
+    if allowed[MOCK_EOS_TOKEN_ID]:
+        return MOCK_EOS_TOKEN_ID
+    choices = allowed.nonzero()[:, 0].tolist()
+    if not choices:
+        return token  # nothing allowed: the scheduler finds the token outside the language
+    digest = zlib.crc32(bytes(t & 0xFF for t in prefix[-32:]), len(prefix) & 0xFFFFFFFF)
+    return choices[digest % len(choices)]
+
+
 class ByteTokenizer:
     """One token per UTF-8 byte; EOS (256) decodes to nothing."""
 
@@ -110,6 +147,8 @@ class MockModelRunner:
         eos_one_in: see ``MockModel``.
         fail_every: fault injection: every ``fail_every``-th step raises (0: never). Rows whose
             prefix contains ``<<fail>>`` fail on their own (``StepOutput.row_errors``).
+        kv_blocks: blocks of ``MOCK_KV_BLOCK_SIZE`` positions in a paged pool, the null block
+            included; None: not paged (per-slot prefixes only).
 
     Attributes:
         num_model_calls: ``next_tokens`` calls so far (for static-vs-continuous comparisons).
@@ -124,6 +163,7 @@ class MockModelRunner:
         max_tokens_per_row: int | None = None,
         eos_one_in: int = 24,
         fail_every: int = 0,
+        kv_blocks: int | None = None,
     ) -> None:
         self.model = MockModel(eos_one_in=eos_one_in)
         self.fail_every = fail_every
@@ -137,36 +177,46 @@ class MockModelRunner:
             eos_token_ids=frozenset({MOCK_EOS_TOKEN_ID}),
             keeps_kv_cache=False,
             max_tokens_per_row=max_tokens_per_row or context_length,
+            kv_block_size=MOCK_KV_BLOCK_SIZE if kv_blocks else 0,
+            num_kv_blocks=kv_blocks or 0,
         )
         self.step_ms = step_ms
         self.num_model_calls = 0
         self._prefixes: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self._marked: list[bool] = [False] * max_num_seqs  # prompt carries MOCK_FAIL_MARKER
+        # The pool: the token at each position of each block (4 bytes a position, as
+        # MOCK_BYTES_PER_POSITION says), position p of block b at b * MOCK_KV_BLOCK_SIZE + p.
+        self._num_blocks = kv_blocks or 0
+        self._pool = array("i", [_UNWRITTEN]) * (self._num_blocks * MOCK_KV_BLOCK_SIZE)
         self._lock = threading.Lock()
 
     def step(self, batch: StepBatch) -> StepOutput:
         """Raises ValueError when a row's position does not continue its slot's prefix, and
         RuntimeError on an injected whole-step failure. Inert rows (``StepRow.padding``)
-        leave their slot alone and get None."""
+        leave their slot alone and get None. A paged mock raises ValueError too for a row
+        without a block table, a table naming the null block or a block outside the pool, not
+        covering the row, or a cached prefix that reads a position never written."""
         if batch.has_inert_rows:
             return batch.expand(self.step(batch.compacted()))
         with self._lock:
             self.num_model_calls += 1
             if self.fail_every and self.num_model_calls % self.fail_every == 0:
                 raise RuntimeError(f"injected failure of mock step {self.num_model_calls}")
+            if self._num_blocks:
+                for row in batch.rows:
+                    self._check_blocks(row)
             for row in batch.rows:
                 prefix = self._prefixes[row.slot]
-                if row.position == 0:
-                    prefix.clear()
+                if row.starts_sequence:
+                    prefix[:] = self._read_blocks(row) if row.position else []
                 elif row.position != len(prefix):
                     raise ValueError(
                         f"slot {row.slot}: row at position {row.position}, state has {len(prefix)}"
                     )
                 prefix.extend(row.token_ids)
-                if row.position == 0:
-                    self._marked[row.slot] = MOCK_FAIL_MARKER in bytes(
-                        t for t in row.token_ids if t < 256
-                    )
+                self._write_blocks(row)
+                if row.starts_sequence:
+                    self._marked[row.slot] = MOCK_FAIL_MARKER in bytes(t for t in prefix if t < 256)
             errors = tuple(
                 "injected failure of this request" if self._marked[row.slot] else None
                 for row in batch.rows
@@ -178,10 +228,57 @@ class MockModelRunner:
             tokens = self.model.next_tokens(prefixes) if prefixes else []
             result: list[int | None] = [None] * len(batch.rows)
             for index, token in zip(sampled, tokens, strict=True):
-                result[index] = token
-            return StepOutput(tuple(result), errors if any(errors) else None)
+                mask = batch.rows[index].token_mask
+                result[index] = token if mask is None else _within(mask, token, prefixes[index])
+            return StepOutput(
+                tuple(result), errors if any(errors) else None, _certain_logprobs(batch, result)
+            )
 
     def release(self, slot: int) -> None:
         with self._lock:
             self._prefixes[slot] = []
             self._marked[slot] = False
+
+    def _check_blocks(self, row: StepRow) -> None:
+        table = row.kv_blocks
+        if table is None:
+            raise ValueError(f"slot {row.slot}: a paged model's row needs a block table")
+        if any(not NULL_BLOCK < block < self._num_blocks for block in table.block_ids):
+            raise ValueError(f"slot {row.slot}: block table names a block outside the pool")
+        if len(table.block_ids) * MOCK_KV_BLOCK_SIZE < row.position + len(row.token_ids):
+            raise ValueError(f"slot {row.slot}: block table does not cover the row")
+
+    def _read_blocks(self, row: StepRow) -> list[int]:
+        """The cached prefix ``[0, row.position)`` of a paged row, from its blocks."""
+        assert row.kv_blocks is not None
+        prefix: list[int] = []
+        for block in row.kv_blocks.block_ids[: -(-row.position // MOCK_KV_BLOCK_SIZE)]:
+            start = block * MOCK_KV_BLOCK_SIZE
+            prefix.extend(self._pool[start : start + MOCK_KV_BLOCK_SIZE])
+        del prefix[row.position :]
+        if _UNWRITTEN in prefix:
+            raise ValueError(f"slot {row.slot}: cached prefix reads a position never written")
+        return prefix
+
+    def _write_blocks(self, row: StepRow) -> None:
+        if row.kv_blocks is None:
+            return
+        table = row.kv_blocks.block_ids
+        for position, token in enumerate(row.token_ids, start=row.position):
+            block, offset = divmod(position, MOCK_KV_BLOCK_SIZE)
+            self._pool[table[block] * MOCK_KV_BLOCK_SIZE + offset] = token
+
+
+def _certain_logprobs(
+    batch: StepBatch, tokens: list[int | None]
+) -> tuple[TokenLogprobs | None, ...] | None:
+    """The mock's logprobs: its next token is certain (log-probability 0, the only
+    alternative with any probability), for the rows that asked; None when none did."""
+    if not any(row.sampling.logprobs is not None for row in batch.rows):
+        return None
+    return tuple(
+        None
+        if token is None or row.sampling.logprobs is None
+        else TokenLogprobs(token, 0.0, ((token, 0.0),) if row.sampling.logprobs else ())
+        for row, token in zip(batch.rows, tokens, strict=True)
+    )

@@ -2,9 +2,11 @@
 hand-off, over the one shared forward (:class:`app.models.decoder.DecoderModel`).
 
 Ownership (rule R02): the runner owns the per-slot bookkeeping (``_slot_lengths``: how many
-positions of each slot's cache are valid), the :class:`KVCache` tensors it passes to the
-forward, and the :class:`Sampler` (per-slot generators). The scheduler only sends frozen
-:class:`StepBatch` messages and ``release`` calls.
+positions each slot's sequence holds, to check rows against), the paged :class:`KVCache`
+tensors it passes to the forward, and the :class:`Sampler` (per-slot generators). Which blocks
+hold a sequence is the scheduler's block manager's: each row brings its block table
+(:class:`app.models.base.KVBlocks`), and the runner only checks it and passes it on. The
+scheduler only sends frozen :class:`StepBatch` messages and ``release`` calls.
 """
 
 from __future__ import annotations
@@ -15,17 +17,33 @@ from typing import Protocol
 
 import torch
 
-from app.models.base import ModelCapabilities, StepBatch, StepOutput, StepRow
+from app.models.base import (
+    NULL_BLOCK,
+    ModelCapabilities,
+    StepBatch,
+    StepOutput,
+    StepRow,
+    TokenLogprobs,
+)
 from app.models.base import Tokenizer as BaseTokenizer
 from app.models.decoder import DecoderModel
 from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.kv_cache import KVCache
+from app.models.kv_cache import (
+    DEFAULT_POOL_SEQUENCES,
+    KV_BLOCK_SIZE,
+    KVCache,
+    blocks_for,
+)
+from app.models.logprobs import token_logprobs
 from app.models.sampler import Sampler, SampleRequest
 from app.models.weights import Quantization
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_CHUNK = 512
+# Prompt positions per LM-head call when scoring a prompt (prompt logprobs): 64 x a 49k
+# vocabulary is 12.6 MB of float32 logits at a time, whatever the chunk's length.
+PROMPT_LOGPROBS_BLOCK = 64
 
 
 class Tokenizer(BaseTokenizer, Protocol):
@@ -38,6 +56,13 @@ class Tokenizer(BaseTokenizer, Protocol):
 class ModelRunner:
     """Steps a :class:`DecoderModel` over batch slots, keeping each slot's KV cache between
     steps: the :class:`app.models.base.Model` the scheduler drives, for every architecture.
+
+    Args:
+        num_kv_blocks: blocks of ``KV_BLOCK_SIZE`` positions in the paged KV pool, the null
+            block included; None: ``max(max_num_seqs, DEFAULT_POOL_SEQUENCES)`` sequences of
+            ``max_model_len``. A row without a block table (a caller stepping the runner
+            without a block manager) uses its slot's fixed blocks
+            (:meth:`app.models.kv_cache.KVCache.slot_blocks`).
 
     Attributes:
         capabilities: what the scheduler may rely on (read once at start-up).
@@ -53,19 +78,30 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        num_kv_blocks: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        if num_kv_blocks is None:
+            sequences = max(max_num_seqs, DEFAULT_POOL_SEQUENCES)
+            num_kv_blocks = 1 + sequences * blocks_for(max_model_len)
         self.cache = KVCache(
             model.hparams,
+            num_blocks=num_kv_blocks,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             dtype=model.dtype,
             device=model.device,
         )
-        self._sampler = Sampler(max_num_seqs)
+        self._sampler = Sampler(
+            max_num_seqs,
+            vocab_size=model.hparams.vocab_size,
+            eos_token_ids=frozenset(tokenizer.eos_token_ids),
+        )
         self._slot_lengths = [0] * max_num_seqs
+        # the last hidden state of a prompt chunk, which scores the next chunk's first token
+        self._last_prompt_hidden: list[torch.Tensor | None] = [None] * max_num_seqs
         dtype_name = str(model.dtype).removeprefix("torch.")
         if model.quantization is not Quantization.NONE:
             dtype_name += f"-{model.quantization.value}"
@@ -78,6 +114,8 @@ class ModelRunner:
             eos_token_ids=frozenset(tokenizer.eos_token_ids),
             keeps_kv_cache=True,
             max_tokens_per_row=min(prefill_chunk, max_model_len),
+            kv_block_size=KV_BLOCK_SIZE,
+            num_kv_blocks=num_kv_blocks,
         )
 
     def step(self, batch: StepBatch) -> StepOutput:
@@ -87,37 +125,112 @@ class ModelRunner:
 
         Raises:
             ValueError: a row is invalid (slot out of range or repeated, no tokens, too many
-                tokens, a position that is neither 0 nor the slot's length, past
-                ``max_model_len``, or a token id outside the vocabulary). Nothing changes.
+                tokens, no block table or one that names a block outside the pool or does not
+                cover the row, a position that neither continues the slot's sequence nor
+                starts one after whole cached blocks, past ``max_model_len``, or a token id
+                outside the vocabulary). Nothing changes.
         """
         if batch.has_inert_rows:
             return batch.expand(self.step(batch.compacted()))
         rows = batch.rows
         self._validate(rows)
         for row in rows:
-            if row.position == 0:
-                self._sampler.start_sequence(row.slot, row.sampling.seed)
+            if row.starts_sequence:
+                self._sampler.start_sequence(
+                    row.slot, row.sampling.seed, row.sampling, device=self.model.device
+                )
+                if row.kv_blocks is not None:
+                    # a cached prefix is prompt the penalties must see; a sequence recomputed
+                    # after a preemption had generated tokens: one draw each when sampled
+                    self._sampler.feed(row.slot, row.kv_blocks.prefix_token_ids)
+                    generated = row.kv_blocks.generated_token_ids
+                    self._sampler.resume(
+                        row.slot, generated, draws=0 if row.sampling.is_greedy else len(generated)
+                    )
+            self._sampler.feed(row.slot, row.token_ids)
         plan = ForwardPlan.build(
             [
-                RowSpec(r.slot, r.token_ids, r.position, r.sample, r.sampling.batch_invariant)
+                RowSpec(
+                    r.slot,
+                    r.token_ids,
+                    r.position,
+                    r.sample,
+                    r.sampling.batch_invariant,
+                    r.kv_blocks.block_ids if r.kv_blocks is not None else None,
+                )
                 for r in rows
             ],
             cache=self.cache,
         )
+        scored = [r for r in rows if self._wants_prompt_logprobs(r)]
+        hidden: list[torch.Tensor] | None = [] if scored else None
         with torch.inference_mode():
-            logits = self.model.forward(plan, self.cache)
-            sampled = self._sampler.sample(
-                logits, [SampleRequest(r.slot, r.sampling) for r in rows if r.sample]
-            )
+            logits = self.model.forward(plan, self.cache, hidden_out=hidden)
+            prompt_logprobs = self._prompt_logprobs(scored, plan, hidden[0]) if hidden else {}
+            requests = [SampleRequest(r.slot, r.sampling, r.token_mask) for r in rows if r.sample]
+            sampled = self._sampler.sample(logits, requests)
+            logprobs = self._sampler.logprobs(logits, requests, sampled)
         for row in rows:
             self._slot_lengths[row.slot] = row.position + len(row.token_ids)
         tokens = iter(sampled)
-        return StepOutput(tuple(next(tokens) if row.sample else None for row in rows))
+        row_logprobs = iter(logprobs or ())
+        return StepOutput(
+            tuple(next(tokens) if row.sample else None for row in rows),
+            logprobs=(
+                tuple(next(row_logprobs) if row.sample else None for row in rows)
+                if logprobs
+                else None
+            ),
+            prompt_logprobs=(
+                tuple(prompt_logprobs.get(row.slot) for row in rows) if prompt_logprobs else None
+            ),
+        )
+
+    def _wants_prompt_logprobs(self, row: StepRow) -> bool:
+        """A prompt chunk (nothing generated yet in its slot) of a request that asked."""
+        return row.sampling.prompt_logprobs is not None and self._sampler.generated(row.slot) == 0
+
+    def _prompt_logprobs(
+        self, rows: Sequence[StepRow], plan: ForwardPlan, hidden: torch.Tensor
+    ) -> dict[int, tuple[TokenLogprobs | None, ...]]:
+        """Each prompt chunk's token logprobs: position ``j`` is scored from the hidden state
+        of position ``j - 1`` (the previous chunk's last one, kept per slot, for ``j`` = 0),
+        through the LM head ``PROMPT_LOGPROBS_BLOCK`` positions at a time, so no
+        ``[chunk, vocab]`` tensor is held (a prompt's first token has none)."""
+        results: dict[int, tuple[TokenLogprobs | None, ...]] = {}
+        assert plan.row_starts is not None
+        for row in rows:
+            start = plan.row_starts[row.slot]
+            states = hidden[start : start + len(row.token_ids)]
+            previous = self._last_prompt_hidden[row.slot] if row.position > 0 else None
+            entries: list[TokenLogprobs | None] = []
+            if previous is None:
+                entries.append(None)
+                inputs, targets = states[:-1], list(row.token_ids[1:])
+            else:
+                inputs = torch.cat([previous[None], states[:-1]])
+                targets = list(row.token_ids)
+            top = row.sampling.prompt_logprobs or 0
+            for begin in range(0, len(targets), PROMPT_LOGPROBS_BLOCK):
+                block = slice(begin, begin + PROMPT_LOGPROBS_BLOCK)
+                entries.extend(
+                    token_logprobs(
+                        self.model.output_logits(inputs[block]),
+                        targets[block],
+                        [top] * len(targets[block]),
+                    )
+                )
+            self._last_prompt_hidden[row.slot] = None if row.sample else states[-1].clone()
+            results[row.slot] = tuple(entries)
+        return results
 
     def release(self, slot: int) -> None:
-        """Forget the slot's sequence. Its cache is not cleared: it is never read again."""
+        """Forget the slot's sequence. Its blocks are the block manager's to free; their
+        content is not cleared (it is read again only as a cached prefix, or masked)."""
         self._check_slot(slot)
         self._slot_lengths[slot] = 0
+        self._sampler.release(slot)
+        self._last_prompt_hidden[slot] = None
 
     def slot_length(self, slot: int) -> int:
         """Positions currently held for ``slot`` (read-only view for tests and metrics)."""
@@ -141,10 +254,17 @@ class ModelRunner:
             most = self.capabilities.max_tokens_per_row
             if not 1 <= count <= most:
                 raise ValueError(f"slot {row.slot}: {count} tokens, expected 1..{most}")
-            if row.position not in (0, self._slot_lengths[row.slot]):
+            self._check_blocks(row)
+            if row.starts_sequence:
+                if row.position % KV_BLOCK_SIZE:
+                    raise ValueError(
+                        f"slot {row.slot}: a sequence starts at position {row.position}, not "
+                        f"after whole blocks of {KV_BLOCK_SIZE}"
+                    )
+            elif row.position != self._slot_lengths[row.slot]:
                 raise ValueError(
-                    f"slot {row.slot}: position {row.position}, expected 0 or "
-                    f"{self._slot_lengths[row.slot]}"
+                    f"slot {row.slot}: position {row.position}, expected "
+                    f"{self._slot_lengths[row.slot]} (or a row that starts a sequence)"
                 )
             if row.position + count > self.max_model_len:
                 raise ValueError(
@@ -153,3 +273,15 @@ class ModelRunner:
                 )
             if not all(0 <= t < vocab for t in row.token_ids):
                 raise ValueError(f"slot {row.slot}: token id outside [0, {vocab})")
+
+    def _check_blocks(self, row: StepRow) -> None:
+        table: Sequence[int]
+        if row.kv_blocks is None:
+            table = self.cache.slot_blocks(row.slot)  # ValueError when the pool lacks them
+        else:
+            table = row.kv_blocks.block_ids
+        if len(table) < blocks_for(row.position + len(row.token_ids)):
+            raise ValueError(f"slot {row.slot}: block table does not cover the row")
+        pool = self.cache.num_blocks
+        if any(not NULL_BLOCK < block < pool for block in table):
+            raise ValueError(f"slot {row.slot}: block table names a block outside [1, {pool})")

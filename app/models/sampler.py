@@ -1,28 +1,35 @@
 """Picking the next token of every sampling row of a step, reproducibly per request.
 
-Each slot owns a ``torch.Generator``; :meth:`Sampler.start_sequence` re-seeds it with the
-request's seed when a sequence starts in the slot (a row at position 0). A sampled row draws
-exactly one uniform number ``u`` in [0, 1) from its own slot's generator, and every other
-operation is row-wise and chosen by the row's own parameters and logits, so a seeded request
-gets the same tokens whether it runs alone or in a crowd (up to the tiny float differences a
-batched matmul may introduce in its logits).
+Each slot owns a ``torch.Generator`` and, while a sequence runs in it, a
+:class:`~app.models.token_counts.SlotTokenCounts`; :meth:`Sampler.start_sequence` re-seeds the
+one and creates the other when a sequence starts in the slot (a row at position 0),
+:meth:`Sampler.release` drops the state with the slot. A sampled row draws exactly one uniform
+number ``u`` in [0, 1) from its own slot's generator, and every other operation is row-wise
+and chosen by the row's own parameters and logits, so a seeded request gets the same tokens
+whether it runs alone or in a crowd.
 
-Per row, all rows of the step at once:
+The pipeline, in API.md's order, all rows of the step at once:
 
-1. greedy rows (temperature 0) take the argmax (:func:`argmax_rows`); when every row is greedy
-   nothing else runs;
-2. logits are divided by the temperature;
-3. *unfiltered* rows (``top_k == 0`` and ``top_p >= 1``) pick by inverse CDF over the whole
-   vocabulary in token-id order: the first token whose cumulative probability exceeds ``u``;
-4. *filtered* rows look at their best ``CANDIDATES`` tokens (or ``top_k`` if larger), sorted
+1. rows that use a processor, or sample, are copied to float32 (the model's logits stay raw,
+   for the logprobs); then logit bias, penalties and min_tokens
+   (:mod:`app.models.logits_processors`) and the constraint's mask
+   (:mod:`app.models.token_mask`), each touching only the rows that use it;
+2. greedy rows (temperature 0) take the argmax (:func:`argmax_rows`); when every row is greedy
+   and unprocessed nothing else runs;
+3. logits are divided by the temperature;
+4. *unfiltered* rows (``top_k == 0`` and ``top_p >= 1``) pick by inverse CDF over the whole
+   vocabulary in token-id order: the first token whose cumulative probability exceeds ``u``
+   (min_p, when set, zeroes the tokens under ``min_p`` times the top probability first);
+5. *filtered* rows look at their best ``CANDIDATES`` tokens (or ``top_k`` if larger), sorted
    descending with probabilities from the full softmax: top-k keeps the k best, top-p keeps
-   the shortest prefix whose mass reaches p (the best token is always kept), and the token is
-   the first whose cumulative kept probability exceeds ``u`` times the kept mass. When the
-   candidates hold less than ``top_p`` of the mass (a very flat distribution) the row is redone
-   over the fully sorted vocabulary, so the cut is always exact.
+   the shortest prefix whose mass reaches p (the best token is always kept), min_p drops those
+   under ``min_p`` times the best, and the token is the first whose cumulative kept
+   probability exceeds ``u`` times the kept mass. When the candidates hold less than ``top_p``
+   of the mass (a very flat distribution) the row is redone over the fully sorted vocabulary,
+   so the cut is always exact.
 
 Sorting the whole 49k vocabulary costs ~2.4 ms per row on the 2-core CPU; a top-256 costs
-~0.15 ms, hence step 4.
+~0.15 ms, hence step 5.
 """
 
 from __future__ import annotations
@@ -32,46 +39,172 @@ from dataclasses import dataclass
 
 import torch
 
-from app.models.base import SamplingParams
+from app.models.base import SamplingParams, TokenLogprobs
+from app.models.logits_processors import apply_logit_bias, apply_min_tokens, apply_penalties
+from app.models.logprobs import token_logprobs
+from app.models.token_counts import SlotTokenCounts
+from app.models.token_mask import TokenMask, apply_token_masks
 
 # Tokens examined per filtered row before falling back to a full sort.
 CANDIDATES = 256
 # Columns per block of the two-level argmax (see argmax_rows).
 ARGMAX_BLOCK = 1024
+_CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True, slots=True)
 class SampleRequest:
-    """One row that wants a token: the slot whose generator to use, and how to pick."""
+    """One row that wants a token: the slot whose generator to use, how to pick, and the
+    constraint's allowed tokens (None: unconstrained; see :mod:`app.models.token_mask`)."""
 
     slot: int
     sampling: SamplingParams
+    token_mask: TokenMask | None = None
 
 
 class Sampler:
-    """Owns one random generator per slot (CPU generators: draws are a handful of floats)."""
+    """Owns one random generator per slot (CPU generators: draws are a handful of floats) and
+    the sampling state of the sequence in each busy slot.
 
-    def __init__(self, max_num_seqs: int) -> None:
+    Args:
+        max_num_seqs: slots.
+        vocab_size: logits columns (sizes the penalties' counts); 0: taken from the first
+            logits seen (a sampler used without penalties).
+        eos_token_ids: the ids ``min_tokens`` holds back besides the request's stop ids.
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        *,
+        vocab_size: int = 0,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self._generators = [torch.Generator(device="cpu") for _ in range(max_num_seqs)]
+        self._states: list[SlotTokenCounts | None] = [None] * max_num_seqs
+        self._vocab_size = vocab_size
+        self._eos_token_ids = eos_token_ids
 
-    def start_sequence(self, slot: int, seed: int) -> None:
-        """Re-seed the slot's generator for the sequence that starts in it."""
+    def start_sequence(
+        self,
+        slot: int,
+        seed: int,
+        sampling: SamplingParams | None = None,
+        *,
+        device: torch.device = _CPU,
+    ) -> None:
+        """Re-seed the slot's generator for the sequence that starts in it, and start its
+        sampling state (``sampling``: the sequence's parameters; None: default sampling;
+        ``device``: where the penalties' counts live, the logits' device)."""
         self._generators[slot].manual_seed(seed)
+        self._states[slot] = SlotTokenCounts.start(
+            sampling or SamplingParams(seed=seed),
+            self._vocab_size,
+            device,
+            eos_token_ids=self._eos_token_ids,
+        )
+
+    def feed(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Tokens fed to the model for ``slot`` this step (the prompt's count for the
+        repetition penalty)."""
+        state = self._states[slot]
+        if state is not None:
+            state.feed(token_ids)
+
+    def generated(self, slot: int) -> int:
+        """Tokens drawn for the slot's sequence so far (0: still in its prompt)."""
+        state = self._states[slot]
+        return 0 if state is None else state.generated
+
+    def release(self, slot: int) -> None:
+        """Drop the slot's sampling state (its sequence ended)."""
+        self._states[slot] = None
+
+    def resume(self, slot: int, generated_token_ids: Sequence[int], *, draws: int) -> None:
+        """The sequence starting in ``slot`` is one recomputed after a preemption: the tokens
+        it had generated count as its own (``SlotTokenCounts.resume``), and its generator
+        advances past ``draws`` draws, exactly as that many sampled rows would have, so a
+        seeded sequence goes on with the draws it would have made."""
+        state = self._states[slot]
+        if state is not None:
+            state.resume(generated_token_ids)
+        if draws:
+            torch.rand(draws, generator=self._generators[slot])
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
-        """Token ids for ``logits [R, vocab]``, one per request, in order.
+        """Token ids for ``logits [R, vocab]``, one per request, in order; each drawn token
+        is counted in its slot's state.
 
-        ``logits`` may be bfloat16 (a bfloat16 model's LM head output): greedy rows take the
-        argmax as they are (a cast to float32 is exact, so it would not change it); rows that
-        sample are cast to float32 first.
+        ``logits`` may be bfloat16 (a bfloat16 model's LM head output): unprocessed greedy
+        rows take the argmax as they are (a cast to float32 is exact, so it would not change
+        it); rows that sample or use a processor are copied to float32 first. ``logits`` is
+        never modified.
         """
-        random_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
-        tokens = argmax_rows(logits)
-        if not random_rows:
-            return tokens.tolist()
-        chosen = [requests[i] for i in random_rows]
-        tokens[random_rows] = self._sample_random(logits[random_rows].float(), chosen)
-        return tokens.tolist()
+        states = [self._state(r, logits) for r in requests]
+        work_rows = [
+            i
+            for i, (r, state) in enumerate(zip(requests, states, strict=True))
+            if not r.sampling.is_greedy or _is_processed(r, state)
+        ]
+        if len(work_rows) == len(requests):  # every row is drawn from ``work`` below
+            tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        else:
+            tokens = argmax_rows(logits)
+        if work_rows:
+            work = logits[work_rows].float()  # a copy: ``logits`` stays raw
+            work_states = [states[i] for i in work_rows]
+            apply_logit_bias(work, work_states)
+            apply_penalties(work, work_states)
+            apply_min_tokens(work, work_states)
+            masks = [requests[i].token_mask for i in work_rows]
+            if any(mask is not None for mask in masks):
+                apply_token_masks(work, masks)
+            greedy = [k for k, i in enumerate(work_rows) if requests[i].sampling.is_greedy]
+            if greedy:
+                tokens[[work_rows[k] for k in greedy]] = argmax_rows(work[greedy])
+            random = [k for k, i in enumerate(work_rows) if not requests[i].sampling.is_greedy]
+            if random:
+                tokens[[work_rows[k] for k in random]] = self._sample_random(
+                    work[random], [requests[work_rows[k]] for k in random]
+                )
+        drawn = tokens.tolist()
+        for state, token in zip(states, drawn, strict=True):
+            state.drawn(token)
+        return drawn
+
+    def logprobs(
+        self, logits: torch.Tensor, requests: Sequence[SampleRequest], tokens: Sequence[int]
+    ) -> tuple[TokenLogprobs | None, ...] | None:
+        """Raw logprobs of each drawn token for the requests that asked (None for the
+        others), or None when none did (:func:`app.models.logprobs.token_logprobs`)."""
+        asked = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
+        if not asked:
+            return None
+        scored = token_logprobs(
+            logits[asked],
+            [tokens[i] for i in asked],
+            [requests[i].sampling.logprobs or 0 for i in asked],
+        )
+        results: list[TokenLogprobs | None] = [None] * len(requests)
+        for i, result in zip(asked, scored, strict=True):
+            results[i] = result
+        return tuple(results)
+
+    def _state(self, request: SampleRequest, logits: torch.Tensor) -> SlotTokenCounts:
+        """The slot's state; a fresh one when the slot holds none for these parameters (a
+        caller driving the sampler alone, without :meth:`start_sequence`)."""
+        state = self._states[request.slot]
+        if state is None or (
+            state.sampling is not request.sampling and state.sampling != request.sampling
+        ):
+            state = SlotTokenCounts.start(
+                request.sampling,
+                self._vocab_size or logits.shape[-1],
+                logits.device,
+                eos_token_ids=self._eos_token_ids,
+            )
+            self._states[request.slot] = state
+        return state
 
     def _sample_random(
         self, logits: torch.Tensor, requests: Sequence[SampleRequest]
@@ -87,9 +220,12 @@ class Sampler:
 
         unfiltered = [i for i, p in enumerate(params) if p.top_k == 0 and p.top_p >= 1.0]
         if unfiltered:
-            tokens[unfiltered] = _inverse_cdf(
-                scaled[unfiltered].softmax(dim=-1), uniforms[unfiltered]
-            )
+            probs = scaled[unfiltered].softmax(dim=-1)
+            min_p = [params[i].min_p for i in unfiltered]
+            if any(min_p):
+                floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(-1, True)
+                probs = probs.masked_fill(probs < floor, 0.0)
+            tokens[unfiltered] = _inverse_cdf(probs, uniforms[unfiltered])
 
         filtered = [i for i, p in enumerate(params) if not (p.top_k == 0 and p.top_p >= 1.0)]
         if filtered:
@@ -106,6 +242,11 @@ class Sampler:
                 )
                 tokens[redo] = full
         return tokens
+
+
+def _is_processed(request: SampleRequest, state: SlotTokenCounts) -> bool:
+    """Whether a row needs a float32 copy before the draw: a processor or a mask is on."""
+    return request.token_mask is not None or state.processes
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -142,6 +283,9 @@ def _pick_filtered(
     rank = torch.arange(count, device=device)[None, :]
     within_k = (top_k[:, None] == 0) | (rank < top_k[:, None])
     keep = within_k & (probs.cumsum(dim=-1) - probs < top_p[:, None])
+    min_p = [p.min_p for p in params]
+    if any(min_p):  # relative to the best token, which top-k and top-p always keep
+        keep &= probs >= torch.tensor(min_p, device=device)[:, None] * probs[:, :1]
     keep[:, 0] = True
     covered = (top_k > 0) | (probs.sum(dim=-1) >= top_p)
     picks = _inverse_cdf(probs * keep, uniforms)

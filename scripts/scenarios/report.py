@@ -177,6 +177,10 @@ OTHER_TABLES = (
     ("ROBUSTNESS.md: overload burst (429 latency)", "python scripts/overload_burst.py"),
     ("README.md: 1 vs 2 mock replicas behind nginx", "python scripts/bench_replicas.py"),
     ("README.md: batch runner vs HTTP server, same requests", "python scripts/bench_batch.py"),
+    (
+        "README.md: structured output's cost (constrained vs free tok/s, schema compile time)",
+        "python scripts/bench_structured.py",
+    ),
 )
 
 

@@ -10,7 +10,9 @@ tokens, a stream whose client disconnects after k tokens, a non-stream request, 
 (expects 422): a mix of ``RequestSpec``s sent by loadgen's closed loop. At the end the script
 checks, and exits 1 if any check fails:
 
-* /metrics: ``slotserve_requests_running`` and ``..._waiting`` are back to 0;
+* /metrics: ``slotserve_requests_running`` and ``..._waiting`` are back to 0, and so is
+  ``slotserve_kv_cache_usage_ratio`` (no KV block is held: what stays is cached free blocks
+  only, which the gauge counts as free);
 * every accepted request ended exactly once on the server (``requests_finished_total`` grew by
   the number of accepted requests) and every stream that was read to its end saw exactly one
   final event (``done`` or ``error``), with ``cancelled`` for those it DELETEd;
@@ -52,6 +54,8 @@ BAD_BODIES = (
     b"{not json",
     b'{"prompt": "x", "max_tokens": "ten"}',
 )
+
+KV_USAGE = "slotserve_kv_cache_usage_ratio"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +227,8 @@ async def soak(config: SoakConfig, console: Console) -> dict[str, object]:
             tally.problems.append(
                 f"{gauge.removeprefix('slotserve_requests_')} gauge is {after.value(gauge)}, not 0"
             )
+    if after.value(KV_USAGE) != 0:
+        tally.problems.append(f"KV cache usage is {after.value(KV_USAGE)}, not 0: leaked blocks")
     if int(finished) != tally.accepted:
         tally.problems.append(
             f"server finished {int(finished)} requests, {tally.accepted} were accepted"
@@ -248,6 +254,7 @@ async def soak(config: SoakConfig, console: Console) -> dict[str, object]:
         "rss_before_bytes": rss_before,
         "rss_after_bytes": rss_after,
         "rss_growth": growth,
+        "kv_cache_usage_after": after.value(KV_USAGE),
         "problems": tally.problems,
         "ok": not tally.problems,
     }

@@ -73,10 +73,11 @@ def serve_cli(path: Path, *flags: str) -> Iterator[ServedModel]:
 
 
 def transformers_greedy(
-    hf_directory: Path, prompt_ids: list[int], max_new_tokens: int
+    hf_directory: Path, prompt_ids: list[int], max_new_tokens: int, **generate_options: object
 ) -> list[int]:
     """transformers' float32 greedy continuation of ``prompt_ids``, never stopping at EOS (as a
-    request with ``ignore_eos``)."""
+    request with ``ignore_eos``); ``generate_options`` go to ``generate`` (a
+    ``repetition_penalty``...)."""
     import torch
 
     from tests.checkpoints import load_transformers_model
@@ -91,5 +92,6 @@ def transformers_greedy(
             min_new_tokens=0,
             do_sample=False,
             pad_token_id=0,
+            **generate_options,
         )
     return output[0, len(prompt_ids) :].tolist()

@@ -21,16 +21,18 @@ from app.models.mock import MockModelRunner
 
 
 class RecordingMock(MockModelRunner):
-    """The mock model, remembering the prompt and sampling of every sequence it started."""
+    """The mock model, paged as the server's is (``--model mock``), remembering the prompt (the
+    tokens its first row brought) and sampling of every sequence it started."""
 
     def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("kv_blocks", 1 + 16 * -(-kwargs.get("context_length", 8192) // 16))
         super().__init__(**kwargs)
         self.started_prompts: list[bytes] = []
         self.started_sampling: list[SamplingParams] = []
 
     def step(self, batch: StepBatch) -> StepOutput:
         for row in batch.rows:
-            if row.position == 0:
+            if row.starts_sequence and not row.inert:
                 self.started_prompts.append(bytes(t for t in row.token_ids if t < 256))
                 self.started_sampling.append(row.sampling)
         return super().step(batch)

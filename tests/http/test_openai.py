@@ -125,29 +125,36 @@ async def test_completion_stream_without_usage(client):
         ("/v1/completions", {"prompt": ""}, "prompt", "invalid_value"),
         ("/v1/completions", {}, "prompt", "missing_required_parameter"),
         ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "unsupported_value"),
-        ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),
-        ("/v1/completions", {"prompt": "a", "n": 2}, "n", "unsupported_value"),
+        # issue 15 made token-id prompts, n, best_of == n, logprobs, echo, the penalties and
+        # logit_bias supported: what is refused now is their values out of range
+        ("/v1/completions", {"prompt": [[1], [2]]}, "prompt", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "n": 17}, "n", "invalid_value"),
         ("/v1/completions", {"prompt": "a", "best_of": 3}, "best_of", "unsupported_value"),
-        ("/v1/completions", {"prompt": "a", "logprobs": 1}, "logprobs", "unsupported_value"),
-        ("/v1/completions", {"prompt": "a", "echo": True}, "echo", "unsupported_value"),
+        ("/v1/completions", {"prompt": "a", "logprobs": 21}, "logprobs", "invalid_value"),
+        (
+            "/v1/completions",
+            {"prompt": "a", "echo": True, "logprobs": 1, "stream": True},
+            "echo",
+            "unsupported_value",
+        ),
         ("/v1/completions", {"prompt": "a", "suffix": "z"}, "suffix", "unsupported_value"),
         (
             "/v1/completions",
-            {"prompt": "a", "presence_penalty": 0.5},
+            {"prompt": "a", "presence_penalty": 2.5},
             "presence_penalty",
-            "unsupported_value",
+            "invalid_value",
         ),
         (
             "/v1/completions",
-            {"prompt": "a", "frequency_penalty": -1},
+            {"prompt": "a", "frequency_penalty": -2.5},
             "frequency_penalty",
-            "unsupported_value",
+            "invalid_value",
         ),
         (
             "/v1/completions",
-            {"prompt": "a", "logit_bias": {"5": 1}},
-            "logit_bias",
-            "unsupported_value",
+            {"prompt": "a", "logit_bias": {"5": 101}},
+            "logit_bias.5",
+            "invalid_value",
         ),
         (
             "/v1/completions",
@@ -159,8 +166,8 @@ async def test_completion_stream_without_usage(client):
         (
             "/v1/chat/completions",
             {"messages": [{"role": "tool", "content": "x"}]},
-            "messages.0.role",
-            "invalid_value",
+            "messages.0",
+            "missing_required_parameter",
         ),
         (
             "/v1/chat/completions",
@@ -176,21 +183,43 @@ async def test_completion_stream_without_usage(client):
         ),
         (
             "/v1/chat/completions",
-            {"messages": CHAT, "logprobs": True},
-            "logprobs",
-            "unsupported_value",
+            {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+            "invalid_value",
         ),
         (
             "/v1/chat/completions",
             {"messages": CHAT, "tools": [{"type": "function"}]},
-            "tools",
-            "unsupported_value",
+            "tools.0.function",
+            "missing_required_parameter",
         ),
         (
             "/v1/chat/completions",
-            {"messages": CHAT, "response_format": {"type": "json_object"}},
+            {
+                "messages": CHAT,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+            "invalid_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "response_format": {"type": "xml"}},
             "response_format.type",
-            "unsupported_value",
+            "invalid_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"dependentSchemas": {}}},
+                },
+            },
+            "response_format",
+            "invalid_value",
         ),
     ],
 )
@@ -236,7 +265,8 @@ async def test_accepted_fields_and_unknown_ones(client, caplog):
     assert body["model"] == MODEL
     assert body["usage"]["completion_tokens"] == 3
     assert body["choices"][0]["finish_reason"] == "length"
-    assert "some_future_field" in caplog.text and "parallel_tool_calls" in caplog.text
+    # parallel_tool_calls is a known field since tools are served (without tools it is moot)
+    assert "some_future_field" in caplog.text and "parallel_tool_calls" not in caplog.text
     rendered = chatml(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
     )
@@ -398,8 +428,8 @@ async def test_sdk_raises_its_own_exceptions(live_server_factory):
         await client.completions.create(model=MODEL, prompt="a", temperature=5)
     assert bad.value.status_code == 400
     assert bad.value.code == "invalid_value" and bad.value.param == "temperature"
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        await client.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+    with pytest.raises(openai.BadRequestError, match="best_of must equal n"):  # n is supported
+        await client.completions.create(model=MODEL, prompt="a", n=2, best_of=3)
     with pytest.raises(openai.NotFoundError):
         await client.models.retrieve("gpt-4o")
     stream = await client.chat.completions.create(
@@ -430,6 +460,30 @@ async def test_sdk_stream_cancelled_by_delete(live_server_factory):
     assert chunks[-1].choices[0].finish_reason == "cancelled"
     assert chunks[-1].choices[0].delta.content is None
     assert len(chunks) < 100
+
+
+@pytest.mark.slow
+async def test_delete_of_an_n_answer_cancels_every_choice(live_server_factory):
+    """The answer's id is choice 0's; its DELETE used to cancel choice 0 only."""
+    server = live_server_factory(mock_step_ms=5, max_num_seqs=4)
+    body = {"model": MODEL, "prompt": "go", "n": 3, "stream": True, "max_tokens": 2000}
+    body["ignore_eos"] = True  # the mock stops at random
+    finished: dict[int, str] = {}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        async with client.stream(
+            "POST", "/v1/completions", json=body, headers={"X-Request-Id": "many"}
+        ) as response:
+            assert response.status_code == 200
+            await wait_for_queue(client, running=3)
+            deleted = await client.delete("/generate/many")
+            assert deleted.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        if choice["finish_reason"] is not None:
+                            finished[choice["index"]] = choice["finish_reason"]
+        assert finished == {0: "cancelled", 1: "cancelled", 2: "cancelled"}
+        await wait_for_queue(client, running=0)
 
 
 @pytest.mark.slow

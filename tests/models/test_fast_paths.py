@@ -15,7 +15,7 @@ from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.gguf_file import GGUFFile
 from app.models.hparams import HParams
 from app.models.int8 import INT8_MAX_ROWS, Int8Embedding, Int8Linear
-from app.models.kv_cache import KEY_ALIGN, KVCache
+from app.models.kv_cache import KEY_ALIGN, KV_BLOCK_SIZE, KVCache
 from app.models.load_plan import load_checkpoint
 from app.models.projections import DenseLinear, LinearKernel, PackedLinear, select_linear_kernel
 from app.models.runner import ModelRunner
@@ -144,8 +144,8 @@ def test_decode_attention_layouts_agree(runner: ModelRunner) -> None:
             RowSpec(slot, [token], len(prompts[slot]), True)
             for slot, token in zip(prompts, first, strict=True)
         ]
-        plan = ForwardPlan.build(rows, cache=cache)  # slots 0, 2, 3: a span with a hole
-        assert plan.decode is not None and not plan.decode.dense
+        plan = ForwardPlan.build(rows, cache=cache)  # slots 0, 2, 3: rows of three lengths
+        assert plan.decode is not None and plan.decode.mask is not None
         results = []
         for fold in (True, False):
             decode = dataclasses.replace(plan.decode, fold_query_heads=fold)
@@ -231,21 +231,22 @@ def test_seeded_sampling_is_batch_invariant_in_float32_with_one_thread(
 def test_kv_cache_is_zero_and_writable() -> None:
     hp = _smollm2_hparams()
     cache = KVCache(hp, max_num_seqs=2, max_model_len=30, dtype=torch.bfloat16, device=CPU)
-    # positions are padded to whole KEY_ALIGN blocks (attention reads whole blocks): 30 -> 32
-    assert cache.keys.shape == (
-        hp.block_count,
-        2,
-        hp.head_count_kv,
-        KEY_ALIGN * 2,
-        hp.head_dim,
-    )  # 30 -> 32
+    # slots of whole KEY_ALIGN blocks (attention reads whole blocks): 30 -> 2 blocks a slot,
+    # plus the null block
+    assert KV_BLOCK_SIZE == KEY_ALIGN and cache.num_blocks == 1 + 2 * 2
+    assert cache.keys.shape == (hp.block_count, hp.head_count_kv, 5 * KEY_ALIGN, hp.head_dim)
+    assert list(cache.slot_blocks(1)) == [3, 4]
     assert cache.keys.dtype == torch.bfloat16
     assert not cache.keys.any() and not cache.values.any()
-    index = cache.write_index(torch.tensor([1]), torch.tensor([31]))
+    flat = cache.slot_blocks(1)[1] * KV_BLOCK_SIZE + 15  # slot 1, position 31
+    index = cache.write_index(torch.tensor([flat]))
     keys = torch.ones(1, hp.head_count_kv, hp.head_dim, dtype=torch.bfloat16)
     cache.write(0, index, keys, keys * 2)
-    assert cache.keys[0, 1, :, 31].eq(1).all() and cache.values[0, 1, :, 31].eq(2).all()
+    assert cache.keys[0, :, flat].eq(1).all() and cache.values[0, :, flat].eq(2).all()
     assert cache.keys.sum() == hp.head_count_kv * hp.head_dim
+    gathered, _ = cache.gather(0, torch.arange(4 * KV_BLOCK_SIZE, 5 * KV_BLOCK_SIZE), 1)
+    assert gathered.shape == (1, hp.head_count_kv, KV_BLOCK_SIZE, hp.head_dim)
+    assert gathered[0, :, 15].eq(1).all() and gathered.sum() == hp.head_count_kv * hp.head_dim
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from app.models.decoder import DecoderModel, apply_rope
 from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.fused_decode import FusedDecodeKernels, load_fused_decode
-from app.models.kv_cache import KVCache
+from app.models.kv_cache import KV_BLOCK_SIZE, KVCache
 from app.models.load_plan import load_checkpoint
 from app.models.runner import ModelRunner
 from tests.checkpoints import ARCHITECTURES
@@ -96,6 +96,31 @@ def test_silu_mul_matches_the_eager_ops(kernels: FusedDecodeKernels) -> None:
     assert _share_equal(got, expected) > 0.99
 
 
+def _scattered_tables(num_slots: int, cache_len: int, seed: int) -> torch.Tensor:
+    """``[num_slots, cache_len / KV_BLOCK_SIZE]`` block tables over a shuffled pool (block 0,
+    the null block, in none of them)."""
+    per_slot = cache_len // KV_BLOCK_SIZE
+    order = torch.randperm(num_slots * per_slot, generator=torch.Generator().manual_seed(seed))
+    return (order + 1).view(num_slots, per_slot)
+
+
+def _to_pool(per_slot: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """``[slots, heads, L, D]`` -> the paged layout ``[heads, blocks * KV_BLOCK_SIZE, D]``."""
+    slots, heads, length, head_dim = per_slot.shape
+    pool = torch.zeros(heads, (1 + tables.numel()) * KV_BLOCK_SIZE, head_dim, dtype=per_slot.dtype)
+    for slot in range(slots):
+        for index, block in enumerate(tables[slot].tolist()):
+            span = slice(index * KV_BLOCK_SIZE, (index + 1) * KV_BLOCK_SIZE)
+            pool[:, block * KV_BLOCK_SIZE : (block + 1) * KV_BLOCK_SIZE] = per_slot[slot, :, span]
+    return pool
+
+
+def _from_pool(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``_to_pool``."""
+    positions = (tables[:, :, None] * KV_BLOCK_SIZE + torch.arange(KV_BLOCK_SIZE)).flatten(1)
+    return torch.stack([pool[:, row] for row in positions])
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
     kernels: FusedDecodeKernels, threads: int
@@ -104,9 +129,9 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
     n_heads, n_kv, head_dim, cache_len = 9, 3, 64, 64
     slots = torch.tensor([3, 0, 5, 1])  # not in slot order
     positions = torch.tensor([0, 17, 40, 2])
-    keys = _random(6, n_kv, cache_len, head_dim, seed=6)
-    values = _random(6, n_kv, cache_len, head_dim, seed=7)
-    keys_before, values_before = keys.clone(), values.clone()
+    tables = _scattered_tables(6, cache_len, seed=9)
+    keys_before = _random(6, n_kv, cache_len, head_dim, seed=6)
+    values_before = _random(6, n_kv, cache_len, head_dim, seed=7)
     qkv = _random(4, (n_heads + 2 * n_kv) * head_dim, seed=8, scale=2.0)
     angles = torch.arange(cache_len, dtype=torch.float64)[:, None] * (
         1.0 / 10000 ** (torch.arange(0, head_dim // 2, dtype=torch.float64) / (head_dim // 2))
@@ -117,13 +142,16 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
 
     def attend(keys: torch.Tensor, values: torch.Tensor, threads: int) -> torch.Tensor:
         return kernels.decode_attention(
-            qkv, cos, sin, positions, slots, keys, values, scores[:threads],
+            qkv, cos, sin, positions, tables[slots].contiguous(), keys, values, scores[:threads],
             n_heads=n_heads, n_kv_heads=n_kv, threads=threads,
         )  # fmt: skip
 
-    got = attend(keys, values, threads)
-    alone = attend(keys_before.clone(), values_before.clone(), 1)
+    pooled_keys, pooled_values = _to_pool(keys_before, tables), _to_pool(values_before, tables)
+    got = attend(pooled_keys, pooled_values, threads)
+    alone = attend(_to_pool(keys_before, tables), _to_pool(values_before, tables), 1)
     assert torch.equal(got, alone)
+    assert not pooled_keys[:, :KV_BLOCK_SIZE].any()  # the null block is never written
+    keys, values = _from_pool(pooled_keys, tables), _from_pool(pooled_values, tables)
 
     heads = qkv.view(4, -1, head_dim)
     rotated = apply_rope(
@@ -149,9 +177,11 @@ def test_decode_attention_norms_query_and_key_heads_first(kernels: FusedDecodeKe
     computes are the eager path's (norm, then rope) up to the order of a float32 sum."""
     n_heads, n_kv, head_dim, cache_len, eps = 8, 2, 128, 32, 1e-6
     slots, positions = torch.tensor([1, 0]), torch.tensor([5, 20])
-    keys = _random(2, n_kv, cache_len, head_dim, seed=11)
+    tables = _scattered_tables(2, cache_len, seed=16)
+    row_tables = tables[slots].contiguous()
+    before = _random(2, n_kv, cache_len, head_dim, seed=11)
     values = _random(2, n_kv, cache_len, head_dim, seed=12)
-    before = keys.clone()
+    pooled_keys, pooled_values = _to_pool(before, tables), _to_pool(values, tables)
     qkv = _random(2, (n_heads + 2 * n_kv) * head_dim, seed=13, scale=3.0)
     q_norm, k_norm = (
         1 + 0.3 * _random(head_dim, seed=14).float(),
@@ -165,9 +195,10 @@ def test_decode_attention_norms_query_and_key_heads_first(kernels: FusedDecodeKe
     sin = torch.cat((-angles.sin(), angles.sin()), -1).to(BF16)
     scores = torch.empty((1, n_heads // n_kv * cache_len), dtype=torch.float32)
     got = kernels.decode_attention(
-        qkv, cos, sin, positions, slots, keys, values, scores,
+        qkv, cos, sin, positions, row_tables, pooled_keys, pooled_values, scores,
         n_heads=n_heads, n_kv_heads=n_kv, qk_norm=qk_norm, eps=eps,
     )  # fmt: skip
+    keys, values = _from_pool(pooled_keys, tables), _from_pool(pooled_values, tables)
 
     heads = qkv.view(2, -1, head_dim)[:, : n_heads + n_kv]
     inv = torch.rsqrt(heads.float().pow(2).mean(-1, keepdim=True) + eps).to(BF16)
@@ -189,7 +220,7 @@ def test_decode_attention_norms_query_and_key_heads_first(kernels: FusedDecodeKe
         torch.testing.assert_close(got[row].float(), reference, rtol=2**-6, atol=5e-3)
     with pytest.raises(ValueError, match="qk_norm"):
         kernels.decode_attention(
-            qkv, cos, sin, positions, slots, keys, values, scores,
+            qkv, cos, sin, positions, row_tables, pooled_keys, pooled_values, scores,
             n_heads=n_heads, n_kv_heads=n_kv, qk_norm=qk_norm[:4], eps=eps,
         )  # fmt: skip
 

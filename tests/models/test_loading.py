@@ -75,11 +75,26 @@ def test_the_context_is_the_models_at_most(tiny_checkpoints) -> None:
 
 def test_the_memory_estimate_counts_weights_and_a_full_kv_cache() -> None:
     plan = plan_load("smollm2", LoadOptions(max_num_seqs=16, dtype="bfloat16"))
-    # 2 x 30 layers x 3 KV heads x 64 x 2 bytes per position: 45 MiB per slot of 2048
-    assert plan.memory.kv_cache == 16 * 45 * 2**20
+    # 2 x 30 layers x 3 KV heads x 64 x 2 bytes per position: 45 MiB per sequence of 2048;
+    # the default pool holds 16 of them, and the null block (16 positions)
+    assert plan.num_kv_blocks == 16 * 2048 // 16 + 1
+    assert plan.memory.kv_cache == 16 * 45 * 2**20 + 45 * 2**20 // 128
     # bfloat16 projections of 135M parameters (the tied head counted once): ~260 MiB
     assert 200 * 2**20 < plan.memory.weights < 320 * 2**20
     assert plan.memory.fits and plan.memory.where == "RAM"
+
+
+def test_kv_cache_memory_sizes_the_pool_and_refuses_one_too_small() -> None:
+    block = 45 * 2**20 // 128  # bfloat16 SmolLM2: 16 positions
+    plan = plan_load(
+        "smollm2", LoadOptions(max_num_seqs=64, dtype="bfloat16", kv_cache_memory=400 * 2**20)
+    )
+    assert plan.num_kv_blocks == 400 * 2**20 // block + 1
+    assert plan.memory.kv_cache == plan.num_kv_blocks * block
+    fraction = plan_load("smollm2", LoadOptions(max_num_seqs=4, kv_cache_memory=0.05))
+    assert fraction.num_kv_blocks > 1
+    with pytest.raises(ModelRefused, match="fewer than one sequence"):
+        plan_load("smollm2", LoadOptions(max_num_seqs=4, kv_cache_memory=10 * 2**20))
 
 
 def test_an_architecture_is_a_declaration(tiny_checkpoints, tmp_path, monkeypatch) -> None:

@@ -217,11 +217,17 @@ def test_settings_reach_the_server_as_typed(live_server, open_page):
 
     for name, value in {"temperature": "0.33", "top_p": "0.9", "top_k": "5", "seed": "42"}.items():
         page.set_setting(name, value)  # 0.33 is off the spinner's 0.05 steps, and fine
+    penalties = {"presence_penalty": "0.5", "frequency_penalty": "-0.3", "min_p": "0.05"}
+    penalties |= {"repetition_penalty": "1.2", "min_tokens": "2"}
+    for name, value in penalties.items():
+        page.set_setting(name, value)
     page.set_setting("stop", "slot")
     page.click("#send")
     answer = page.wait_answer(0)
     (sampling,) = model.started_sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.33, 0.9, 5)
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -0.3)
+    assert (sampling.min_p, sampling.repetition_penalty, sampling.min_tokens) == (0.05, 1.2, 2)
     assert sampling.seed == 42
     said = bytes(answer_bytes("hi", 42)).decode()
     assert page.answer_text(answer) == said.partition("slot")[0].strip()  # cut by the stop

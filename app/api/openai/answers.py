@@ -21,6 +21,7 @@ from sse_starlette import ServerSentEvent
 from app.api.answers import finish_reason_name
 from app.api.errors import APIError
 from app.api.openai.errors import openai_error_body
+from app.api.openai.logprobs import LogprobsWriter
 from app.api.openai.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -30,9 +31,12 @@ from app.api.openai.responses import (
     ChatMessageOut,
     CompletionChoice,
     CompletionResponse,
+    FunctionCallOut,
+    ToolCallOut,
     Usage,
 )
-from app.engine.request import FinalEvent, TokenEvent
+from app.api.openai.tools import ToolCall, ToolMode, ToolPlan
+from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
 SSE_LINE_END = "\n"  # chunks are written "data: {json}\n\n", as OpenAI writes them
 
@@ -60,6 +64,8 @@ class _OpenAIAnswer(ABC):
     Attributes:
         id: the request id. created: Unix seconds. model: the served model's name.
         include_usage: a stream ends with the usage chunk.
+        index: the choice's index (``n`` > 1: one format per choice).
+        logprobs: writes the choice's logprobs, when the request asked for them.
     """
 
     id: str
@@ -67,6 +73,12 @@ class _OpenAIAnswer(ABC):
     model: str
     include_usage: bool = False
     sse_separator: str | None = SSE_LINE_END
+    index: int = 0
+    logprobs: LogprobsWriter | None = None
+
+    def usage_event(self, usage: Usage) -> ServerSentEvent:
+        """The usage chunk (``choices`` empty) of a stream that asked for it."""
+        return data_event(self._chunk([], usage))
 
     @abstractmethod
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
@@ -90,21 +102,43 @@ class _OpenAIAnswer(ABC):
 
 @dataclass(frozen=True, slots=True)
 class CompletionAnswer(_OpenAIAnswer):
-    """``/v1/completions``: ``text_completion`` objects, whole and as chunks."""
+    """``/v1/completions``: ``text_completion`` objects, whole and as chunks.
+
+    Attributes:
+        echo: the prompt's text, returned before the completion (``echo``); "" otherwise.
+        echo_first_token: the prompt's first token id, which has no logprob (``echo`` with
+            ``logprobs``: the prompt's logprobs come first).
+    """
+
+    echo: str = ""
+    echo_first_token: int | None = None
 
     def response(self, final: FinalEvent) -> dict[str, object]:
         reason = finish_reason_name(final.finish_reason)
-        return self._chunk([CompletionChoice(text=final.text, finish_reason=reason)], usage(final))
+        logprobs = None
+        if self.logprobs is not None:
+            prompt = final.prompt_logprobs if self.echo else ()
+            logprobs = self.logprobs.completion(final.logprobs, prompt, self.echo_first_token)
+        choice = CompletionChoice(
+            index=self.index, text=self.echo + final.text, logprobs=logprobs, finish_reason=reason
+        )
+        return self._chunk([choice], usage(final))
 
     def opening(self) -> Iterable[ServerSentEvent]:
-        return ()
+        if self.echo:
+            choice = CompletionChoice(index=self.index, text=self.echo, finish_reason=None)
+            yield data_event(self._chunk([choice]))
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
         if event.text:  # text held back (a partial character or stop string) waits
-            yield data_event(self._chunk([CompletionChoice(text=event.text, finish_reason=None)]))
+            logprobs = self.logprobs.completion(event.logprobs) if self.logprobs else None
+            choice = CompletionChoice(
+                index=self.index, text=event.text, logprobs=logprobs, finish_reason=None
+            )
+            yield data_event(self._chunk([choice]))
 
     def _last_choice(self, finish_reason: str) -> CompletionChoice:
-        return CompletionChoice(text="", finish_reason=finish_reason)
+        return CompletionChoice(index=self.index, text="", finish_reason=finish_reason)
 
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
         return CompletionResponse(
@@ -115,17 +149,30 @@ class CompletionAnswer(_OpenAIAnswer):
 @dataclass(frozen=True, slots=True)
 class ChatAnswer(_OpenAIAnswer):
     """``/v1/chat/completions``: a ``chat.completion``, or ``chat.completion.chunk`` events whose
-    first delta carries the role and whose last is empty."""
+    first delta carries the role and whose last is empty.
+
+    With tools (``tools``, a ``ToolPlan``) the calls are read from the output: a named function's
+    arguments stream as ``delta.tool_calls`` pieces as they are generated (its id and name in a
+    chunk of their own after the role's); ``required`` and ``auto`` answers are read whole, so
+    their stream holds the text back and sends the calls (or the content) at the end.
+    """
+
+    tools: ToolPlan | None = None
 
     def response(self, final: FinalEvent) -> dict[str, object]:
+        calls, content = self._read(final)
         return ChatCompletionResponse(
             id=self.id,
             created=self.created,
             model=self.model,
             choices=[
                 ChatChoice(
-                    message=ChatMessageOut(content=final.text),
-                    finish_reason=finish_reason_name(final.finish_reason),
+                    index=self.index,
+                    message=ChatMessageOut(
+                        content=content, tool_calls=[_call(call) for call in calls] or None
+                    ),
+                    logprobs=self.logprobs.chat(final.logprobs) if self.logprobs else None,
+                    finish_reason=_chat_finish_reason(final, calls),
                 )
             ],
             usage=usage(final),
@@ -133,17 +180,84 @@ class ChatAnswer(_OpenAIAnswer):
 
     def opening(self) -> Iterable[ServerSentEvent]:
         delta = ChatDelta(role="assistant", content="")
-        yield data_event(self._chunk([ChatChunkChoice(delta=delta, finish_reason=None)]))
+        yield data_event(self._chunk([self._choice(delta)]))
+        if self._streams_arguments:
+            head = ToolCallOut(
+                index=0,
+                id=self._call_id_prefix + "0",
+                type="function",
+                function=FunctionCallOut(name=self.tools.named, arguments=""),
+            )
+            yield data_event(self._chunk([self._choice(ChatDelta(tool_calls=[head]))]))
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
-        if event.text:  # text held back (a partial character or stop string) waits
+        if not event.text:  # text held back (a partial character or stop string) waits
+            return
+        if self._streams_arguments:
+            piece = ToolCallOut(index=0, function=FunctionCallOut(arguments=event.text))
+            delta = ChatDelta(tool_calls=[piece])
+        elif self.tools is not None and self.tools.mode is not ToolMode.NONE:
+            return  # read whole at the end
+        else:
             delta = ChatDelta(content=event.text)
-            yield data_event(self._chunk([ChatChunkChoice(delta=delta, finish_reason=None)]))
+        logprobs = self.logprobs.chat(event.logprobs) if self.logprobs else None
+        yield data_event(self._chunk([self._choice(delta, logprobs)]))
+
+    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+        calls, content = self._read(final)
+        if self.tools is not None and not self._streams_arguments:
+            if calls:
+                pieces = [_call(call, index) for index, call in enumerate(calls)]
+                delta = ChatDelta(tool_calls=pieces)
+            else:
+                delta = ChatDelta(content=content)
+            if calls or content:
+                logprobs = self.logprobs.chat(final.logprobs) if self.logprobs else None
+                yield data_event(self._chunk([self._choice(delta, logprobs)]))
+        last = ChatChunkChoice(
+            index=self.index, delta=ChatDelta(), finish_reason=_chat_finish_reason(final, calls)
+        )
+        yield data_event(self._chunk([last]))
+        if self.include_usage:
+            yield data_event(self._chunk([], usage(final)))
+
+    @property
+    def _streams_arguments(self) -> bool:
+        return self.tools is not None and self.tools.mode is ToolMode.NAMED
+
+    @property
+    def _call_id_prefix(self) -> str:
+        return f"call_{self.id}_{self.index}_"
+
+    def _choice(self, delta: ChatDelta, logprobs: object = None) -> ChatChunkChoice:
+        return ChatChunkChoice(index=self.index, delta=delta, logprobs=logprobs, finish_reason=None)
+
+    def _read(self, final: FinalEvent) -> tuple[list[ToolCall], str | None]:
+        if self.tools is None:
+            return [], final.text
+        if final.finish_reason is not FinishReason.STOP and self.tools.mode is ToolMode.REQUIRED:
+            return [], final.text  # cut short: not a whole array of calls
+        return self.tools.read_calls(final.text, self._call_id_prefix)
 
     def _last_choice(self, finish_reason: str) -> ChatChunkChoice:
-        return ChatChunkChoice(delta=ChatDelta(), finish_reason=finish_reason)
+        return ChatChunkChoice(index=self.index, delta=ChatDelta(), finish_reason=finish_reason)
 
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
         return ChatCompletionChunk(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         ).model_dump()
+
+
+def _call(call: ToolCall, index: int | None = None) -> ToolCallOut:
+    return ToolCallOut(
+        index=index,
+        id=call.id,
+        type="function",
+        function=FunctionCallOut(name=call.name, arguments=call.arguments),
+    )
+
+
+def _chat_finish_reason(final: FinalEvent, calls: list[ToolCall]) -> str:
+    """``tool_calls`` for a complete answer that made calls, else the native reason."""
+    reason = finish_reason_name(final.finish_reason)
+    return "tool_calls" if calls and reason == "stop" else reason

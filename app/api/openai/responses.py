@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, field_serializer
+from pydantic import BaseModel, field_serializer, model_serializer
 
 from app.api.schemas import FinishReasonName
 
@@ -25,10 +25,20 @@ class _Completion(BaseModel):
     system_fingerprint: None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: per token its text, raw logprob, the top alternatives (text
+    -> logprob) and the offset of its text in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReasonName | None
 
 
@@ -41,16 +51,60 @@ class CompletionResponse(_Completion):
     usage: Usage | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    """One call in ``message.tool_calls``, or a piece of one in a stream's ``delta.tool_calls``
+    (``index`` set; ``id``, ``type`` and ``function.name`` only in its first piece)."""
+
+    index: int | None = None
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallOut
+
+
+ChatFinishReasonName = Literal["stop", "length", "cancelled", "tool_calls"]
+
+
 class ChatMessageOut(BaseModel):
+    """The answer; ``content`` is null when it is only tool calls; ``tool_calls`` is left out
+    when there are none."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_calls(self, handler) -> dict[str, object]:
+        value = handler(self)
+        if value.get("tool_calls") is None:
+            value.pop("tool_calls", None)
+        return value
+
+
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
-    finish_reason: FinishReasonName
+    logprobs: ChatLogprobs | None = None
+    finish_reason: ChatFinishReasonName
 
 
 class ChatCompletionResponse(_Completion):
@@ -66,16 +120,17 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
-    finish_reason: FinishReasonName | None
+    logprobs: ChatLogprobs | None = None
+    finish_reason: ChatFinishReasonName | None
 
     @field_serializer("delta")
-    def _delta_without_nulls(self, delta: ChatDelta) -> dict[str, str]:
+    def _delta_without_nulls(self, delta: ChatDelta) -> dict[str, object]:
         return delta.model_dump(exclude_none=True)
 
 

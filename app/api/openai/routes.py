@@ -1,5 +1,6 @@
-"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions`` and
-``POST /v1/chat/completions`` (JSON, or SSE with ``stream: true``), on the native request path.
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` and ``POST /v1/responses`` (JSON, or SSE with ``stream: true``),
+on the native request path.
 
 Each generating route: the key, the early refusal (429/503, before the body is read), the body
 validated once (``schemas``), ``RequestBuilder.build`` (a chat is rendered with the model's own
@@ -17,10 +18,12 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from app.api.admission import read_body, refuse_if_overloaded
-from app.api.answers import AnswerFormat, answer
+from app.api.answers import answer
 from app.api.errors import APIError
 from app.api.openai.answers import ChatAnswer, CompletionAnswer
+from app.api.openai.choices import answer_choices, choice_requests
 from app.api.openai.errors import V1_PREFIX, OpenAIRoute, invalid_field
+from app.api.openai.logprobs import LogprobsWriter
 from app.api.openai.responses import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -28,6 +31,8 @@ from app.api.openai.responses import (
     ModelList,
     OpenAIErrorResponse,
 )
+from app.api.openai.responses_api import ResponsesAnswer
+from app.api.openai.responses_request import ResponsesRequestBody
 from app.api.openai.schemas import (
     ChatCompletionRequestBody,
     CompletionRequestBody,
@@ -35,6 +40,8 @@ from app.api.openai.schemas import (
 )
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources, resources_of
+from app.api.schemas import request_body_openapi
+from app.engine.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -43,30 +50,6 @@ _ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter(prefix=V1_PREFIX, route_class=OpenAIRoute, tags=["openai"])
-
-
-def _body_schema(model: type[OpenAIRequestBody]) -> dict[str, object]:
-    """The OpenAPI request body of a route that parses its body itself (nested models inlined:
-    pydantic's ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
-    schema = model.model_json_schema()
-    definitions = schema.pop("$defs", {})
-
-    def inline(node: object) -> object:
-        if isinstance(node, dict):
-            reference = node.get("$ref", "")
-            if reference.startswith("#/$defs/"):
-                return inline(definitions[reference.removeprefix("#/$defs/")])
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": inline(schema)}},
-        }
-    }
 
 
 @router.get("/models", response_model=ModelList, responses=_ERROR_RESPONSES)
@@ -94,7 +77,7 @@ async def retrieve_model(model_id: str, request: Request) -> ModelCard:
     "/completions",
     response_model=CompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(CompletionRequestBody),
+    openapi_extra=request_body_openapi(CompletionRequestBody),
 )
 async def create_completion(request: Request) -> Response:
     """Continues one prompt. ``max_tokens`` defaults to 16, as at OpenAI."""
@@ -105,14 +88,40 @@ async def create_completion(request: Request) -> Response:
     "/chat/completions",
     response_model=ChatCompletionResponse,
     responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_body_schema(ChatCompletionRequestBody),
+    openapi_extra=request_body_openapi(ChatCompletionRequestBody),
 )
 async def create_chat_completion(request: Request) -> Response:
     """Answers a conversation, rendered with the model's chat template."""
     return await _generate(request, ChatCompletionRequestBody, ChatAnswer)
 
 
-_Body = TypeVar("_Body", bound=CompletionRequestBody | ChatCompletionRequestBody)
+@router.post(
+    "/responses",
+    responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=request_body_openapi(ResponsesRequestBody),
+)
+async def create_response(request: Request) -> Response:
+    """OpenAI's Responses API, stateless (``app.api.openai.responses_api``)."""
+    arrived_at = time.perf_counter()
+    resources = resources_of(request)
+    origin = RequestOrigin(request.state.request_id, resources.guard.owner_of(request), arrived_at)
+    refuse_if_overloaded(resources)
+    body = parse_body(
+        ResponsesRequestBody, await read_body(request, resources.config.max_body_bytes)
+    )
+    generation = await resources.builder.build(body.generation_params(), origin)
+    writer = ResponsesAnswer(
+        request_id=origin.request_id,
+        created=int(time.time()),
+        model=resources.engine.capabilities.name,
+        body=body,
+    )
+    return await answer(request, resources, generation, writer, stream=body.streamed)
+
+
+_Body = TypeVar(
+    "_Body", bound=CompletionRequestBody | ChatCompletionRequestBody | ResponsesRequestBody
+)
 
 
 async def _generate(
@@ -126,24 +135,85 @@ async def _generate(
     origin = RequestOrigin(request.state.request_id, resources.guard.owner_of(request), arrived_at)
     refuse_if_overloaded(resources)
     body = parse_body(body_model, await read_body(request, resources.config.max_body_bytes))
+    check_choices(body, resources)
     generation = await resources.builder.build(body.generation_params(), origin)
-    writer = openai_answer_format(answer_format, body, origin.request_id, resources)
-    return await answer(request, resources, generation, writer, stream=body.streamed)
+    if body.choices == 1:
+        writer = openai_answer_format(answer_format, body, generation, resources)
+        return await answer(request, resources, generation, writer, stream=body.streamed)
+    generations = choice_requests(generation, body.choices)
+    formats = [
+        openai_answer_format(answer_format, body, choice, resources, index=index, group=True)
+        for index, choice in enumerate(generations)
+    ]
+    return await answer_choices(
+        request,
+        resources,
+        generations,
+        formats,
+        stream=body.streamed,
+        include_usage=body.include_usage,
+    )
+
+
+def check_choices(body: OpenAIRequestBody, resources: ServerResources) -> None:
+    """``n`` must fit the batch slots (a group is admitted all at once).
+
+    Raises:
+        APIError: 400 naming ``n``.
+    """
+    slots = resources.engine.capabilities.max_num_seqs
+    if body.choices > slots:
+        raise APIError(
+            422, "invalid_request", f"n ({body.choices}) exceeds the {slots} batch slots", param="n"
+        )
 
 
 def openai_answer_format(
     answer_format: type[CompletionAnswer] | type[ChatAnswer],
     body: OpenAIRequestBody,
-    request_id: str,
+    generation: GenerationRequest,
     resources: ServerResources,
-) -> AnswerFormat:
-    """How the answer to ``body`` is written (also by the batch runner, so that its answers
-    are these routes' own): the request id as the object's id, created now, the model's name."""
+    *,
+    index: int = 0,
+    group: bool = False,
+) -> CompletionAnswer | ChatAnswer:
+    """How the answer to ``body`` (choice ``index``) is written (also by the batch runner, so
+    that its answers are these routes' own): the request id as the object's id, created now,
+    the model's name; logprobs and the echoed prompt when asked. In a group (``n`` > 1) the
+    usage chunk is the group's, not the choice's."""
+    engine = resources.engine
+    writer = None
+    echo = ""
+    if isinstance(body, CompletionRequestBody) and body.echo:
+        echo = (
+            body.prompt
+            if isinstance(body.prompt, str)
+            else engine.decode(generation.prompt_token_ids)
+        )
+    scores_prompt = generation.sampling.prompt_logprobs is not None
+    if generation.sampling.logprobs is not None:
+        # chat's content lists the tokens of the message; completions list every token, as
+        # vLLM's do (a harness slices them by position: the ending token keeps its place)
+        hidden: frozenset[int] = frozenset()
+        if answer_format is ChatAnswer:
+            hidden = frozenset(generation.stop.stop_token_ids)
+            if not generation.stop.ignore_eos:
+                hidden |= engine.capabilities.eos_token_ids
+        offset = 0 if scores_prompt else len(echo)  # else the prompt's tokens count it
+        writer = LogprobsWriter(engine.token_bytes, hidden, text_offset=offset)
+    fields: dict[str, object] = {}
+    if answer_format is CompletionAnswer:
+        fields = {"echo": echo, "echo_first_token": generation.prompt_token_ids[0]}
+    elif isinstance(body, ChatCompletionRequestBody):
+        fields = {"tools": body.tool_plan}
     return answer_format(
-        id=request_id,
+        id=generation.request_id if not group else generation.group_id or generation.request_id,
         created=int(time.time()),
-        model=resources.engine.capabilities.name,
-        include_usage=body.include_usage,
+        model=engine.capabilities.name,
+        include_usage=body.include_usage and not group,
+        index=index,
+        logprobs=writer,
+        **fields,  # type: ignore[arg-type]
     )
 
 

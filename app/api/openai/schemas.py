@@ -5,14 +5,17 @@ Bodies follow OpenAI's field names and defaults. Like OpenAI, unknown fields are
 route logs and ignores them). Known fields are checked against the native ranges of
 ``../shared/API.md`` (a bad value is an error naming the field) and the OpenAI features this
 server does not have are refused with the error type ``unsupported_value`` instead of being
-silently ignored: ``n`` / ``best_of`` other than 1, non-zero penalties, ``logprobs``,
-``logit_bias``, ``echo``, ``suffix``, tools, a non-text ``response_format``, several prompts.
-Two native fields are accepted as extensions, under vLLM's names: ``top_k`` and ``ignore_eos``.
+silently ignored: ``best_of`` other than ``n``, ``suffix``, several prompts.
+``response_format`` (``text``, ``json_object``, ``json_schema``) is enforced by constrained
+decoding, on both endpoints; tools are ``app.api.openai.tools``'s. Native fields are accepted as
+extensions, under vLLM's names: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+``ignore_eos`` and ``constraint``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,34 +24,36 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from app.api.request_builder import ChatPrompt, GenerationParams, TextPrompt, TokenBudget
-from app.api.schemas import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SEED_LIMIT
-from app.engine.chat_template import ChatMessage
+from app.api.constraint_body import ConstraintBody
+from app.api.openai.tools import MAX_TOOLS, ToolBody, ToolChoiceBody, ToolPlan, tool_plan
+from app.api.openai.wire_fields import ChatMessageBody, accepts, unsupported
+from app.api.request_builder import (
+    ChatPrompt,
+    GenerationParams,
+    TextPrompt,
+    TokenBudget,
+    TokenPrompt,
+)
+from app.api.schemas import (
+    MAX_LOGPROBS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    SEED_LIMIT,
+    LogitBiasMap,
+    TokenId,
+    check_logit_bias_keys,
+    logit_bias_pairs,
+)
+from app.constraints import ConstraintSpec
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_CHOICES = 16  # n, API.md
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
-
-
-def _unsupported(message: str) -> PydanticCustomError:
-    return PydanticCustomError("unsupported_value", message)
-
-
-def _accepts(*alternatives: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
-    """A field's JSON schema, for fields whose ``before`` validator takes more shapes than the
-    type they become (``stop``: a string or a list)."""
-
-    def document(schema: dict[str, Any]) -> None:
-        description = schema.get("description")
-        schema.clear()
-        schema["anyOf"] = list(alternatives)
-        if description:
-            schema["description"] = description
-
-    return document
 
 
 _STOP_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
@@ -60,6 +65,45 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema. ``strict`` is accepted either
+    way: the schema is always enforced (by constrained decoding)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str | None = Field(None, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (free), ``json_object`` (one JSON object) or
+    ``json_schema`` (a value valid against ``json_schema.schema``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing", "json_schema is required for this type")
+        return self
+
+    def spec(self) -> ConstraintSpec | None:
+        """The constraint it asks for (None for ``text``)."""
+        if self.type == "json_object":
+            return ConstraintSpec.json_object(param="response_format")
+        if self.type == "json_schema" and self.json_schema is not None:
+            schema = self.json_schema.json_schema
+            return ConstraintSpec.json_schema(
+                {} if schema is None else schema, param="response_format"
+            )
+        return None
+
+
 class OpenAIRequestBody(BaseModel):
     """Fields both ``/v1/completions`` and ``/v1/chat/completions`` take."""
 
@@ -69,13 +113,13 @@ class OpenAIRequestBody(BaseModel):
     max_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES, description="choices to generate")
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: list[StopString] = Field(
         default_factory=list,
         max_length=MAX_STOP_STRINGS,
-        json_schema_extra=_accepts(
+        json_schema_extra=accepts(
             _STOP_SCHEMA,
             {"type": "array", "items": _STOP_SCHEMA, "maxItems": MAX_STOP_STRINGS},
             {"type": "null"},
@@ -84,18 +128,27 @@ class OpenAIRequestBody(BaseModel):
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBiasMap | None = None
     user: str | None = Field(None, description="accepted and ignored")
     # Extensions, as vLLM names them (``extra_body`` in the openai SDK); not OpenAI fields.
     top_k: int | None = Field(None, ge=0, description="extension: keep the k likeliest; 0: off")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False, description="extension")
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=2.0, allow_inf_nan=False, description="extension: Hugging Face's"
+    )
+    min_tokens: int | None = Field(None, ge=0, description="extension: EOS held back until then")
     ignore_eos: bool | None = Field(None, description="extension: only max tokens or stop end it")
+    constraint: ConstraintBody | None = Field(
+        None, description="extension: structured output, as /generate's constraint"
+    )
+    response_format: ResponseFormat | None = None
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int | None) -> int | None:
-        if n not in (None, 1):
-            raise _unsupported("only n=1 is supported")
-        return n
+    _logit_bias_keys = field_validator("logit_bias")(check_logit_bias_keys)
+
+    @property
+    def choices(self) -> int:
+        """How many choices the answer has (``n``, default 1)."""
+        return self.n or 1
 
     @field_validator("stream_options")
     @classmethod
@@ -113,19 +166,21 @@ class OpenAIRequestBody(BaseModel):
             return []
         return [stop] if isinstance(stop, str) else stop
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, penalty: float | None) -> float | None:
-        if penalty:
-            raise _unsupported("penalties are not supported; only 0 is accepted")
-        return penalty
+    @model_validator(mode="after")
+    def _one_constraint(self) -> OpenAIRequestBody:
+        if self.constraint is not None and self.response_format is not None:
+            if self.response_format.type != "text":
+                raise PydanticCustomError(
+                    "invalid_value", "give either response_format or constraint, not both"
+                )
+        return self
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        if bias:
-            raise _unsupported("logit_bias is not supported")
-        return bias
+    def constraint_spec(self) -> ConstraintSpec | None:
+        """The structured output asked for: ``response_format`` or the ``constraint``
+        extension (never both), or None."""
+        if self.constraint is not None:
+            return self.constraint.spec("constraint")
+        return None if self.response_format is None else self.response_format.spec()
 
     @property
     def include_usage(self) -> bool:
@@ -135,7 +190,9 @@ class OpenAIRequestBody(BaseModel):
     def streamed(self) -> bool:
         return bool(self.stream)
 
-    def _params(self, prompt: TextPrompt | ChatPrompt, budget: TokenBudget) -> GenerationParams:
+    def _params(
+        self, prompt: TextPrompt | ChatPrompt, budget: TokenBudget, logprobs: int | None
+    ) -> GenerationParams:
         """The fields both endpoints share, OpenAI's defaults applied."""
         return GenerationParams(
             prompt=prompt,
@@ -146,117 +203,85 @@ class OpenAIRequestBody(BaseModel):
             seed=self.seed,
             stop=tuple(self.stop),
             ignore_eos=bool(self.ignore_eos),
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=(
+                1.0 if self.repetition_penalty is None else self.repetition_penalty
+            ),
+            min_tokens=self.min_tokens or 0,
+            logit_bias=logit_bias_pairs(self.logit_bias),
+            logprobs=logprobs,
+            constraint=self.constraint_spec(),
         )
 
 
 class CompletionRequestBody(OpenAIRequestBody):
     """Body of ``POST /v1/completions``; ``prompt`` is one string (or a list of one string)."""
 
-    prompt: str = Field(
+    prompt: str | list[TokenId] = Field(
         min_length=1,
-        json_schema_extra=_accepts(
+        json_schema_extra=accepts(
             {"type": "string", "minLength": 1},
             {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 1},
+            {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+            {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "maxItems": 1,
+            },
         ),
     )
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
-    logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
 
     def generation_params(self) -> GenerationParams:
         """``max_tokens`` defaults to 16, as at OpenAI."""
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-        return self._params(TextPrompt(self.prompt), TokenBudget(max_tokens))
+        prompt = (
+            TextPrompt(self.prompt)
+            if isinstance(self.prompt, str)
+            else TokenPrompt(tuple(self.prompt))
+        )
+        params = self._params(prompt, TokenBudget(max_tokens), self.logprobs)
+        if self.echo and self.logprobs is not None:  # the echoed prompt's logprobs
+            params = replace(params, prompt_logprobs=self.logprobs)
+        return params
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, prompt: Any) -> Any:
         if not isinstance(prompt, list):
             return prompt
-        if len(prompt) == 1 and isinstance(prompt[0], str):
-            return prompt[0]
+        if len(prompt) == 1 and isinstance(prompt[0], str | list):
+            return prompt[0]  # one text, or one list of token ids
         if prompt and all(isinstance(item, int) for item in prompt):
-            raise _unsupported("token-id prompts are not supported; send the text")
-        raise _unsupported(f"one prompt per request is supported, got a list of {len(prompt)}")
+            return prompt  # token ids
+        raise unsupported(f"one prompt per request is supported, got a list of {len(prompt)}")
 
     @field_validator("echo")
     @classmethod
-    def _no_echo(cls, echo: bool | None) -> bool | None:
-        if echo:
-            raise _unsupported("echo is not supported")
+    def _echo_logprobs_not_streamed(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
+        if echo and info.data.get("logprobs") is not None and info.data.get("stream"):
+            raise unsupported("echo with logprobs is answered whole: set stream to false")
         return echo
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, logprobs: int | None) -> int | None:
-        if logprobs is not None:
-            raise _unsupported("logprobs are not supported")
-        return logprobs
 
     @field_validator("best_of")
     @classmethod
-    def _one_candidate(cls, best_of: int | None) -> int | None:
-        if best_of not in (None, 1):
-            raise _unsupported("only best_of=1 is supported")
+    def _best_of_is_n(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n") or 1
+        if best_of is not None and best_of != n:
+            raise unsupported(f"best_of must equal n ({n}); ranking candidates is not supported")
         return best_of
 
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, suffix: str | None) -> str | None:
         if suffix:
-            raise _unsupported("suffix is not supported")
+            raise unsupported("suffix is not supported")
         return suffix
-
-
-class ChatMessageBody(BaseModel):
-    """One message. ``content`` is a string or a list of text parts (joined with newlines);
-    ``developer`` is OpenAI's newer name for ``system``."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str = Field(
-        json_schema_extra=_accepts(
-            {"type": "string"},
-            {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                    "required": ["type", "text"],
-                },
-            },
-        )
-    )
-    name: str | None = Field(None, description="accepted and ignored")
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_joined(cls, content: Any) -> Any:
-        if not isinstance(content, list):
-            return content
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise _unsupported("only text content parts are supported")
-            texts.append(part.get("text"))
-        if not all(isinstance(text, str) for text in texts):
-            raise PydanticCustomError("invalid_value", "a text part needs a string 'text'")
-        return "\n".join(texts)
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, kind: str) -> str:
-        if kind != "text":
-            raise _unsupported("only response_format type 'text' is supported")
-        return kind
 
 
 class ChatCompletionRequestBody(OpenAIRequestBody):
@@ -269,9 +294,10 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
     messages: list[ChatMessageBody] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: ResponseFormat | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ToolBody] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceBody | None = None
+    parallel_tool_calls: bool | None = None
 
     def generation_params(self) -> GenerationParams:
         """``max_completion_tokens``, else ``max_tokens``, else the context left after the
@@ -282,29 +308,48 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
             budget = TokenBudget(self.max_tokens, "max_tokens")
         else:
             budget = TokenBudget(None, "max_completion_tokens")
-        turns = tuple(
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
-            for m in self.messages
-        )
-        return self._params(ChatPrompt(turns), budget)
+        turns = tuple(message.turn() for message in self.messages)
+        plan = self.tool_plan
+        tools = () if plan is None else plan.template_tools()
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        params = self._params(ChatPrompt(turns, tools=tools), budget, logprobs)
+        constraint = None if plan is None else plan.constraint()
+        if constraint is None:
+            return params
+        return dataclasses.replace(params, constraint=constraint)
 
-    @field_validator("logprobs")
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        """What the tool fields ask for (None without tools); checked when the body was."""
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    @field_validator("tool_choice")
     @classmethod
-    def _no_logprobs(cls, logprobs: bool | None) -> bool | None:
-        if logprobs:
-            raise _unsupported("logprobs are not supported")
-        return logprobs
+    def _choice_among_tools(
+        cls, choice: ToolChoiceBody | None, info: ValidationInfo
+    ) -> ToolChoiceBody | None:
+        try:
+            tool_plan(info.data.get("tools"), choice, None)
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_value", str(exc)) from None
+        return choice
+
+    @model_validator(mode="after")
+    def _tools_consistent(self) -> ChatCompletionRequestBody:
+        plan = self.tool_plan
+        if plan is not None and plan.constraint() is not None and self.constraint_spec():
+            raise PydanticCustomError(
+                "invalid_value",
+                "tool_choice required or named cannot be combined with response_format or "
+                "constraint",
+            )
+        return self
 
     @field_validator("top_logprobs")
     @classmethod
-    def _no_top_logprobs(cls, top_logprobs: int | None) -> int | None:
-        if top_logprobs:
-            raise _unsupported("logprobs are not supported")
+    def _top_logprobs_need_logprobs(
+        cls, top_logprobs: int | None, info: ValidationInfo
+    ) -> int | None:
+        if top_logprobs is not None and not info.data.get("logprobs"):
+            raise PydanticCustomError("invalid_value", "top_logprobs needs logprobs: true")
         return top_logprobs
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if tools:
-            raise _unsupported("tools are not supported")
-        return tools

@@ -1,0 +1,254 @@
+"""``POST /v1/responses``: OpenAI's Responses API, stateless, on the native request path.
+
+The body is :mod:`app.api.openai.responses_request`'s ``ResponsesRequestBody``.
+
+The answer (``ResponsesAnswer``) is a ``response`` object; streamed, OpenAI's typed events with
+increasing ``sequence_number``::
+
+    response.created, response.in_progress,
+    a text answer: response.output_item.added (message), response.content_part.added,
+        response.output_text.delta ..., response.output_text.done, response.content_part.done,
+        response.output_item.done
+    tool calls (read whole, at the end): per call response.output_item.added (function_call),
+        response.function_call_arguments.delta, response.function_call_arguments.done,
+        response.output_item.done
+    response.completed (or response.incomplete when max_output_tokens cut it)
+
+A failure after the stream began is an ``error`` event. Ids: ``resp_<request id>`` (the native
+request id, so ``DELETE /generate/{id}`` cancels it), ``msg_...``, ``fc_...``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from sse_starlette import ServerSentEvent
+
+from app.api.answers import finish_reason_name
+from app.api.errors import APIError
+from app.api.openai.answers import SSE_LINE_END
+from app.api.openai.responses_request import FunctionChoice, ResponsesRequestBody
+from app.api.openai.tools import (
+    ToolCall,
+    ToolMode,
+)
+from app.engine.request import FinalEvent, FinishReason, TokenEvent
+
+
+class ResponsesAnswer:
+    """The Responses API's answer to one request (an ``AnswerFormat``). Not shared between
+    requests: it numbers the events of its one stream (``sequence_number``).
+
+    Args:
+        request_id: the native request id. created: Unix seconds. model: the served model.
+        body: the request (echoed: instructions, tools, sampling, text format).
+    """
+
+    sse_separator: str | None = SSE_LINE_END
+
+    def __init__(
+        self, *, request_id: str, created: int, model: str, body: ResponsesRequestBody
+    ) -> None:
+        self.id = f"resp_{request_id}"
+        self._request_id = request_id
+        self._created = created
+        self._model = model
+        self._body = body
+        self._plan = body.tool_plan
+        self._sequence = itertools.count()
+
+    # ----------------------------------------------------------------- AnswerFormat
+
+    def response(self, final: FinalEvent) -> dict[str, object]:
+        return self._response(final)
+
+    def opening(self) -> Iterable[ServerSentEvent]:
+        yield self._event("response.created", response=self._response(None))
+        yield self._event("response.in_progress", response=self._response(None))
+        if self._streams_text:
+            yield self._event(
+                "response.output_item.added", output_index=0, item=self._message("", "in_progress")
+            )
+            yield self._event(
+                "response.content_part.added",
+                item_id=self._message_id,
+                output_index=0,
+                content_index=0,
+                part=_output_text(""),
+            )
+
+    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+        if event.text and self._streams_text:
+            yield self._event(
+                "response.output_text.delta",
+                item_id=self._message_id,
+                output_index=0,
+                content_index=0,
+                delta=event.text,
+                logprobs=[],
+            )
+
+    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+        items, calls, text = self._output(final)
+        if self._streams_text:
+            yield from self._text_done(final, text)
+        else:
+            for index, item in enumerate(items):
+                yield from self._item_whole(index, item)
+        kind = "response.completed" if self._status(final) == "completed" else "response.incomplete"
+        yield self._event(kind, response=self._response(final))
+
+    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
+        yield self._event("error", code=error.type, message=error.message, param=error.param)
+
+    def closing(self) -> Iterable[ServerSentEvent]:
+        return ()
+
+    # ----------------------------------------------------------------- the pieces
+
+    @property
+    def _streams_text(self) -> bool:
+        """Text goes out as it is made; tool answers are read whole at the end."""
+        return self._plan is None or self._plan.mode is ToolMode.NONE
+
+    @property
+    def _message_id(self) -> str:
+        return f"msg_{self._request_id}"
+
+    def _text_done(self, final: FinalEvent, text: str) -> Iterator[ServerSentEvent]:
+        status = "completed" if self._status(final) == "completed" else "incomplete"
+        common = {"item_id": self._message_id, "output_index": 0, "content_index": 0}
+        yield self._event("response.output_text.done", **common, text=text, logprobs=[])
+        yield self._event("response.content_part.done", **common, part=_output_text(text))
+        yield self._event(
+            "response.output_item.done", output_index=0, item=self._message(text, status)
+        )
+
+    def _item_whole(self, index: int, item: dict[str, Any]) -> Iterator[ServerSentEvent]:
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            yield self._event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "content": []},
+            )
+            common = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            yield self._event("response.content_part.added", **common, part=_output_text(""))
+            yield self._event("response.output_text.delta", **common, delta=text, logprobs=[])
+            yield self._event("response.output_text.done", **common, text=text, logprobs=[])
+            yield self._event("response.content_part.done", **common, part=_output_text(text))
+        else:
+            yield self._event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            )
+            common = {"item_id": item["id"], "output_index": index}
+            yield self._event(
+                "response.function_call_arguments.delta", **common, delta=item["arguments"]
+            )
+            yield self._event(
+                "response.function_call_arguments.done",
+                **common,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        yield self._event("response.output_item.done", output_index=index, item=item)
+
+    def _output(self, final: FinalEvent) -> tuple[list[dict[str, Any]], list[ToolCall], str]:
+        """The output items of a finished request, its calls and its text."""
+        calls: list[ToolCall] = []
+        text: str | None = final.text
+        cut = final.finish_reason is not FinishReason.STOP
+        if self._plan is not None and not (cut and self._plan.mode is ToolMode.REQUIRED):
+            calls, text = self._plan.read_calls(final.text, f"call_{self._request_id}_")
+        status = "completed" if self._status(final) == "completed" else "incomplete"
+        items: list[dict[str, Any]] = []
+        if text or not calls:
+            items.append(self._message(text or "", status))
+        for index, call in enumerate(calls):
+            items.append(
+                {
+                    "id": f"fc_{self._request_id}_{index}",
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "status": "completed",
+                }
+            )
+        return items, calls, text or ""
+
+    def _message(self, text: str, status: str) -> dict[str, Any]:
+        return {
+            "id": self._message_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": [_output_text(text)] if text or status != "in_progress" else [],
+        }
+
+    def _status(self, final: FinalEvent) -> str:
+        return "completed" if final.finish_reason is FinishReason.STOP else "incomplete"
+
+    def _response(self, final: FinalEvent | None) -> dict[str, Any]:
+        body = self._body
+        fmt = body.text.format if body.text is not None and body.text.format else None
+        tool_choice: Any = body.tool_choice or ("auto" if body.tools else "none")
+        if isinstance(tool_choice, FunctionChoice):
+            tool_choice = tool_choice.model_dump()
+        value: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self._created,
+            "model": self._model,
+            "status": "in_progress",
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "metadata": body.metadata or {},
+            "output": [],
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": None,
+            "store": False,
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "top_p": 1.0 if body.top_p is None else body.top_p,
+            "text": {"format": fmt.wire() if fmt is not None else {"type": "text"}},
+            "tool_choice": tool_choice,
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+            "truncation": "disabled",
+            "usage": None,
+            "user": body.user,
+        }
+        if final is None:
+            return value
+        items, _, _ = self._output(final)
+        status = self._status(final)
+        value["status"] = status
+        if final.finish_reason is FinishReason.LENGTH:
+            value["incomplete_details"] = {"reason": "max_output_tokens"}
+        elif final.finish_reason is FinishReason.CANCELLED:
+            value["status"] = "cancelled"
+        value["output"] = items
+        value["usage"] = {
+            "input_tokens": final.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": final.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": final.prompt_tokens + final.completion_tokens,
+        }
+        finish_reason_name(final.finish_reason)  # an ERROR never reaches here (a 500 instead)
+        return value
+
+    def _event(self, kind: str, **fields: Any) -> ServerSentEvent:
+        payload = {"type": kind, "sequence_number": next(self._sequence), **fields}
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        return ServerSentEvent(data=data, event=kind, sep=SSE_LINE_END)
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

@@ -1,0 +1,260 @@
+"""``POST /v1/responses``' request body: OpenAI's Responses API, stateless, on the native
+request path (the answer is :mod:`app.api.openai.responses_api`'s).
+
+The body (``ResponsesRequestBody``) becomes ``GenerationParams`` like a chat's: ``instructions``
+as a system turn, ``input`` (a string or message / ``function_call`` / ``function_call_output``
+items) as the conversation, ``text.format`` as a constraint (``json_schema`` / ``json_object``),
+function ``tools`` and ``tool_choice`` as ``app.api.openai.tools``' plan. Nothing is stored:
+``store: true`` and ``previous_response_id`` are 400s naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from app.api.openai.tools import (
+    MAX_TOOLS,
+    FunctionBody,
+    NamedFunction,
+    NamedToolChoice,
+    ToolBody,
+    ToolPlan,
+    tool_plan,
+)
+from app.api.request_builder import ChatPrompt, GenerationParams, TokenBudget
+from app.api.schemas import SEED_LIMIT
+from app.constraints import ConstraintSpec
+from app.engine.chat_template import ChatMessage, ToolCallTurn
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    return PydanticCustomError("invalid_value", message)
+
+
+class InputText(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class MessageItem(BaseModel):
+    """A turn of ``input``: ``content`` a string or text parts."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class FunctionCallItem(BaseModel):
+    """A call the model made earlier, sent back with its output."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+InputItem = FunctionCallItem | FunctionCallOutputItem | MessageItem
+
+
+class FunctionTool(BaseModel):
+    """A function tool in the Responses shape (flat: ``name``, ``parameters`` at the top)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def as_tool(self) -> ToolBody:
+        function = FunctionBody(
+            name=self.name, description=self.description, parameters=self.parameters
+        )
+        return ToolBody(type="function", function=function)
+
+
+class FunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    """``text.format``: ``text``, ``json_object`` or ``json_schema`` (``name``, ``schema``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> TextFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing", "schema is required for json_schema")
+        return self
+
+    def spec(self) -> ConstraintSpec | None:
+        if self.type == "json_object":
+            return ConstraintSpec.json_object(param="text.format")
+        if self.type == "json_schema":
+            return ConstraintSpec.json_schema(self.json_schema, param="text.format")
+        return None
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    format: TextFormat | None = None
+
+
+class ResponsesRequestBody(BaseModel):
+    """Body of ``POST /v1/responses`` (see the module doc)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    stream: bool | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    text: TextOptions | None = None
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # extensions, as on the other /v1 routes
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    top_k: int | None = Field(None, ge=0)
+
+    @field_validator("store")
+    @classmethod
+    def _nothing_stored(cls, store: bool | None) -> bool | None:
+        if store:
+            raise PydanticCustomError(
+                "unsupported_value", "this server is stateless: store must be false"
+            )
+        return store
+
+    @field_validator("previous_response_id")
+    @classmethod
+    def _no_previous(cls, previous: str | None) -> str | None:
+        if previous is not None:
+            raise PydanticCustomError(
+                "unsupported_value",
+                "this server is stateless: send the whole conversation as input",
+            )
+        return previous
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, value: str | list[InputItem]) -> str | list[InputItem]:
+        if not value:
+            raise _invalid("input must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _tools_consistent(self) -> ResponsesRequestBody:
+        try:
+            plan = self.tool_plan
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        if plan is not None and plan.constraint() is not None and self._format_spec():
+            raise _invalid("tool_choice required or named cannot be combined with text.format")
+        return self
+
+    @property
+    def streamed(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return True
+
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        choice = self.tool_choice
+        if isinstance(choice, FunctionChoice):
+            choice = NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+        tools = None if self.tools is None else [tool.as_tool() for tool in self.tools]
+        return tool_plan(tools, choice, self.parallel_tool_calls)
+
+    def _format_spec(self) -> ConstraintSpec | None:
+        if self.text is None or self.text.format is None:
+            return None
+        return self.text.format.spec()
+
+    def generation_params(self) -> GenerationParams:
+        plan = self.tool_plan
+        constraint = self._format_spec() or (None if plan is None else plan.constraint())
+        prompt = ChatPrompt(
+            self._turns(),
+            param="input",
+            tools=() if plan is None else plan.template_tools(),
+        )
+        return GenerationParams(
+            prompt=prompt,
+            budget=TokenBudget(self.max_output_tokens, "max_output_tokens"),
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            constraint=constraint,
+        )
+
+    def _turns(self) -> tuple[ChatMessage, ...]:
+        turns: list[ChatMessage] = []
+        if self.instructions:
+            turns.append(ChatMessage("system", self.instructions))
+        if isinstance(self.input, str):
+            return (*turns, ChatMessage("user", self.input))
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                role = "system" if item.role == "developer" else item.role
+                turns.append(ChatMessage(role, item.text()))
+            elif isinstance(item, FunctionCallItem):
+                call = ToolCallTurn(item.call_id, item.name, item.arguments)
+                previous = turns[-1] if turns else None
+                if previous is not None and previous.role == "assistant":
+                    turns[-1] = ChatMessage(
+                        "assistant", previous.content, (*previous.tool_calls, call)
+                    )
+                else:
+                    turns.append(ChatMessage("assistant", "", (call,)))
+            else:
+                turns.append(ChatMessage("tool", item.output, tool_call_id=item.call_id))
+        return tuple(turns)

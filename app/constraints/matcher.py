@@ -1,0 +1,52 @@
+"""One constrained request's position in its language (an ``llguidance.LLMatcher``).
+
+Owned by the request's ``Sequence`` from admission to the finish funnel: the scheduler asks it
+for the mask of the next token before each sampling step (``next_mask``) and advances it with
+the token sampled (``advance``). Nothing else touches it, and it is dropped when the sequence
+finishes, so a reused slot never sees another request's matcher.
+"""
+
+from __future__ import annotations
+
+import llguidance
+import llguidance.torch
+import torch
+
+
+class ConstraintMatcher:
+    """Masks and advances one request's constraint.
+
+    Args:
+        matcher: a fresh llguidance matcher (consumed nothing), owned from now on.
+        mask_words: int32 words per mask (``ceil(vocab_size / 32)`` of the model's logits).
+    """
+
+    __slots__ = ("_matcher", "_mask_words")
+
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int) -> None:
+        self._matcher = matcher
+        self._mask_words = mask_words
+
+    def next_mask(self) -> torch.Tensor:
+        """The allowed next tokens: int32 ``[mask_words]``, llguidance's bitmask layout (bit
+        ``j`` of word ``w`` allows token ``32 * w + j``); EOS is allowed where the language may
+        end. A new tensor each call (the step that reads it may still run when the next one is
+        computed)."""
+        mask = torch.empty((1, self._mask_words), dtype=torch.int32)
+        llguidance.torch.fill_next_token_bitmask(self._matcher, mask)
+        return mask[0]
+
+    def advance(self, token_id: int) -> bool:
+        """Consumes the sampled token. False when the token is outside the language (the mask
+        was not applied, or the matcher is in error): the request cannot go on."""
+        return self._matcher.consume_token(token_id)
+
+    @property
+    def is_finished(self) -> bool:
+        """The language allows no further token (the output is complete)."""
+        return self._matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        """llguidance's error ("" when none)."""
+        return self._matcher.get_error()

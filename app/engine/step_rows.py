@@ -1,0 +1,120 @@
+"""The rows the scheduler hands the model for its sequences, and which waiting ones go together.
+
+Pure functions of a sequence's state (and the block manager's tables): the scheduler decides
+who runs; these say what each row carries (tokens, position, sampling, the constraint's mask,
+the block table). See ``app.engine.scheduler``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager
+from app.engine.request import Sequence
+from app.models.base import KVBlocks, StepRow
+
+
+def decode_row(seq: Sequence, kv: BlockManager | None) -> StepRow:
+    """The row of a decoding sequence: the one token sampled last step, sampled again."""
+    return StepRow(
+        slot=slot_of(seq),
+        token_ids=(seq.generated[-1],),
+        position=seq.num_computed_tokens,
+        sample=True,
+        sampling=seq.request.sampling,
+        token_mask=next_token_mask(seq),
+        kv_blocks=kv_blocks_of(seq, kv),
+    )
+
+
+def prefill_row(
+    seq: Sequence, budget: int, max_tokens_per_row: int, kv: BlockManager | None
+) -> StepRow:
+    """The next prompt chunk of a prefilling sequence, at most ``budget`` and
+    ``max_tokens_per_row`` tokens; it samples when it ends the prompt (not for a request that
+    only scores its prompt, nor after a preemption, whose last generated token the next decode
+    row feeds)."""
+    start = seq.num_computed_tokens
+    target = seq.num_prefill_tokens
+    length = min(target - start, budget, max_tokens_per_row)
+    sample = start + length == target and not seq.generated and not seq.scores_prompt_only
+    return StepRow(
+        slot=slot_of(seq),
+        token_ids=seq.all_token_ids()[start : start + length],
+        position=start,
+        sample=sample,
+        sampling=seq.request.sampling,
+        token_mask=next_token_mask(seq) if sample else None,
+        kv_blocks=kv_blocks_of(seq, kv),
+    )
+
+
+def padding_rows(rows: list[StepRow], num_slots: int) -> list[StepRow]:
+    """An inert row for every slot of ``num_slots`` without one (a fixed batch shape)."""
+    scheduled = {row.slot for row in rows}
+    return [StepRow.padding(slot) for slot in range(num_slots) if slot not in scheduled]
+
+
+def kv_blocks_of(seq: Sequence, kv: BlockManager | None) -> KVBlocks | None:
+    """The row's block table (None without a paged model). A row that starts the sequence in
+    its slot also carries what the model's per-sequence state must know of what it will not
+    see fed: the cached prefix's tokens and the tokens generated before a preemption."""
+    if kv is None:
+        return None
+    table = kv.table(seq)
+    if seq.num_computed_tokens != seq.num_cached_tokens:
+        return KVBlocks(table)
+    return KVBlocks(
+        table,
+        starts_sequence=True,
+        prefix_token_ids=seq.all_token_ids()[: seq.num_cached_tokens],
+        generated_token_ids=tuple(seq.generated),
+    )
+
+
+def prefix_salt(seq: Sequence) -> bytes:
+    """The salt of the sequence's block hashes: seeded (batch-invariant) and other requests
+    never share blocks; a request for prompt logprobs has one of its own, since every prompt
+    position must be computed to be scored (no cached prefix is found for it, and none it
+    writes is found by others)."""
+    if seq.request.sampling.prompt_logprobs is not None:
+        return b"scored:" + seq.request_id.encode()
+    return SALT_EXACT if seq.request.sampling.batch_invariant else SALT_ANY
+
+
+def whole_groups(waiting: Iterable[Sequence], count: int) -> int:
+    """``count`` cut back so that no group (the ``n`` choices of one prompt, queued one after
+    another with one ``GenerationRequest.group_id``) is split between slots now and later: the
+    first ``count`` waiting sequences, less a trailing group cut short."""
+    taken = 0
+    sequences = iter(waiting)
+    pending = next(sequences, None)
+    while pending is not None and taken < count:
+        group = pending.request.group_id
+        size = 1
+        pending = next(sequences, None)
+        while group is not None and pending is not None and pending.request.group_id == group:
+            size += 1
+            pending = next(sequences, None)
+        if taken + size > count:
+            break
+        taken += size
+    return taken
+
+
+def next_token_mask(seq: Sequence) -> torch.Tensor | None:
+    """The constraint's mask for the sequence's next token (None when unconstrained)."""
+    return None if seq.matcher is None else seq.matcher.next_mask()
+
+
+def slot_of(seq: Sequence) -> int:
+    """The slot of a running sequence.
+
+    Raises:
+        RuntimeError: the sequence holds no slot.
+    """
+    if seq.slot is None:
+        raise RuntimeError(f"request {seq.request_id} has no slot")
+    return seq.slot

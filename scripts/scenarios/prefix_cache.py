@@ -1,0 +1,184 @@
+"""The paged KV cache's evidence (issue #17): multi-turn TTFT, a shared system prompt, 64 slots
+in a 400 MiB pool, decode tok/s against a baseline checkout. The command line, and what each
+workload measures, is ``scripts/bench_prefix_cache.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import httpx
+from harness.metrics import scrape
+from harness.server import Server, ServerSpec, launched
+from rich.console import Console
+
+MIB = 2**20
+WORKLOADS = ("multi-turn", "shared-prompt", "many-slots", "decode")
+READY_S = 300.0
+SYSTEM = (
+    "You are the support assistant of a small hardware shop. Answer in plain words, name the "
+    "part a customer needs, and say when something is out of stock. "
+)
+TOPICS = ("drills", "screws", "paint", "ladders", "hinges", "glue", "saws", "tape")
+
+
+def _spec(name: str, flags: tuple[str, ...], baseline: Path | None = None) -> ServerSpec:
+    spec = ServerSpec.app(name, *flags, ready_timeout_s=READY_S)
+    if baseline is None:
+        return spec
+    # The other checkout's package first on sys.path, then its `python -m app`.
+    runner = (
+        f"import runpy, sys; sys.path.insert(0, {str(baseline)!r}); "
+        "runpy.run_module('app', run_name='__main__', alter_sys=True)"
+    )
+    return ServerSpec(name, (sys.executable, "-c", runner, *spec.argv[3:]), ready_timeout_s=READY_S)
+
+
+async def _generate(http: httpx.AsyncClient, server: Server, prompt: str, tokens: int) -> dict:
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    response = await http.post(server.url + "/generate", json=body)
+    response.raise_for_status()
+    return response.json()
+
+
+async def _counter(http: httpx.AsyncClient, server: Server, name: str) -> float:
+    return (await scrape(http, server.url)).value(name)
+
+
+async def multi_turn(model: tuple[str, ...], log_dir: Path, http: httpx.AsyncClient) -> dict:
+    specs = [_spec("on", model), _spec("off", (*model, "--no-prefix-caching"))]
+    ttft: dict[str, list[float]] = {"on": [], "off": []}
+    async with launched(specs, log_dir) as servers:
+        histories = {"on": SYSTEM * 4, "off": SYSTEM * 4}
+        for turn in range(5):
+            for server in servers:  # interleaved turn by turn
+                side = server.spec.name
+                histories[side] += f"\nUser: tell me about {TOPICS[turn]}, turn {turn}.\nShop:"
+                answer = await _generate(http, server, histories[side], 32)
+                ttft[side].append(answer["timings"]["ttft_ms"])
+                histories[side] += answer["text"]
+    return {
+        "ttft_ms_on": ttft["on"],
+        "ttft_ms_off": ttft["off"],
+        "turn5_ratio": ttft["on"][-1] / ttft["off"][-1],
+    }
+
+
+async def shared_prompt(
+    model: tuple[str, ...], log_dir: Path, http: httpx.AsyncClient, rounds: int
+) -> dict:
+    system = SYSTEM * 30  # ~1,000 tokens of SmolLM2's tokenizer
+    specs = [_spec("on", model), _spec("off", (*model, "--no-prefix-caching"))]
+    result: dict[str, dict[str, list[float]]] = {
+        side: {"computed": [], "seconds": []} for side in ("on", "off")
+    }
+    async with launched(specs, log_dir) as servers:
+        for round_index in range(rounds):
+            for server in servers:
+                side = server.spec.name
+                queries = await _counter(http, server, "slotserve_prefix_cache_queries_total")
+                hits = await _counter(http, server, "slotserve_prefix_cache_hits_total")
+                prompts = [
+                    f"{system}\nUser ({round_index}.{i}): which {TOPICS[i % 8]} do you sell?\n"
+                    for i in range(16)
+                ]
+                started = time.perf_counter()
+                answers = await asyncio.gather(*(_generate(http, server, p, 16) for p in prompts))
+                result[side]["seconds"].append(time.perf_counter() - started)
+                prompt_tokens = sum(a["usage"]["prompt_tokens"] for a in answers)
+                queried = await _counter(http, server, "slotserve_prefix_cache_queries_total")
+                hit = await _counter(http, server, "slotserve_prefix_cache_hits_total")
+                if side == "off":  # nothing is looked up: every prompt token is computed
+                    result[side]["computed"].append(prompt_tokens)
+                else:
+                    assert queried - queries == prompt_tokens
+                    result[side]["computed"].append(prompt_tokens - (hit - hits))
+    on, off = result["on"], result["off"]
+    return {
+        **{f"{side}_{key}": values for side in result for key, values in result[side].items()},
+        "computed_ratio": statistics.median(on["computed"]) / statistics.median(off["computed"]),
+        "time_ratio": statistics.median(on["seconds"]) / statistics.median(off["seconds"]),
+    }
+
+
+async def many_slots(model: tuple[str, ...], log_dir: Path, http: httpx.AsyncClient) -> dict:
+    flags = (*model, "--max-num-seqs", "64", "--max-model-len", "2048")
+    flags += ("--kv-cache-memory", "400MiB", "--max-num-batched-tokens", "512")
+    async with launched([_spec("64-slots", flags)], log_dir) as (server,):
+        idle = server.stats.rss_bytes()
+        # Distinct from their first token on: no two share a block, so the pool, not the
+        # prefix cache, has to hold them (64 x ~44 blocks is more than 400 MiB holds).
+        prompts = [
+            f"Customer {i} asks about {TOPICS[i % 8]} number {i * 7919 % 1000}.\n{SYSTEM * 20}"
+            for i in range(64)
+        ]
+        started = time.perf_counter()
+        answers = await asyncio.gather(*(_generate(http, server, p, 32) for p in prompts))
+        seconds = time.perf_counter() - started
+        peak = server.stats.peak_rss_bytes()
+        preemptions = await _counter(http, server, "slotserve_preemptions_total")
+    completed = sum(a["finish_reason"] == "length" for a in answers)
+    return {
+        "completed": completed,
+        "of": len(prompts),
+        "prompt_tokens_mean": statistics.mean(a["usage"]["prompt_tokens"] for a in answers),
+        "seconds": seconds,
+        "rss_idle_mib": idle / MIB,
+        "rss_peak_mib": peak / MIB,
+        "rss_growth_mib": (peak - idle) / MIB,
+        "pool_mib": 400.0,
+        "preemptions": preemptions,
+    }
+
+
+async def decode(
+    model: tuple[str, ...], log_dir: Path, http: httpx.AsyncClient, baseline: Path, rounds: int
+) -> dict:
+    flags = (*model, "--max-num-seqs", "64")
+    specs = [_spec("paged", flags), _spec("baseline", flags, baseline)]
+    rates: dict[str, dict[int, list[float]]] = {s.name: {1: [], 16: [], 64: []} for s in specs}
+    async with launched(specs, log_dir) as servers:
+        for _ in range(rounds):
+            for streams in (1, 16, 64):
+                for server in servers:
+                    prompts = [f"Story {i} about {TOPICS[i % 8]}:" for i in range(streams)]
+                    started = time.perf_counter()
+                    answers = await asyncio.gather(
+                        *(_generate(http, server, p, 64) for p in prompts)
+                    )
+                    tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+                    seconds = time.perf_counter() - started
+                    rates[server.spec.name][streams].append(tokens / seconds)
+    return {
+        f"{streams}_streams_ratio": statistics.median(rates["paged"][streams])
+        / statistics.median(rates["baseline"][streams])
+        for streams in (1, 16, 64)
+    } | {"tok_s": rates}
+
+
+async def run(args: Namespace, console: Console) -> dict:
+    """Every workload of ``args.only`` (``decode`` only with ``args.baseline``), in order."""
+    model = ("--model", args.model, "--dtype", args.dtype)
+    results: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-prefix-") as workdir:
+        log_dir = Path(workdir)
+        async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
+            if "multi-turn" in args.only:
+                results["multi_turn"] = await multi_turn(model, log_dir, http)
+                console.print("multi-turn", results["multi_turn"])
+            if "shared-prompt" in args.only:
+                results["shared_prompt"] = await shared_prompt(model, log_dir, http, args.rounds)
+                console.print("shared-prompt", results["shared_prompt"])
+            if "many-slots" in args.only:
+                results["many_slots"] = await many_slots(model, log_dir, http)
+                console.print("many-slots", results["many_slots"])
+            if "decode" in args.only and args.baseline is not None:
+                results["decode"] = await decode(model, log_dir, http, args.baseline, args.rounds)
+                console.print("decode", results["decode"])
+    return results
