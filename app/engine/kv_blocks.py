@@ -287,14 +287,11 @@ class BlockManager:
 
     # ----------------------------------------------------------------- release
 
-    def commit_filled(
-        self, owner: Hashable, token_ids: Sequence[int], num_computed: int, new_tokens: int
-    ) -> None:
-        """``commit`` after a step that computed ``new_tokens`` positions up to
-        ``num_computed``, when it filled a block (nothing to do otherwise)."""
+    def fills_block(self, num_computed: int, new_tokens: int) -> bool:
+        """Whether a step that computed ``new_tokens`` positions up to ``num_computed`` filled
+        a block (then ``commit`` registers it; a cheap test, made for every row of a step)."""
         size = self.block_size
-        if num_computed // size > (num_computed - new_tokens) // size:
-            self.commit(owner, token_ids, num_computed)
+        return num_computed // size > (num_computed - new_tokens) // size
 
     def free(self, owner: Hashable) -> None:
         """Lets go of everything ``owner`` holds or had hashed; a no-op for an unknown owner."""

@@ -292,10 +292,9 @@ class Scheduler:
                 # its generated tokens after the prompt (scored once, when sampled)
                 room = seq.num_prompt_tokens - len(seq.prompt_logprobs)
                 seq.prompt_logprobs.extend(prompt_logprobs[: max(0, room)])
-            if self.kv_blocks is not None:
-                self.kv_blocks.commit_filled(
-                    seq, seq.all_token_ids(), seq.num_computed_tokens, len(row.token_ids)
-                )
+            kv = self.kv_blocks
+            if kv is not None and kv.fills_block(seq.num_computed_tokens, len(row.token_ids)):
+                kv.commit(seq, seq.all_token_ids(), seq.num_computed_tokens)
             if token is None:
                 if seq.scores_prompt_only and not seq.is_prefilling:
                     self.finish(seq, FinishReason.LENGTH)  # the prompt is scored: done
