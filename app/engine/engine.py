@@ -18,10 +18,8 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
-from app.engine.chat_template import ChatMessage, ChatTemplate
+from app.constraints import ConstraintCompiler
 from app.engine.detokenizer import TextAssembler
 from app.engine.handle import InFlightRequests, RequestHandle
 from app.engine.inbox import Cancel, Command, Inbox, Submit
@@ -29,6 +27,7 @@ from app.engine.metrics import EngineMetrics
 from app.engine.model_thread import ModelThread
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.prompt_encoder import PromptEncoder
+from app.engine.prompt_operations import PromptOperations
 from app.engine.request import FinishReason, GenerationRequest, Sequence
 from app.engine.scheduler import ScheduledStep, Scheduler
 from app.models.base import Model, ModelCapabilities
@@ -80,7 +79,7 @@ class AdmissionLimits:
     max_queued_tokens: int = 1_000_000
 
 
-class AsyncEngine:
+class AsyncEngine(PromptOperations):
     """Runs continuous batching over ``model`` in one background task.
 
     Args:
@@ -187,11 +186,6 @@ class AsyncEngine:
         return self._model.capabilities
 
     @property
-    def chat_template(self) -> ChatTemplate:
-        """The template chats are rendered with: the model's own, or the ChatML fallback."""
-        return self._prompts.chat_template
-
-    @property
     def prefix_caching(self) -> bool:
         """Whether a paged model's prompts reuse cached KV blocks (False when not paged)."""
         blocks = self.scheduler.kv_blocks
@@ -201,52 +195,6 @@ class AsyncEngine:
     def policy_name(self) -> str:
         """The admission policy in use (``continuous`` or ``static``)."""
         return self.scheduler.policy.name
-
-    def encode_text(self, text: str) -> tuple[int, ...]:
-        """``PromptEncoder.encode_text``: CPU-bound, long texts belong off the event loop.
-
-        Raises:
-            TokenizationError: the tokenizer failed.
-        """
-        return self._prompts.encode_text(text)
-
-    def decode(self, token_ids: tuple[int, ...]) -> str:
-        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
-
-        Raises:
-            TokenizationError: the tokenizer failed.
-        """
-        return self._prompts.decode(token_ids)
-
-    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
-        """Each token's own bytes (logprobs answers)."""
-        return self._prompts.token_bytes(token_ids)
-
-    def encode_chat(
-        self,
-        messages: tuple[ChatMessage, ...],
-        tools: tuple[dict[str, Any], ...] = (),
-        *,
-        add_generation_prompt: bool = True,
-    ) -> tuple[int, ...]:
-        """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
-
-        Raises:
-            ChatTemplateError: the template refused the conversation.
-            TokenizationError: the tokenizer failed on the rendered text.
-        """
-        return self._prompts.encode_chat(
-            messages, tools, add_generation_prompt=add_generation_prompt
-        )
-
-    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
-        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
-        hundreds of ms), so it belongs off an event loop.
-
-        Raises:
-            ConstraintError: the constraint cannot be compiled (the reason in the message).
-        """
-        return self._constraints.compile(spec)
 
     # ----------------------------------------------------------------- commands (any task)
 

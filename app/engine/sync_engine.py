@@ -16,14 +16,13 @@ The model should be stepped on the thread that loaded it (one OpenMP team, see
 from __future__ import annotations
 
 import functools
-from typing import Any
 
-from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
-from app.engine.chat_template import ChatMessage, ChatTemplate
+from app.constraints import ConstraintCompiler
 from app.engine.detokenizer import TextAssembler
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.prompt_encoder import PromptEncoder
+from app.engine.prompt_operations import PromptOperations
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, Sequence, StreamEvent
 from app.engine.scheduler import ScheduledStep, Scheduler
 from app.models.base import Model, ModelCapabilities
@@ -74,7 +73,7 @@ class SyncHandle:
         return self.final is not None
 
 
-class SyncEngine:
+class SyncEngine(PromptOperations):
     """Runs continuous batching over ``model`` on the caller's thread.
 
     Args:
@@ -128,57 +127,6 @@ class SyncEngine:
     def capabilities(self) -> ModelCapabilities:
         """The model's declared limits."""
         return self.model.capabilities
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        """The template chats are rendered with: the model's own, or the ChatML fallback."""
-        return self._prompts.chat_template
-
-    def encode_text(self, text: str) -> tuple[int, ...]:
-        """``PromptEncoder.encode_text``.
-
-        Raises:
-            TokenizationError: the tokenizer failed.
-        """
-        return self._prompts.encode_text(text)
-
-    def decode(self, token_ids: tuple[int, ...]) -> str:
-        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
-
-        Raises:
-            TokenizationError: the tokenizer failed.
-        """
-        return self._prompts.decode(token_ids)
-
-    def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
-        """Each token's own bytes (logprobs answers)."""
-        return self._prompts.token_bytes(token_ids)
-
-    def encode_chat(
-        self,
-        messages: tuple[ChatMessage, ...],
-        tools: tuple[dict[str, Any], ...] = (),
-        *,
-        add_generation_prompt: bool = True,
-    ) -> tuple[int, ...]:
-        """``PromptEncoder.encode_chat``.
-
-        Raises:
-            ChatTemplateError: the template refused the conversation.
-            TokenizationError: the tokenizer failed on the rendered text.
-        """
-        return self._prompts.encode_chat(
-            messages, tools, add_generation_prompt=add_generation_prompt
-        )
-
-    def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:
-        """``ConstraintCompiler.compile`` for this model: CPU-bound on a cache miss (ms to
-        hundreds of ms), so it belongs off an event loop.
-
-        Raises:
-            ConstraintError: the constraint cannot be compiled (the reason in the message).
-        """
-        return self._constraints.compile(spec)
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes
