@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenizers import AddedToken, Regex, models, pre_tokenizers
+from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from app.models.tokenizers.byte_level import byte_level_token_bytes
-from app.models.tokenizers.gguf_vocab import GGUFTokenType, GGUFVocab
+from app.models.tokenizers.gguf_vocab import GGUFTokenType, GGUFVocab, add_gguf_added_tokens
 from app.models.tokenizers.text_tokenizer import TextTokenizer, UnsupportedTokenizerError
 
 # GPT-2's regex as llama.cpp writes it (no final "|\s+": the text it would match becomes a piece
@@ -136,18 +136,7 @@ def build_gguf_bpe(vocab: GGUFVocab) -> TextTokenizer:
         [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in rule.regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
-    hf.add_special_tokens(
-        [
-            AddedToken(vocab.tokens[i], special=True, normalized=False)
-            for i in vocab.ids_of(GGUFTokenType.CONTROL, GGUFTokenType.UNKNOWN)
-        ]
-    )
-    hf.add_tokens(
-        [
-            AddedToken(vocab.tokens[i], special=False, normalized=False)
-            for i in vocab.ids_of(GGUFTokenType.USER_DEFINED)
-        ]
-    )
+    add_gguf_added_tokens(hf, vocab)
     add_bos = vocab.add_bos_token
     if add_bos is None:  # the family's default, where the vocabulary has a BOS to add
         add_bos = rule.add_bos_token and vocab.bos_token_id is not None

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import re
 
-from tokenizers import AddedToken, models, normalizers
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, normalizers
 
-from app.models.tokenizers.gguf_vocab import GGUFTokenType, GGUFVocab
+from app.models.tokenizers.gguf_vocab import GGUFTokenType, GGUFVocab, add_gguf_added_tokens
 from app.models.tokenizers.text_tokenizer import TextTokenizer
 
 SPACE = "\u2581"  # ▁
@@ -90,18 +90,7 @@ def build_gguf_spm(vocab: GGUFVocab) -> TextTokenizer:
     add_space_prefix = True if vocab.add_space_prefix is None else vocab.add_space_prefix
     steps = [normalizers.Prepend(SPACE)] if add_space_prefix else []
     hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE)])
-    hf.add_special_tokens(
-        [
-            AddedToken(vocab.tokens[i], special=True, normalized=False)
-            for i in vocab.ids_of(GGUFTokenType.CONTROL, GGUFTokenType.UNKNOWN)
-        ]
-    )
-    hf.add_tokens(
-        [
-            AddedToken(vocab.tokens[i], special=False, normalized=False)
-            for i in vocab.ids_of(GGUFTokenType.USER_DEFINED)
-        ]
-    )
+    add_gguf_added_tokens(hf, vocab)
     return TextTokenizer(
         hf,
         token_bytes=[

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from tokenizers import AddedToken, Tokenizer
+
 from app.models.gguf_file import GGUFFile
 from app.models.tokenizers.text_tokenizer import UnsupportedTokenizerError
 
@@ -154,3 +156,21 @@ def _token_id(file: GGUFFile, key: str, default: int | None, vocab_size: int) ->
 def _flag(file: GGUFFile, key: str) -> bool | None:
     value = file.field_or(key, None)
     return None if value is None else bool(value)
+
+
+def add_gguf_added_tokens(hf: Tokenizer, vocab: GGUFVocab) -> None:
+    """Adds the file's control and unknown tokens to ``hf`` as special tokens (matched whole,
+    never split, dropped by ``skip_special_tokens``) and its user-defined ones as plain added
+    tokens, both unnormalised, as llama.cpp treats them."""
+    hf.add_special_tokens(
+        [
+            AddedToken(vocab.tokens[i], special=True, normalized=False)
+            for i in vocab.ids_of(GGUFTokenType.CONTROL, GGUFTokenType.UNKNOWN)
+        ]
+    )
+    hf.add_tokens(
+        [
+            AddedToken(vocab.tokens[i], special=False, normalized=False)
+            for i in vocab.ids_of(GGUFTokenType.USER_DEFINED)
+        ]
+    )
