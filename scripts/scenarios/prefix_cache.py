@@ -14,7 +14,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import httpx
-from harness.metrics import scrape
+from harness.metrics import histogram_delta, scrape
 from harness.server import Server, ServerSpec, launched
 from rich.console import Console
 
@@ -57,7 +57,8 @@ async def multi_turn(model: tuple[str, ...], log_dir: Path, http: httpx.AsyncCli
     async with launched(specs, log_dir) as servers:
         histories = {"on": SYSTEM * 4, "off": SYSTEM * 4}
         for turn in range(5):
-            for server in servers:  # interleaved turn by turn
+            # interleaved turn by turn, the order flipping every turn
+            for server in servers if turn % 2 == 0 else servers[::-1]:
                 side = server.spec.name
                 histories[side] += f"\nUser: tell me about {TOPICS[turn]}, turn {turn}.\nShop:"
                 answer = await _generate(http, server, histories[side], 32)
@@ -140,26 +141,46 @@ async def many_slots(model: tuple[str, ...], log_dir: Path, http: httpx.AsyncCli
 async def decode(
     model: tuple[str, ...], log_dir: Path, http: httpx.AsyncClient, baseline: Path, rounds: int
 ) -> dict:
+    """Aggregate decode tok/s, this checkout over ``baseline``, and where the time went: the
+    servers' own model-step seconds (``slotserve_model_step_seconds``) per generated token, so
+    a difference can be placed in the forward or above it (scheduler, sampling, HTTP).
+
+    The two servers take turns within each round and the order flips every round (A B, B A,
+    ...): a server that always went first would always meet what the previous wave left
+    behind (the other server's freed memory, a neighbour's burst)."""
     flags = (*model, "--max-num-seqs", "64")
     specs = [_spec("paged", flags), _spec("baseline", flags, baseline)]
-    rates: dict[str, dict[int, list[float]]] = {s.name: {1: [], 16: [], 64: []} for s in specs}
+    names = [spec.name for spec in specs]
+    rates: dict[str, dict[int, list[float]]] = {name: {1: [], 16: [], 64: []} for name in names}
+    step_ms: dict[str, dict[int, list[float]]] = {name: {1: [], 16: [], 64: []} for name in names}
     async with launched(specs, log_dir) as servers:
-        for _ in range(rounds):
+        for round_index in range(rounds):
             for streams in (1, 16, 64):
-                for server in servers:
+                order = servers if round_index % 2 == 0 else servers[::-1]
+                for server in order:
                     prompts = [f"Story {i} about {TOPICS[i % 8]}:" for i in range(streams)]
+                    before = await scrape(http, server.url)
                     started = time.perf_counter()
                     answers = await asyncio.gather(
                         *(_generate(http, server, p, 64) for p in prompts)
                     )
-                    tokens = sum(a["usage"]["completion_tokens"] for a in answers)
                     seconds = time.perf_counter() - started
+                    after = await scrape(http, server.url)
+                    tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+                    stepping = histogram_delta(before, after, "slotserve_model_step_seconds")
                     rates[server.spec.name][streams].append(tokens / seconds)
-    return {
-        f"{streams}_streams_ratio": statistics.median(rates["paged"][streams])
-        / statistics.median(rates["baseline"][streams])
-        for streams in (1, 16, 64)
-    } | {"tok_s": rates}
+                    step_ms[server.spec.name][streams].append(stepping.total / tokens * 1000)
+
+    def ratio(table: dict[str, dict[int, list[float]]], streams: int) -> float:
+        return statistics.median(table["paged"][streams]) / statistics.median(
+            table["baseline"][streams]
+        )
+
+    return (
+        {f"{streams}_streams_ratio": ratio(rates, streams) for streams in (1, 16, 64)}
+        | {f"{streams}_streams_step_ms_ratio": ratio(step_ms, streams) for streams in (1, 16, 64)}
+        | {"tok_s": rates, "model_step_ms_per_token": step_ms}
+    )
 
 
 async def run(args: Namespace, console: Console) -> dict:

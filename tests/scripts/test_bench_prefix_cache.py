@@ -4,6 +4,7 @@ comparison answer, and prefix caching computes fewer prompt tokens."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import bench_prefix_cache
 import pytest
@@ -20,3 +21,21 @@ def test_mock_run_reports_the_ratios(tmp_path):
     shared = figures["shared_prompt"]
     assert shared["on_computed"][0] < shared["off_computed"][0]
     assert 0 < shared["computed_ratio"] < 0.2
+
+
+@pytest.mark.slow
+def test_decode_against_a_baseline_checkout_places_the_time(tmp_path):
+    """This checkout against itself as the baseline: both sides answer every wave of every
+    round (the order flips each round), and each ratio comes with the model-step one."""
+    out = tmp_path / "decode.json"
+    repo = Path(__file__).resolve().parents[2]
+    argv = ["--model", "mock", "--only", "decode", "--baseline", str(repo), "--rounds", "2"]
+    assert bench_prefix_cache.main([*argv, "--json", str(out)]) == 0
+    decode = json.loads(out.read_text())["decode"]
+    for streams in ("1", "16", "64"):
+        for side in ("paged", "baseline"):
+            assert len(decode["tok_s"][side][streams]) == 2
+            assert all(rate > 0 for rate in decode["tok_s"][side][streams])
+            assert all(ms > 0 for ms in decode["model_step_ms_per_token"][side][streams])
+        assert decode[f"{streams}_streams_ratio"] > 0
+        assert decode[f"{streams}_streams_step_ms_ratio"] > 0
