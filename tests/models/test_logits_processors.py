@@ -28,7 +28,7 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:
 
 
 def _state(params: SamplingParams, prompt: list[int], generated: list[int]) -> SlotTokenCounts:
-    state = SlotTokenCounts.start(params, VOCAB, torch.device("cpu"), eos_token_ids=EOS)
+    state = SlotTokenCounts.start(params, VOCAB, eos_token_ids=EOS)
     state.feed(prompt)
     for token in generated:
         state.drawn(token)
