@@ -76,7 +76,8 @@ class SeenTokens:
         Raises:
             ValueError: ``token_id`` is outside ``[0, vocab_size)``.
         """
-        self._counts[self._position(token_id)] += 1.0
+        position = self._position(token_id)  # first: it may replace the buffers
+        self._counts[position] += 1.0
 
     def _position(self, token_id: int) -> int:
         """Where ``token_id`` is in the buffers, appended (count 0) when new."""
