@@ -21,22 +21,21 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from app.models.token_counts import SlotTokenCounts
+from app.models.token_counts import SeenTokens, SlotTokenCounts
 
 
 def apply_logit_bias(logits: torch.Tensor, states: Sequence[SlotTokenCounts]) -> None:
     """Adds each row's bias to its tokens' logits (OpenAI's ``logit_bias``)."""
-    rows = [i for i, state in enumerate(states) if state.bias_ids is not None]
+    rows, ids, values = [], [], []
+    for row, state in enumerate(states):
+        if state.bias_ids is not None and state.bias_values is not None:
+            rows.append(row)
+            ids.append(state.bias_ids)
+            values.append(state.bias_values)
     if not rows:
         return
-    ids = [states[i].bias_ids for i in rows]
-    values = np.concatenate([states[i].bias_values for i in rows])  # type: ignore[misc]
-    flat = logits.view(-1)
-    flat.index_add_(
-        0,
-        _positions(rows, ids, logits),
-        torch.from_numpy(values).to(logits.device),  # type: ignore[arg-type]
-    )
+    biases = torch.from_numpy(np.concatenate(values)).to(logits.device)
+    logits.view(-1).index_add_(0, _positions(rows, ids, logits), biases)
 
 
 def apply_penalties(logits: torch.Tensor, states: Sequence[SlotTokenCounts]) -> None:
@@ -51,13 +50,17 @@ def apply_penalties(logits: torch.Tensor, states: Sequence[SlotTokenCounts]) -> 
     generated tokens only. The operations, their order and their float32 operands are those
     of the same formulas over whole rows, so the results are bit-identical to them.
     """
-    rows = [i for i, state in enumerate(states) if state.seen is not None]
+    rows: list[int] = []
+    seen: list[SeenTokens] = []
+    for row, state in enumerate(states):
+        if state.seen is not None:
+            rows.append(row)
+            seen.append(state.seen)
     if not rows:
         return
-    seen = [states[i].seen for i in rows]
-    lengths = np.array([s.size for s in seen], dtype=np.int64)  # type: ignore[union-attr]
-    positions = _positions(rows, [s.ids for s in seen], logits, lengths)  # type: ignore[union-attr]
-    params = [states[i].sampling for i in rows]
+    lengths = np.array([s.size for s in seen], dtype=np.int64)
+    positions = _positions(rows, [s.ids for s in seen], logits, lengths)
+    params = [states[row].sampling for row in rows]
     device = logits.device
     flat = logits.view(-1)
     values = flat.index_select(0, positions)
@@ -68,22 +71,26 @@ def apply_penalties(logits: torch.Tensor, states: Sequence[SlotTokenCounts]) -> 
     frequency = [p.frequency_penalty for p in params]
     presence = [p.presence_penalty for p in params]
     if any(frequency) or any(presence):
-        counts = torch.from_numpy(np.concatenate([s.generated_counts for s in seen])).to(device)  # type: ignore[union-attr]
+        counts = np.concatenate([s.generated_counts for s in seen])
+        generated = torch.from_numpy(counts).to(device)
         if any(frequency):
-            values = values - counts * _per_entry(frequency, lengths, device)
+            values = values - generated * _per_entry(frequency, lengths, device)
         if any(presence):
-            values = values - (counts > 0) * _per_entry(presence, lengths, device)
+            values = values - (generated > 0) * _per_entry(presence, lengths, device)
     flat.index_copy_(0, positions, values)
 
 
 def apply_min_tokens(logits: torch.Tensor, states: Sequence[SlotTokenCounts]) -> None:
     """Masks (``-inf``) the EOS and stop token ids of rows that have not yet generated
     ``min_tokens`` tokens."""
-    rows = [i for i, state in enumerate(states) if state.holds_back]
+    rows, ids = [], []
+    for row, state in enumerate(states):
+        if state.holds_back and state.held_back_ids is not None:
+            rows.append(row)
+            ids.append(state.held_back_ids)
     if not rows:
         return
-    ids = [states[i].held_back_ids for i in rows]
-    logits.view(-1).index_fill_(0, _positions(rows, ids, logits), float("-inf"))  # type: ignore[arg-type]
+    logits.view(-1).index_fill_(0, _positions(rows, ids, logits), float("-inf"))
 
 
 def _positions(
