@@ -10,9 +10,10 @@ whether it runs alone or in a crowd.
 
 The pipeline, in API.md's order, all rows of the step at once:
 
-1. rows that use a processor, or sample, are copied to float32 (the model's logits stay raw,
-   for the logprobs); then logit bias, penalties and min_tokens
-   (:mod:`app.models.logits_processors`) and the constraint's mask
+1. rows that use a processor, or sample, are taken as float32, a copy where a processor writes
+   (the model's logits stay raw, for the logprobs; a batch used whole is not indexed, which
+   would copy it); then logit bias, penalties and min_tokens, each on the few entries it
+   changes (:mod:`app.models.logits_processors`), and the constraint's mask
    (:mod:`app.models.token_mask`), each touching only the rows that use it;
 2. greedy rows (temperature 0) take the argmax (:func:`argmax_rows`); when every row is greedy
    and unprocessed nothing else runs;
@@ -67,8 +68,8 @@ class Sampler:
 
     Args:
         max_num_seqs: slots.
-        vocab_size: logits columns (sizes the penalties' counts); 0: taken from the first
-            logits seen (a sampler used without penalties).
+        vocab_size: logits columns (the penalties refuse ids outside it); 0: taken from the
+            first logits seen (a sampler used without penalties).
         eos_token_ids: the ids ``min_tokens`` holds back besides the request's stop ids.
     """
 
