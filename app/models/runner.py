@@ -136,9 +136,7 @@ class ModelRunner:
         self._validate(rows)
         for row in rows:
             if row.starts_sequence:
-                self._sampler.start_sequence(
-                    row.slot, row.sampling.seed, row.sampling, device=self.model.device
-                )
+                self._sampler.start_sequence(row.slot, row.sampling.seed, row.sampling)
                 if row.kv_blocks is not None:
                     # a cached prefix is prompt the penalties must see; a sequence recomputed
                     # after a preemption had generated tokens: one draw each when sampled

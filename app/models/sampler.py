@@ -10,9 +10,10 @@ whether it runs alone or in a crowd.
 
 The pipeline, in API.md's order, all rows of the step at once:
 
-1. rows that use a processor, or sample, are copied to float32 (the model's logits stay raw,
-   for the logprobs); then logit bias, penalties and min_tokens
-   (:mod:`app.models.logits_processors`) and the constraint's mask
+1. rows that use a processor, or sample, are taken as float32, a copy where a processor writes
+   (the model's logits stay raw, for the logprobs; a batch used whole is not indexed, which
+   would copy it); then logit bias, penalties and min_tokens, each on the few entries it
+   changes (:mod:`app.models.logits_processors`), and the constraint's mask
    (:mod:`app.models.token_mask`), each touching only the rows that use it;
 2. greedy rows (temperature 0) take the argmax (:func:`argmax_rows`); when every row is greedy
    and unprocessed nothing else runs;
@@ -49,7 +50,6 @@ from app.models.token_mask import TokenMask, apply_token_masks
 CANDIDATES = 256
 # Columns per block of the two-level argmax (see argmax_rows).
 ARGMAX_BLOCK = 1024
-_CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +68,8 @@ class Sampler:
 
     Args:
         max_num_seqs: slots.
-        vocab_size: logits columns (sizes the penalties' counts); 0: taken from the first
-            logits seen (a sampler used without penalties).
+        vocab_size: logits columns (the penalties refuse ids outside it); 0: taken from the
+            first logits seen (a sampler used without penalties).
         eos_token_ids: the ids ``min_tokens`` holds back besides the request's stop ids.
     """
 
@@ -90,17 +90,17 @@ class Sampler:
         slot: int,
         seed: int,
         sampling: SamplingParams | None = None,
-        *,
-        device: torch.device = _CPU,
     ) -> None:
         """Re-seed the slot's generator for the sequence that starts in it, and start its
-        sampling state (``sampling``: the sequence's parameters; None: default sampling;
-        ``device``: where the penalties' counts live, the logits' device)."""
+        sampling state (``sampling``: the sequence's parameters; None: default sampling).
+
+        Raises:
+            ValueError: ``sampling`` uses a penalty and the sampler has no ``vocab_size``.
+        """
         self._generators[slot].manual_seed(seed)
         self._states[slot] = SlotTokenCounts.start(
             sampling or SamplingParams(seed=seed),
             self._vocab_size,
-            device,
             eos_token_ids=self._eos_token_ids,
         )
 
@@ -141,17 +141,17 @@ class Sampler:
         never modified.
         """
         states = [self._state(r, logits) for r in requests]
-        work_rows = [
-            i
-            for i, (r, state) in enumerate(zip(requests, states, strict=True))
-            if not r.sampling.is_greedy or _is_processed(r, state)
+        processed = [_is_processed(r, state) for r, state in zip(requests, states, strict=True)]
+        raw_greedy = [
+            i for i, r in enumerate(requests) if r.sampling.is_greedy and not processed[i]
         ]
-        if len(work_rows) == len(requests):  # every row is drawn from ``work`` below
-            tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
-        else:
-            tokens = argmax_rows(logits)
+        work_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy or processed[i]]
+        tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        if raw_greedy:  # the argmax of the raw logits
+            tokens[raw_greedy] = argmax_rows(_rows(logits, raw_greedy))
         if work_rows:
-            work = logits[work_rows].float()  # a copy: ``logits`` stays raw
+            # a float32 copy where a processor writes into it (``logits`` stays raw)
+            work = _float32_rows(logits, work_rows, copy=any(processed[i] for i in work_rows))
             work_states = [states[i] for i in work_rows]
             apply_logit_bias(work, work_states)
             apply_penalties(work, work_states)
@@ -161,11 +161,11 @@ class Sampler:
                 apply_token_masks(work, masks)
             greedy = [k for k, i in enumerate(work_rows) if requests[i].sampling.is_greedy]
             if greedy:
-                tokens[[work_rows[k] for k in greedy]] = argmax_rows(work[greedy])
+                tokens[[work_rows[k] for k in greedy]] = argmax_rows(_rows(work, greedy))
             random = [k for k, i in enumerate(work_rows) if not requests[i].sampling.is_greedy]
             if random:
                 tokens[[work_rows[k] for k in random]] = self._sample_random(
-                    work[random], [requests[work_rows[k]] for k in random]
+                    _rows(work, random), [requests[work_rows[k]] for k in random]
                 )
         drawn = tokens.tolist()
         for state, token in zip(states, drawn, strict=True):
@@ -200,7 +200,6 @@ class Sampler:
             state = SlotTokenCounts.start(
                 request.sampling,
                 self._vocab_size or logits.shape[-1],
-                logits.device,
                 eos_token_ids=self._eos_token_ids,
             )
             self._states[request.slot] = state
@@ -220,7 +219,7 @@ class Sampler:
 
         unfiltered = [i for i, p in enumerate(params) if p.top_k == 0 and p.top_p >= 1.0]
         if unfiltered:
-            probs = scaled[unfiltered].softmax(dim=-1)
+            probs = _rows(scaled, unfiltered).softmax(dim=-1)
             min_p = [params[i].min_p for i in unfiltered]
             if any(min_p):
                 floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(-1, True)
@@ -232,7 +231,10 @@ class Sampler:
             largest_k = max(params[i].top_k for i in filtered)
             count = min(scaled.shape[-1], max(CANDIDATES, largest_k))
             picked, covered = _pick_filtered(
-                scaled[filtered], [params[i] for i in filtered], uniforms[filtered], count
+                _rows(scaled, filtered),
+                [params[i] for i in filtered],
+                uniforms[filtered],
+                count,
             )
             tokens[filtered] = picked
             redo = [row for row, ok in zip(filtered, covered.tolist(), strict=True) if not ok]
@@ -247,6 +249,21 @@ class Sampler:
 def _is_processed(request: SampleRequest, state: SlotTokenCounts) -> bool:
     """Whether a row needs a float32 copy before the draw: a processor or a mask is on."""
     return request.token_mask is not None or state.processes
+
+
+def _rows(tensor: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """``tensor[rows]`` (a copy), or ``tensor`` itself when ``rows`` (increasing, distinct) is
+    every row: no copy of a whole batch that is used whole."""
+    return tensor if len(rows) == tensor.shape[0] else tensor[list(rows)]
+
+
+def _float32_rows(logits: torch.Tensor, rows: Sequence[int], *, copy: bool) -> torch.Tensor:
+    """``logits[rows]`` as float32 ``[len(rows), vocab]``: always a new tensor when ``copy``
+    (a processor will write into it), otherwise ``logits`` itself when it is float32 and
+    ``rows`` is all of it."""
+    if len(rows) < logits.shape[0]:
+        return logits[list(rows)].float()  # the indexing made a copy already
+    return logits.to(torch.float32, copy=copy)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,13 @@ configuration once, in rotating order, so a noisy neighbour hits them alike):
 * ``plain``: ``sample`` on rows that use no processor (temperature 1, top_p 0.95): the
   pipeline's cost to rows that do not use it is ``plain / bare``;
 * ``processors``: every row with logit_bias (8 ids), presence, frequency and repetition
-  penalties over a 64-token history, min_tokens and min_p: ``processors / plain``;
+  penalties, min_tokens and min_p: ``processors / plain``;
 * ``greedy`` and ``greedy+penalties``: temperature 0 without and with the repetition penalty.
+
+Each row's history is a prompt of ``prompt_tokens`` random ids and ``GENERATED`` generated ones
+(random ids: nearly all distinct, a worst case for the penalties, whose cost is the number of
+distinct ids a row has seen). The two penalised configurations are timed at every prompt
+length asked for, named ``processors@1500`` and so on for all but the first.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from app.models.base import SamplingParams
 from app.models.sampler import Sampler, SampleRequest, argmax_rows
 
 VOCAB = 49152
-HISTORY = 64
+GENERATED = 64
 
 PLAIN = SamplingParams(temperature=1.0, top_p=0.95)
 PROCESSORS = SamplingParams(
@@ -52,25 +57,31 @@ CONFIGS = {
 
 @dataclass(frozen=True, slots=True)
 class SamplerCost:
+    """Median ms per ``sample`` call of each configuration at one batch size.
+
+    ``median_ms`` is keyed by configuration, the penalised ones at a prompt length other than
+    the first suffixed ``@<prompt tokens>``."""
+
     rows: int
+    prompt_tokens: tuple[int, ...]
     median_ms: dict[str, float]
 
     def ratio(self, a: str, b: str) -> float:
         return self.median_ms[a] / self.median_ms[b]
 
 
-def _sampler(rows: int, params: SamplingParams) -> tuple[Sampler, list[SampleRequest]]:
+def _sampler(
+    rows: int, params: SamplingParams, prompt_tokens: int
+) -> tuple[Sampler, list[SampleRequest]]:
     sampler = Sampler(rows, vocab_size=VOCAB, eos_token_ids=frozenset({0, 2}))
     generator = torch.Generator().manual_seed(rows)
     requests = []
     for slot in range(rows):
         sampler.start_sequence(slot, slot, params)
-        history = torch.randint(0, VOCAB, (HISTORY,), generator=generator).tolist()
-        sampler.feed(slot, history[: HISTORY // 2])  # the prompt
-        state = sampler._states[slot]
-        assert state is not None
-        for token in history[HISTORY // 2 :]:  # and what was generated
-            state.drawn(token)
+        history = torch.randint(0, VOCAB, (prompt_tokens + GENERATED,), generator=generator)
+        sampler.feed(slot, history[:prompt_tokens].tolist())  # the prompt
+        # and what was generated, counted as a recomputed sequence's would be
+        sampler.resume(slot, history[prompt_tokens:].tolist(), draws=0)
         requests.append(SampleRequest(slot, params))
     return sampler, requests
 
@@ -86,14 +97,28 @@ def _logits(rows: int) -> torch.Tensor:
     return logits.to(torch.bfloat16)
 
 
-def measure_sampler_cost(rows_list: list[int], trials: int, steps: int) -> list[SamplerCost]:
+def _setups(
+    rows: int, prompt_tokens: tuple[int, ...]
+) -> dict[str, tuple[Sampler, list[SampleRequest]]]:
+    """Every configuration's sampler and requests, named as in ``SamplerCost.median_ms``."""
+    first = prompt_tokens[0]
+    setups = {name: _sampler(rows, params, first) for name, params in CONFIGS.items()}
+    for length in prompt_tokens[1:]:
+        for name in ("processors", "greedy+penalties"):
+            setups[f"{name}@{length}"] = _sampler(rows, CONFIGS[name], length)
+    return setups
+
+
+def measure_sampler_cost(
+    rows_list: list[int], trials: int, steps: int, prompt_tokens: tuple[int, ...] = (20,)
+) -> list[SamplerCost]:
     """Median milliseconds per ``sample`` call of each configuration at each batch size."""
     results = []
     for rows in rows_list:
         logits = _logits(rows)
-        setups = {name: _sampler(rows, params) for name, params in CONFIGS.items()}
-        timings: dict[str, list[float]] = {name: [] for name in CONFIGS}
-        names = list(CONFIGS)
+        setups = _setups(rows, prompt_tokens)
+        names = list(setups)
+        timings: dict[str, list[float]] = {name: [] for name in names}
         for trial in range(trials + 1):  # the first round warms up
             order = names[trial % len(names) :] + names[: trial % len(names)]
             for name in order:
@@ -109,6 +134,8 @@ def measure_sampler_cost(rows_list: list[int], trials: int, steps: int) -> list[
                 if trial:
                     timings[name].append(elapsed)
         results.append(
-            SamplerCost(rows, {name: statistics.median(t) for name, t in timings.items()})
+            SamplerCost(
+                rows, prompt_tokens, {name: statistics.median(t) for name, t in timings.items()}
+            )
         )
     return results

@@ -28,7 +28,7 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:
 
 
 def _state(params: SamplingParams, prompt: list[int], generated: list[int]) -> SlotTokenCounts:
-    state = SlotTokenCounts.start(params, VOCAB, torch.device("cpu"), eos_token_ids=EOS)
+    state = SlotTokenCounts.start(params, VOCAB, eos_token_ids=EOS)
     state.feed(prompt)
     for token in generated:
         state.drawn(token)
@@ -191,3 +191,74 @@ def test_unprocessed_rows_leave_the_logits_raw() -> None:
     sampler.start_sequence(1, 2, SamplingParams(temperature=0.0))
     sampler.sample(logits, [SampleRequest(0, EVERYTHING), SampleRequest(1, SamplingParams(0.0))])
     assert torch.equal(logits, raw)
+
+
+def _dense_penalties(
+    logits: torch.Tensor, params: SamplingParams, prompt: list[int], generated: list[int]
+) -> torch.Tensor:
+    """The three penalties over a whole row, as one dense ``[vocab]`` pass each."""
+    counts = torch.bincount(torch.tensor(generated, dtype=torch.int64), minlength=VOCAB)
+    seen = counts > 0
+    seen[prompt] = True
+    row = logits.clone()
+    r = torch.tensor(params.repetition_penalty)
+    row = torch.where(seen, torch.where(row > 0, row / r, row * r), row)
+    row = row - counts.to(torch.int32) * torch.tensor(params.frequency_penalty)
+    return row - (counts > 0) * torch.tensor(params.presence_penalty)
+
+
+def test_penalties_on_the_seen_ids_equal_the_dense_formulas_bit_for_bit() -> None:
+    """Rows of every mix of penalties (negative ones, repetition below 1, a long prompt that
+    grows the per-slot arrays, zero and infinite logits) against the whole-row formulas."""
+    generator = torch.Generator().manual_seed(11)
+    mixes = [
+        SamplingParams(repetition_penalty=1.3),
+        SamplingParams(presence_penalty=-0.7),
+        SamplingParams(frequency_penalty=1.1),
+        SamplingParams(repetition_penalty=0.6, presence_penalty=0.4, frequency_penalty=-0.3),
+        SamplingParams(),  # no penalty: untouched
+        SamplingParams(repetition_penalty=2.0, frequency_penalty=0.05),
+    ]
+    histories = []
+    for index in range(len(mixes)):
+        length = 700 if index % 2 else 9  # past the arrays' initial capacity, and short
+        prompt = torch.randint(0, VOCAB, (length,), generator=generator).tolist()
+        generated = torch.randint(0, 40, (30,), generator=generator).tolist()
+        histories.append((prompt, generated + prompt[:5]))
+    logits = _logits(len(mixes), seed=12)
+    logits[0, histories[0][0][0]] = 0.0
+    logits[1, histories[1][1][0]] = float("-inf")
+    logits[3, histories[3][1][1]] = float("inf")
+    states = [_state(p, *history) for p, history in zip(mixes, histories, strict=True)]
+    got = logits.clone()
+    apply_penalties(got, states)
+    for row, (params, (prompt, generated)) in enumerate(zip(mixes, histories, strict=True)):
+        want = _dense_penalties(logits[row], params, prompt, generated)
+        assert torch.equal(got[row], want), params
+
+
+def test_seen_tokens_count_the_generated_ids_and_keep_the_prompt_ids() -> None:
+    state = _state(SamplingParams(presence_penalty=1.0), [3, 3, 4], [4, 5, 5, 5])
+    seen = state.seen
+    assert seen is not None
+    assert dict(zip(seen.ids.tolist(), seen.generated_counts.tolist(), strict=True)) == {
+        3: 0.0,
+        4: 1.0,
+        5: 3.0,
+    }
+    state.feed([6])  # after the first draw a fed token is the one drawn last step
+    assert 6 not in seen.ids.tolist()
+    state.resume([6, 6])
+    assert seen.ids.tolist() == [3, 4, 5, 6] and seen.generated_counts[-1] == 2.0
+    assert state.generated == 6
+
+
+def test_a_token_outside_the_vocabulary_is_refused() -> None:
+    state = _state(SamplingParams(repetition_penalty=1.2), [1, 2], [])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        state.feed([VOCAB])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        state.drawn(-1)
+    assert state.seen is not None and state.seen.ids.tolist() == [1, 2]
+    with pytest.raises(ValueError, match="vocabulary size"):
+        SlotTokenCounts.start(SamplingParams(presence_penalty=0.5), 0)

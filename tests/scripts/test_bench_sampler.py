@@ -22,3 +22,6 @@ def test_quick_run_reports_the_ratios(tmp_path) -> None:
         }
         assert all(ms > 0 for ms in line["median_ms"].values())
         assert line["plain_over_bare"] > 0 and line["processors_over_plain"] > 0
+        longer = line["longer_prompts"]["200"]  # the penalised configurations, a longer prompt
+        assert set(longer) == {"processors", "greedy+penalties", "greedy_penalties_over_greedy"}
+        assert all(value > 0 for value in longer.values())
