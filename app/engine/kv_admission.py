@@ -53,11 +53,12 @@ class KVAdmission:
             its ``usage``; only this class changes it.
     """
 
-    __slots__ = ("_metrics", "blocks")
+    __slots__ = ("_block_size", "_metrics", "blocks")
 
     def __init__(self, blocks: BlockManager, metrics: EngineMetrics) -> None:
         self.blocks = blocks
         self._metrics = metrics
+        self._block_size = blocks.block_size
 
     @classmethod
     def for_model(
@@ -99,11 +100,12 @@ class KVAdmission:
         running sequence yields, possibly the one growing: ``preempt(victim)`` must release
         its blocks (through :meth:`free`) and take it out of the running ones (its status no
         longer ``RUNNING``)."""
+        grow = self.blocks.grow
         by_age = sorted(running, key=_admission_time)
         for seq in by_age:
             if seq.is_prefilling or seq.status is not SequenceStatus.RUNNING:
                 continue
-            while not self.blocks.grow(seq, seq.num_computed_tokens + 1):
+            while not grow(seq, seq.num_computed_tokens + 1):
                 victim = next(s for s in reversed(by_age) if s.status is SequenceStatus.RUNNING)
                 preempt(victim)
                 if victim is seq:
@@ -112,11 +114,11 @@ class KVAdmission:
     def commit_filled(self, seq: Sequence, new_tokens: int) -> None:
         """After a completed step that computed ``new_tokens`` positions of ``seq`` (its
         ``num_computed_tokens`` already advanced): registers its blocks that step filled, if
-        any. A cheap test first (``BlockManager.fills_block``): it runs for every row of every
-        step."""
-        blocks = self.blocks
-        if blocks.fills_block(seq.num_computed_tokens, new_tokens):
-            blocks.commit(seq, seq.all_token_ids(), seq.num_computed_tokens)
+        any. A cheap test first, inline: it runs for every row of every step."""
+        computed = seq.num_computed_tokens
+        size = self._block_size
+        if computed // size > (computed - new_tokens) // size:  # a block boundary was crossed
+            self.blocks.commit(seq, seq.all_token_ids(), computed)
 
     def free(self, seq: Sequence) -> None:
         """Lets go of ``seq``'s blocks and prompt hashes; a no-op when it holds none."""

@@ -287,12 +287,6 @@ class BlockManager:
 
     # ----------------------------------------------------------------- release
 
-    def fills_block(self, num_computed: int, new_tokens: int) -> bool:
-        """Whether a step that computed ``new_tokens`` positions up to ``num_computed`` filled
-        a block (then ``commit`` registers it; a cheap test, made for every row of a step)."""
-        size = self.block_size
-        return num_computed // size > (num_computed - new_tokens) // size
-
     def free(self, owner: Hashable) -> None:
         """Lets go of everything ``owner`` holds or had hashed; a no-op for an unknown owner."""
         self._hashes.pop(owner, None)
