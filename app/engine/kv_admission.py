@@ -37,9 +37,6 @@ from app.engine.request import Sequence, SequenceStatus
 from app.engine.step_rows import prefix_salt
 from app.models.base import ModelCapabilities
 
-PREFIX_IN_FLIGHT = -1
-"""What :meth:`KVAdmission.admit` returns for a sequence that should wait for its prefix."""
-
 
 class KVAdmission:
     """Admission, growth, commit and release of a paged model's KV blocks, for the scheduler.
@@ -80,7 +77,7 @@ class KVAdmission:
         Returns:
             The positions already computed (its cached prefix, a multiple of the block size;
             counted in the prefix-cache metrics), None when the blocks do not fit (nothing
-            changes: admission should stop, FIFO), or :data:`PREFIX_IN_FLIGHT` when its next
+            changes: admission should stop, FIFO), or ``kv_blocks.PREFIX_IN_FLIGHT`` when its next
             prompt block is being computed by a running sequence (nothing changes: it should
             keep its place and try after that sequence's step, so the prefix is computed once).
         """

@@ -30,8 +30,8 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from app.engine.kv_admission import PREFIX_IN_FLIGHT, KVAdmission
-from app.engine.kv_blocks import BlockManager
+from app.engine.kv_admission import KVAdmission
+from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
 from app.engine.request import (

@@ -4,8 +4,8 @@ yield through the callback it is handed (the scheduler's ``_preempt``)."""
 
 from __future__ import annotations
 
-from app.engine.kv_admission import PREFIX_IN_FLIGHT, KVAdmission
-from app.engine.kv_blocks import BlockManager
+from app.engine.kv_admission import KVAdmission
+from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.request import Sequence, SequenceStatus
 from tests.engine.conftest import make_request, make_sequence
