@@ -29,7 +29,8 @@ from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.prompt_encoder import PromptEncoder
 from app.engine.prompt_operations import PromptOperations
 from app.engine.request import FinishReason, GenerationRequest, Sequence
-from app.engine.scheduler import ScheduledStep, Scheduler
+from app.engine.scheduler import Scheduler
+from app.engine.step_rows import ScheduledStep
 from app.models.base import Model, ModelCapabilities
 
 logger = logging.getLogger(__name__)

@@ -45,6 +45,9 @@ BlockHash = bytes
 SALT_ANY = b"slotserve-kv-any"
 SALT_EXACT = b"slotserve-kv-exact"
 
+PREFIX_IN_FLIGHT = -1
+"""What :meth:`BlockManager.admit` returns for an owner that should wait for its prefix."""
+
 
 def chain_hashes(
     token_ids: Sequence[int], block_size: int, salt: bytes, known: list[BlockHash] | None = None
@@ -233,12 +236,13 @@ class BlockManager:
 
     def admit(self, owner: Hashable, token_ids: Sequence[int], salt: bytes) -> int | None:
         """``allocate`` for all of ``token_ids`` (a sequence about to prefill them), unless
-        the next block of its prefix is being computed by another owner: then -1, nothing
-        changes, and it should try again after that owner's step (the prefix is computed
-        once). Else as ``allocate``: the positions already computed, or None (no room)."""
+        the next block of its prefix is being computed by another owner: then
+        :data:`PREFIX_IN_FLIGHT` (-1), nothing changes, and it should try again after that
+        owner's step (the prefix is computed once). Else as ``allocate``: the positions
+        already computed, or None (no room)."""
         hit = self.cached_prefix(owner, token_ids, salt)
         if self.prefix_in_flight(owner, token_ids, salt, len(hit)):
-            return -1
+            return PREFIX_IN_FLIGHT
         return self.allocate(owner, token_ids, salt, num_tokens=len(token_ids))
 
     # ----------------------------------------------------------------- growth and commit
@@ -286,12 +290,6 @@ class BlockManager:
         holding.committed = full
 
     # ----------------------------------------------------------------- release
-
-    def fills_block(self, num_computed: int, new_tokens: int) -> bool:
-        """Whether a step that computed ``new_tokens`` positions up to ``num_computed`` filled
-        a block (then ``commit`` registers it; a cheap test, made for every row of a step)."""
-        size = self.block_size
-        return num_computed // size > (num_computed - new_tokens) // size
 
     def free(self, owner: Hashable) -> None:
         """Lets go of everything ``owner`` holds or had hashed; a no-op for an unknown owner."""

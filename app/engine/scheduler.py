@@ -8,14 +8,15 @@ Every way a sequence can end (EOS, stop string, stop token, length, cancel, erro
 goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
 final event and counts the metrics, exactly once (rule R16).
 
-With a paged model (``ModelCapabilities.paged``) the scheduler also owns the KV blocks, through
-its :class:`app.engine.kv_blocks.BlockManager`: a sequence is admitted only when the blocks of
-what it must prefill fit (its cached prefix reused, only the rest prefilled); before each step
-every decoding sequence gets the block its next position needs, and when none is free the
-newest running sequence is preempted by recompute: its blocks and slot are released (through
-``_release``, the one cleanup that ``finish`` uses too) and it goes back to the head of the
-waiting queue keeping its generated tokens, so it prefills ``prompt + generated`` when
-readmitted (from the cache, mostly) and its stream goes on where it stopped.
+With a paged model (``ModelCapabilities.paged``) the KV blocks' decisions have one owner,
+``self.kv`` (:class:`app.engine.kv_admission.KVAdmission`, holding the ``BlockManager``): a
+sequence is admitted only when the blocks of what it must prefill fit (its cached prefix
+reused); before each step every decoding sequence gets the block its next position needs, and
+when none is free the newest running one is preempted by recompute: ``_preempt`` releases its
+slot and blocks (through ``_release``, the one cleanup that ``finish`` uses too) and puts it
+back at the head of the waiting queue keeping its generated tokens, so it prefills
+``prompt + generated`` when readmitted (from the cache, mostly) and its stream goes on where it
+stopped. After each step the blocks a row filled are committed to the cache.
 
 A constrained request (structured output) owns a ``ConstraintMatcher`` from admission to
 ``finish()``: its sampling rows carry the matcher's mask (``StepRow.token_mask``), each sampled
@@ -28,9 +29,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
-from app.engine.kv_blocks import BlockManager
+from app.engine.kv_admission import KVAdmission
+from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
 from app.engine.request import (
@@ -41,10 +42,10 @@ from app.engine.request import (
     TokenEvent,
 )
 from app.engine.step_rows import (
+    ScheduledStep,
     decode_row,
     padding_rows,
     prefill_row,
-    prefix_salt,
     whole_groups,
 )
 from app.engine.waiting_queue import WaitingQueue
@@ -57,24 +58,6 @@ from app.models.base import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledStep:
-    """A batch handed to the model plus the sequences it was built for.
-
-    ``sequences[i]`` is the sequence of ``batch.rows[i]``. For a model with a fixed batch
-    shape the rows after ``len(sequences)`` are inert padding (``StepRow.padding``): no
-    sequence stands behind them, so their outputs can reach no request.
-    """
-
-    batch: StepBatch
-    sequences: tuple[Sequence, ...]
-
-    @property
-    def live_rows(self) -> tuple[StepRow, ...]:
-        """The rows built for ``sequences`` (every row but the padding), same order."""
-        return self.batch.rows[: len(self.sequences)]
 
 
 class Scheduler:
@@ -92,7 +75,7 @@ class Scheduler:
         prefix_caching: with a paged model, reuse cached full KV blocks of a prompt's prefix.
 
     Attributes:
-        kv_blocks: the block manager of a paged model, else None.
+        kv: the KV side of a paged model (admission by blocks, growth, commit), else None.
 
     Raises:
         ValueError: ``max_num_batched_tokens`` smaller than the number of slots, or a paged
@@ -125,12 +108,16 @@ class Scheduler:
         self._clock = clock
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
-        self.kv_blocks: BlockManager | None = None
+        self.kv: KVAdmission | None = None
         if capabilities.paged:
-            self.kv_blocks = BlockManager.for_model(capabilities, prefix_caching=prefix_caching)
-            metrics.track_kv_cache(lambda: self.kv_blocks.usage if self.kv_blocks else 0.0)
+            self.kv = KVAdmission.for_model(capabilities, metrics, prefix_caching=prefix_caching)
 
     # ----------------------------------------------------------------- read-only views
+
+    @property
+    def kv_blocks(self) -> BlockManager | None:
+        """The block manager of a paged model (read it; ``kv`` changes it), else None."""
+        return self.kv.blocks if self.kv is not None else None
 
     @property
     def num_waiting(self) -> int:
@@ -196,14 +183,15 @@ class Scheduler:
         )
         count = whole_groups(self.waiting, count)
         now = self._clock()
+        kv = self.kv
         admitted = 0
         for seq in list(self.waiting):
             if admitted == count:
                 break
-            computed = self._allocate_blocks(seq)
+            computed = kv.admit(seq) if kv is not None else 0
             if computed is None:
-                break
-            if computed < 0:
+                break  # its blocks do not fit
+            if computed == PREFIX_IN_FLIGHT:
                 continue  # its prefix is being computed: next time
             self.waiting.remove(seq)
             slot = free[admitted]
@@ -227,14 +215,15 @@ class Scheduler:
         an inert row after those for every slot without one, so the step has exactly
         ``max_num_seqs`` rows. Returns None when no slot is busy.
         """
-        if self.kv_blocks is not None:
-            self._grow_decoding(self.kv_blocks)
+        if self.kv is not None:
+            self.kv.grow_decoding(self.running(), preempt=self._preempt)
+        blocks = self.kv_blocks
         budget = self.max_num_batched_tokens
         rows: list[StepRow] = []
         sequences: list[Sequence] = []
         for seq in self.running():
             if not seq.is_prefilling:
-                rows.append(decode_row(seq, self.kv_blocks))
+                rows.append(decode_row(seq, blocks))
                 sequences.append(seq)
                 budget -= 1
         prefilling = sorted(
@@ -244,7 +233,7 @@ class Scheduler:
         for seq in prefilling:
             if budget <= 0:
                 break
-            row = prefill_row(seq, budget, self.capabilities.max_tokens_per_row, self.kv_blocks)
+            row = prefill_row(seq, budget, self.capabilities.max_tokens_per_row, blocks)
             rows.append(row)
             sequences.append(seq)
             budget -= len(row.token_ids)
@@ -272,6 +261,7 @@ class Scheduler:
         errors = (output.row_errors or (None,) * live)[:live]
         row_logprobs = (output.logprobs or (None,) * live)[:live]
         row_prompt_logprobs = (output.prompt_logprobs or (None,) * live)[:live]
+        kv = self.kv
         for seq, row, token, error, logprobs, prompt_logprobs in zip(
             step.sequences,
             step.live_rows,
@@ -292,9 +282,8 @@ class Scheduler:
                 # its generated tokens after the prompt (scored once, when sampled)
                 room = seq.num_prompt_tokens - len(seq.prompt_logprobs)
                 seq.prompt_logprobs.extend(prompt_logprobs[: max(0, room)])
-            kv = self.kv_blocks
-            if kv is not None and kv.fills_block(seq.num_computed_tokens, len(row.token_ids)):
-                kv.commit(seq, seq.all_token_ids(), seq.num_computed_tokens)
+            if kv is not None:
+                kv.commit_filled(seq, len(row.token_ids))
             if token is None:
                 if seq.scores_prompt_only and not seq.is_prefilling:
                     self.finish(seq, FinishReason.LENGTH)  # the prompt is scored: done
@@ -352,41 +341,13 @@ class Scheduler:
             self.slots[seq.slot] = None
             self._release_slot(seq.slot)
             seq.slot = None
-        if self.kv_blocks is not None:
-            self.kv_blocks.free(seq)
-
-    # ----------------------------------------------------------------- KV blocks
-
-    def _allocate_blocks(self, seq: Sequence) -> int | None:
-        """Blocks for what ``seq`` must prefill. Returns the positions already computed (its
-        cached prefix; 0 without a paged model), None when the blocks do not fit, -1 when its
-        next prompt block is being computed by another sequence (it should wait for it)."""
-        kv = self.kv_blocks
-        if kv is None:
-            return 0
-        tokens = seq.all_token_ids()[: seq.num_prefill_tokens]
-        computed = kv.admit(seq, tokens, prefix_salt(seq))
-        if computed is not None and computed >= 0 and kv.prefix_caching:
-            self._metrics.prefix_cache_queries.inc(len(tokens))
-            self._metrics.prefix_cache_hits.inc(computed)
-        return computed
-
-    def _grow_decoding(self, kv: BlockManager) -> None:
-        """Gives each decoding sequence, oldest first, the block its next position needs,
-        preempting the newest running sequence while none is free (possibly itself)."""
-        by_age = sorted(self.running(), key=lambda seq: seq.admitted_at or 0.0)
-        for seq in by_age:
-            if seq.is_prefilling or seq.status is not SequenceStatus.RUNNING:
-                continue
-            while not kv.grow(seq, seq.num_computed_tokens + 1):
-                victim = next(s for s in reversed(by_age) if s.status is SequenceStatus.RUNNING)
-                self._preempt(victim)
-                if victim is seq:
-                    break
+        if self.kv is not None:
+            self.kv.free(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: ``seq`` gives back its blocks and slot and goes to the head of
-        the waiting queue, keeping its generated tokens (``num_prefill_tokens``)."""
+        """Recompute preemption of a running sequence (the victim ``KVAdmission`` chose): it
+        gives back its blocks and slot and goes to the head of the waiting queue, keeping its
+        generated tokens (``num_prefill_tokens``)."""
         logger.info(
             "request %s preempted (%d tokens): no free KV block",
             seq.request_id,

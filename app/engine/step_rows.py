@@ -8,12 +8,31 @@ the block table). See ``app.engine.scheduler``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager
 from app.engine.request import Sequence
-from app.models.base import KVBlocks, StepRow
+from app.models.base import KVBlocks, StepBatch, StepRow
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledStep:
+    """A batch handed to the model plus the sequences it was built for.
+
+    ``sequences[i]`` is the sequence of ``batch.rows[i]``. For a model with a fixed batch
+    shape the rows after ``len(sequences)`` are inert padding (``StepRow.padding``): no
+    sequence stands behind them, so their outputs can reach no request.
+    """
+
+    batch: StepBatch
+    sequences: tuple[Sequence, ...]
+
+    @property
+    def live_rows(self) -> tuple[StepRow, ...]:
+        """The rows built for ``sequences`` (every row but the padding), same order."""
+        return self.batch.rows[: len(self.sequences)]
 
 
 def decode_row(seq: Sequence, kv: BlockManager | None) -> StepRow:

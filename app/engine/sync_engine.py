@@ -24,7 +24,8 @@ from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.prompt_encoder import PromptEncoder
 from app.engine.prompt_operations import PromptOperations
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, Sequence, StreamEvent
-from app.engine.scheduler import ScheduledStep, Scheduler
+from app.engine.scheduler import Scheduler
+from app.engine.step_rows import ScheduledStep
 from app.models.base import Model, ModelCapabilities
 
 MODEL_FAILED = "the model failed on this request"

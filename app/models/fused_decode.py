@@ -1,5 +1,9 @@
-"""Fused CPU kernels for bfloat16 decode steps (``fused_decode.c``), built with the machine's
-C compiler at first use and called through :mod:`ctypes`.
+"""Fused CPU kernels for bfloat16 decode steps, built with the machine's C compiler at first
+use into one library and called through :mod:`ctypes`.
+
+The C source is split by job: ``fused_decode.h`` (the bfloat16 type and arithmetic the kernels
+share, and the exported functions' prototypes), ``fused_decode_norms.c`` (``sl_rms_norm``,
+``sl_silu_mul``) and ``fused_decode_attention.c`` (``sl_decode_attention``).
 
 Why: a one-row int4 decode step of SmolLM2 spent ~6 ms of ~15 in the ~20 small torch ops per
 layer between the projections (two RMSNorms, rope, the K/V cache write, SDPA, silu, residual
@@ -11,8 +15,9 @@ among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
 threads: a decode step takes 0.69-0.84x the eager step's time from 1 to 64 rows and from 40 to
 2000 positions (docs/MODEL_PERF.md).
 
-Building: ``cc -O3 -march=native -shared -fPIC [-fopenmp]`` into ``$SLOTSERVE_CACHE_DIR``
-(default ``~/.cache/slotserve``), named by a hash of the source, the flags, the compiler's
+Building: ``cc -O3 -march=native -shared -fPIC [-fopenmp]`` of the ``.c`` files into one
+library in ``$SLOTSERVE_CACHE_DIR`` (default ``~/.cache/slotserve``), named by a hash of every
+source file (the header included: a change to any of them rebuilds), the flags, the compiler's
 version and the CPU's model and flags, so a cache copied from another machine is never loaded.
 A missing compiler or a failed build is not an error: :func:`load_fused_decode` says why and
 the model keeps its eager torch path.
@@ -35,9 +40,11 @@ import torch
 
 from app.models.kv_cache import KV_BLOCK_SIZE
 
-SOURCE = Path(__file__).with_name("fused_decode.c")
+SOURCE_DIR = Path(__file__).parent
+# Every file of the library's source, in build order; the cache key hashes them all.
+SOURCES = ("fused_decode.h", "fused_decode_norms.c", "fused_decode_attention.c")
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c11")
-# The attention kernel keeps a query group in fixed-size arrays (fused_decode.c).
+# The attention kernel keeps a query group in fixed-size arrays (fused_decode_attention.c).
 MAX_HEAD_DIM = 256
 MAX_GROUP = 16
 _LANES = 16
@@ -285,19 +292,37 @@ def _cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "slotserve"
 
 
+def _source_paths() -> list[Path]:
+    return [SOURCE_DIR / name for name in SOURCES]
+
+
+def _cache_key(flags: tuple[str, ...], compiler_version: str) -> str:
+    """The library's name in the cache: a hash of every source file (name and bytes), the
+    flags, the compiler's version and the CPU, so any change to one of them rebuilds."""
+    digest = hashlib.sha256()
+    for path in _source_paths():
+        digest.update(path.name.encode() + b"\0")
+        digest.update(path.read_bytes())
+    for part in (" ".join(flags), compiler_version, _cpu_identity()):
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
 def _build(compiler: str, flags: tuple[str, ...], target: Path) -> None:
-    """Compile into a temporary file beside ``target``, then rename it (atomic, so servers
-    starting together never load a half-written library).
+    """Compile the ``.c`` files of ``SOURCES`` (their header found beside them) into a
+    temporary file beside ``target``, then rename it (atomic, so servers starting together
+    never load a half-written library).
 
     Raises:
         subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError: the build failed.
     """
+    units = [str(path) for path in _source_paths() if path.suffix == ".c"]
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *flags, "-o", partial, str(SOURCE), "-lm"],
+            [compiler, *flags, "-o", partial, *units, "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -329,11 +354,7 @@ def load_fused_decode() -> tuple[FusedDecodeKernels | None, str]:
         version = subprocess.run(
             [compiler, "--version"], check=True, capture_output=True, text=True, timeout=30
         ).stdout
-        digest = hashlib.sha256()
-        for part in (SOURCE.read_bytes(), " ".join(flags).encode(), version.encode()):
-            digest.update(part)
-        digest.update(_cpu_identity().encode())
-        target = _cache_dir() / f"fused_decode-{digest.hexdigest()[:16]}.so"
+        target = _cache_dir() / f"fused_decode-{_cache_key(flags, version)}.so"
         if not target.exists():
             _build(compiler, flags, target)
         library = ctypes.CDLL(str(target))

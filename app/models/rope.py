@@ -62,7 +62,7 @@ def rope_tables(
     ``cos`` holds each pair's cosine twice (both halves); ``sin`` holds the sine with the first
     half negated, so that for ``swapped = (x2, x1)`` the rotation of ``x = (x1, x2)`` is
     ``x * cos + swapped * sin = (x1 cos - x2 sin, x2 cos + x1 sin)`` (see
-    :func:`app.models.decoder.apply_rope` and ``rope_head`` in ``fused_decode.c``).
+    :func:`app.models.decoder.apply_rope` and ``rope_head`` in ``fused_decode_attention.c``).
     """
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inverse_frequencies(hparams)
     cos = torch.cat((angles.cos(), angles.cos()), dim=-1)

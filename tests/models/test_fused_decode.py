@@ -1,4 +1,4 @@
-"""The fused CPU decode kernels (app/models/fused_decode.c) compute what the eager torch ops
+"""The fused CPU decode kernels (app/models/fused_decode_*.c) compute what the eager torch ops
 do, the model takes them only for the steps they are meant for, and a machine that cannot
 build them still serves."""
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from app.models import fused_decode
 from app.models.decoder import DecoderModel, apply_rope
 from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.fused_decode import FusedDecodeKernels, load_fused_decode
@@ -382,6 +383,31 @@ def test_the_build_is_cached_on_disk(fresh_loader: Path) -> None:
     assert second is not None and second.path == first.path
     assert second.path.stat().st_mtime_ns == built
     assert not list(fresh_loader.glob("*.partial"))
+
+
+@pytest.mark.parametrize("changed", fused_decode.SOURCES)
+def test_a_change_to_any_source_file_rebuilds(
+    changed: str,
+    fresh_loader: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cache key hashes every file of the library, the header as well as the .c files."""
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler")
+    sources = tmp_path_factory.mktemp("sources")
+    for name in fused_decode.SOURCES:
+        shutil.copy(fused_decode.SOURCE_DIR / name, sources / name)
+    monkeypatch.setattr(fused_decode, "SOURCE_DIR", sources)
+    first, how = load_fused_decode()
+    assert first is not None, how
+    with (sources / changed).open("a") as source:
+        source.write("\n/* edited */\n")
+    load_fused_decode.cache_clear()
+    second, how = load_fused_decode()
+    assert second is not None, how
+    assert second.path != first.path, f"an edit of {changed} did not change the cache key"
+    assert sorted(fresh_loader.glob("*.so")) == sorted([first.path, second.path])
 
 
 def _greedy(runner: ModelRunner, text: str, count: int) -> bytes:

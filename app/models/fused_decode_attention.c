@@ -1,13 +1,7 @@
 /*
- * Fused CPU kernels for the decode steps of a Llama-family model in bfloat16: the per-layer glue
- * between the projections, one call where eager torch runs 5-10 small ops. Built and loaded
- * by app/models/fused_decode.py (cc -O3 -march=native, -fopenmp when torch's libgomp is in
- * the process). They work on plain row-major arrays; only the attention uses threads.
- *
- * bfloat16 values are uint16_t bit patterns. Arithmetic is float32; results are rounded to
- * bfloat16 (round to nearest even) at the same points where the eager torch path rounds, so
- * the two paths agree to within a bfloat16 ulp or so per op (reductions are summed in a
- * different order).
+ * Decode attention of single-token rows over the paged KV cache, with the rotary embedding,
+ * the optional per-head q/k RMSNorm (Qwen3) and the K/V cache write; its rows shared among
+ * OpenMP threads. Part of the fused decode library (fused_decode.h says which file holds what).
  */
 #include <math.h>
 #ifdef _OPENMP
@@ -19,38 +13,7 @@
 #include <immintrin.h>
 #endif
 
-typedef uint16_t bf16;
-
-static inline float bf16_to_float(bf16 value) {
-    uint32_t bits = (uint32_t)value << 16;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
-static inline bf16 float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    /* Round to nearest, ties to even; a NaN stays a (quiet) NaN. Branch-free, so loops
-     * around it vectorise. */
-    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    uint32_t quiet_nan = (bits >> 16) | 0x0040u;
-    return (bf16)((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-/* Lanes of the partial sums below: 16 float32 = one AVX-512 register, two AVX2 ones. */
-#define LANES 16
-
-/* Sum of LANES partial sums as a tree (vectorisable; a left-to-right sum is a chain of 16
- * dependent adds, which dominated the attention's dot products). */
-static inline float sum_lanes(float partial[LANES]) {
-    for (int width = LANES / 2; width > 0; width /= 2) {
-        for (int lane = 0; lane < width; ++lane) {
-            partial[lane] += partial[lane + width];
-        }
-    }
-    return partial[0];
-}
+#include "fused_decode.h"
 
 /* Dot product of float32 q [n] with bfloat16 k [n], n a multiple of LANES. With AVX-512 or
  * AVX2 (and FMA) in registers, ending in one horizontal sum; otherwise portable C. */
@@ -85,102 +48,6 @@ static inline float dot_bf16(const float *q, const bf16 *k, int64_t n) {
 #endif
 }
 
-/*
- * exp(x) in float32 without libm, so that loops over it vectorise (glibc's vector expf is
- * only declared under -ffast-math). Range reduction x = n ln2 + r, |r| <= ln2 / 2, then the
- * degree-6 Taylor polynomial of exp(r) (error below 2e-7 relative, under a float32 ulp
- * after rounding, far under the bfloat16 rounding that follows), times 2^n built in the
- * exponent bits. Inputs are clamped to [-87, 88] (results 1.6e-38 .. 1.7e38).
- */
-static inline float exp_approx(float x) {
-    const float log2e = 1.44269504f;
-    const float ln2_hi = 0.693359375f; /* ln 2 split in two, so n * ln2_hi is exact */
-    const float ln2_lo = -2.12194440e-4f;
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    /* n = round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to an integer (no floorf,
-     * which blocks vectorisation without -fno-trapping-math). */
-    float n = (x * log2e + 12582912.0f) - 12582912.0f;
-    float r = x - n * ln2_hi - n * ln2_lo;
-    float poly = 1.0f / 720.0f;
-    poly = poly * r + 1.0f / 120.0f;
-    poly = poly * r + 1.0f / 24.0f;
-    poly = poly * r + 1.0f / 6.0f;
-    poly = poly * r + 0.5f;
-    poly = poly * r + 1.0f;
-    poly = poly * r + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return poly * scale;
-}
-
-/*
- * RMSNorm of rows, optionally after a residual add.
- *
- * x:        [rows, dim] bfloat16, row stride x_stride (elements).
- * residual: NULL, or [rows, dim] bfloat16 (row stride dim): then x <- bf16(x + residual)
- *           first, written back into x (x is the new hidden state).
- * weight:   NULL (folded into the next projection), or [dim] bfloat16.
- * out:      [rows, dim] bfloat16, contiguous.
- *
- * inv = bf16(1 / sqrt(sum(x^2) / dim + eps)) in float32; out = bf16(x * inv), then
- * bf16(out * weight) when a weight is given: the rounding of DecoderModel._normed.
- */
-void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
-                 bf16 *out, int64_t rows, int64_t dim, float eps) {
-    for (int64_t r = 0; r < rows; ++r) {
-        bf16 *row = x + r * x_stride;
-        bf16 *dst = out + r * dim;
-        if (residual != NULL) {
-            const bf16 *add = residual + r * dim;
-            for (int64_t i = 0; i < dim; ++i) {
-                row[i] = float_to_bf16(bf16_to_float(row[i]) + bf16_to_float(add[i]));
-            }
-        }
-        float partial[LANES] = {0};
-        int64_t i = 0;
-        for (; i + LANES <= dim; i += LANES) {
-            for (int lane = 0; lane < LANES; ++lane) {
-                float v = bf16_to_float(row[i + lane]);
-                partial[lane] += v * v;
-            }
-        }
-        float sum = sum_lanes(partial);
-        for (; i < dim; ++i) {
-            float v = bf16_to_float(row[i]);
-            sum += v * v;
-        }
-        float inv = bf16_to_float(float_to_bf16(1.0f / sqrtf(sum / (float)dim + eps)));
-        if (weight == NULL) {
-            for (i = 0; i < dim; ++i) {
-                dst[i] = float_to_bf16(bf16_to_float(row[i]) * inv);
-            }
-        } else {
-            for (i = 0; i < dim; ++i) {
-                float normed = bf16_to_float(float_to_bf16(bf16_to_float(row[i]) * inv));
-                dst[i] = float_to_bf16(normed * bf16_to_float(weight[i]));
-            }
-        }
-    }
-}
-
-/*
- * out = bf16(bf16(silu(gate)) * up) for gate_up [rows, 2 * ffn] bfloat16 (gate first, as the
- * fused gate/up projection writes it); out is [rows, ffn] bfloat16, contiguous.
- */
-void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const bf16 *gate = gate_up + r * 2 * ffn;
-        const bf16 *up = gate + ffn;
-        bf16 *dst = out + r * ffn;
-        for (int64_t i = 0; i < ffn; ++i) {
-            float g = bf16_to_float(gate[i]);
-            float activated = bf16_to_float(float_to_bf16(g / (1.0f + exp_approx(-g))));
-            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));
-        }
-    }
-}
-
 /* Hugging Face's rotary embedding of one head, rounded as decoder.apply_rope: with
  * cos = (c, c) and sin = (-s, s) per position, out = bf16(bf16(x * cos) + swap(x) * sin). */
 static void rope_head(const bf16 *x, const bf16 *cos, const bf16 *sin, float *out,
@@ -193,31 +60,6 @@ static void rope_head(const bf16 *x, const bf16 *cos, const bf16 *sin, float *ou
     }
 }
 
-/*
- * Decode attention for single-token rows, with the rotary embedding and the K/V cache write.
- *
- * qkv:       [rows, (n_heads + 2 * n_kv_heads) * head_dim] bfloat16, row stride qkv_stride:
- *            the fused QKV projection's output (queries, keys, values; heads in order).
- * rope_cos, rope_sin: [max_positions, head_dim] bfloat16 tables (see rope_head).
- * positions: [rows] int64, the position of each row's token (its K/V go there).
- * block_tables: [rows, table_stride] int64, each row's KV blocks (its block table): position t
- *            of row r lives in block block_tables[r * table_stride + t / block_size] at offset
- *            t % block_size (distinct rows own distinct blocks for the positions they write).
- * keys, values: one layer of the paged cache, [n_kv_heads, pool_len, head_dim] bfloat16, with
- *            pool_len = num_blocks * block_size.
- * scores:    float32 workspace, threads * scores_per_thread elements; scores_per_thread at
- *            least group_size * (max position + 1).
- * out:       [rows, n_heads * head_dim] bfloat16, contiguous.
- * threads:   how many OpenMP threads share the rows, split by their lengths.
- *
- * q_norm, k_norm: NULL, or [head_dim] bfloat16 RMSNorm weights applied to every query head and
- *            every key head before the rotary embedding (Qwen3's per-head q/k norm), rounded as
- *            sl_rms_norm rounds; eps is their epsilon.
- *
- * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). Row r
- * attends to positions 0..positions[r] of its blocks (its own new key included), with scores
- * scaled by 1 / sqrt(head_dim) and a float32 softmax; the output is rounded once.
- */
 /* What sl_decode_attention was given, shared by the threads that split its rows. */
 struct attention_args {
     const bf16 *qkv;
@@ -406,6 +248,31 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
     }
 }
 
+/*
+ * Decode attention for single-token rows, with the rotary embedding and the K/V cache write.
+ *
+ * qkv:       [rows, (n_heads + 2 * n_kv_heads) * head_dim] bfloat16, row stride qkv_stride:
+ *            the fused QKV projection's output (queries, keys, values; heads in order).
+ * rope_cos, rope_sin: [max_positions, head_dim] bfloat16 tables (see rope_head).
+ * positions: [rows] int64, the position of each row's token (its K/V go there).
+ * block_tables: [rows, table_stride] int64, each row's KV blocks (its block table): position t
+ *            of row r lives in block block_tables[r * table_stride + t / block_size] at offset
+ *            t % block_size (distinct rows own distinct blocks for the positions they write).
+ * keys, values: one layer of the paged cache, [n_kv_heads, pool_len, head_dim] bfloat16, with
+ *            pool_len = num_blocks * block_size.
+ * scores:    float32 workspace, threads * scores_per_thread elements; scores_per_thread at
+ *            least group_size * (max position + 1).
+ * out:       [rows, n_heads * head_dim] bfloat16, contiguous.
+ * threads:   how many OpenMP threads share the rows, split by their lengths.
+ *
+ * q_norm, k_norm: NULL, or [head_dim] bfloat16 RMSNorm weights applied to every query head and
+ *            every key head before the rotary embedding (Qwen3's per-head q/k norm), rounded as
+ *            sl_rms_norm rounds; eps is their epsilon.
+ *
+ * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). Row r
+ * attends to positions 0..positions[r] of its blocks (its own new key included), with scores
+ * scaled by 1 / sqrt(head_dim) and a float32 softmax; the output is rounded once.
+ */
 void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_cos,
                          const bf16 *rope_sin, const int64_t *positions,
                          const int64_t *block_tables, int64_t table_stride, bf16 *keys,

@@ -1,0 +1,126 @@
+"""The scheduler's KV side: which sequence's blocks fit, grow, are committed, and who yields.
+
+A paged model (``ModelCapabilities.paged``) makes KV blocks a second resource beside the slots,
+and this module is the one owner of the scheduler's decisions about them (rule R12 keeps the
+logical KV state on the scheduler's side, apart from the model's tensors):
+
+* **admission by blocks**: a waiting sequence enters only when the blocks of what it must
+  prefill fit, its cached prefix reused; the prefix-cache metrics are counted here, at the
+  admission that looked the prefix up;
+* **growth**: before each step every decoding sequence, oldest first, gets the block its next
+  position needs; while none is free the newest running sequence is chosen to yield
+  (preemption by recompute, vLLM's default);
+* **commit**: after a step that filled a block, the now-full blocks are registered in the cache
+  (never before the step completed);
+* **release**: a sequence's blocks are let go.
+
+Why a class of its own and not more methods on :class:`app.engine.kv_blocks.BlockManager`: the
+block manager is the mechanism (free list, reference counts, tables, hash chains) over owners
+of any kind and knows nothing of sequences, metrics or scheduling; keeping it so keeps it
+testable on its own (``tests/engine/test_kv_blocks.py``) and keeps policy apart from resource
+operations (rule R04). What this class adds is exactly the policy that reads a ``Sequence``:
+which tokens it must prefill, its salt, which sequence grows first and which one yields.
+
+It does not suspend a victim itself: the queue transition and the cleanup stay with the
+scheduler, whose ``_preempt`` it is handed (``grow_decoding(..., preempt=...)``); that goes
+through the scheduler's one ``_release`` (shared with ``finish``, rule R16), which calls back
+:meth:`KVAdmission.free`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from app.engine.kv_blocks import BlockManager
+from app.engine.metrics import EngineMetrics
+from app.engine.request import Sequence, SequenceStatus
+from app.engine.step_rows import prefix_salt
+from app.models.base import ModelCapabilities
+
+
+class KVAdmission:
+    """Admission, growth, commit and release of a paged model's KV blocks, for the scheduler.
+
+    Args:
+        blocks: the block manager of the model's pool (owned from here on).
+        metrics: where the prefix-cache counters go (``slotserve_prefix_cache_*``).
+
+    Attributes:
+        blocks: the block manager; the scheduler's rows read its tables (``table``), metrics
+            its ``usage``; only this class changes it.
+    """
+
+    __slots__ = ("_block_size", "_metrics", "blocks")
+
+    def __init__(self, blocks: BlockManager, metrics: EngineMetrics) -> None:
+        self.blocks = blocks
+        self._metrics = metrics
+        self._block_size = blocks.block_size
+
+    @classmethod
+    def for_model(
+        cls, capabilities: ModelCapabilities, metrics: EngineMetrics, *, prefix_caching: bool
+    ) -> KVAdmission:
+        """The KV side of a paged model's scheduler; also registers the KV usage gauge.
+
+        Raises:
+            ValueError: the pool cannot hold one sequence of the model's context length.
+        """
+        blocks = BlockManager.for_model(capabilities, prefix_caching=prefix_caching)
+        metrics.track_kv_cache(lambda: blocks.usage)
+        return cls(blocks, metrics)
+
+    def admit(self, seq: Sequence) -> int | None:
+        """Blocks for what waiting ``seq`` must prefill (``seq.num_prefill_tokens``: its prompt,
+        plus what it generated before a preemption but the last token).
+
+        Returns:
+            The positions already computed (its cached prefix, a multiple of the block size;
+            counted in the prefix-cache metrics), None when the blocks do not fit (nothing
+            changes: admission should stop, FIFO), or ``kv_blocks.PREFIX_IN_FLIGHT`` when its next
+            prompt block is being computed by a running sequence (nothing changes: it should
+            keep its place and try after that sequence's step, so the prefix is computed once).
+        """
+        blocks = self.blocks
+        tokens = seq.all_token_ids()[: seq.num_prefill_tokens]
+        computed = blocks.admit(seq, tokens, prefix_salt(seq))
+        if computed is not None and computed >= 0 and blocks.prefix_caching:
+            self._metrics.prefix_cache_queries.inc(len(tokens))
+            self._metrics.prefix_cache_hits.inc(computed)
+        return computed
+
+    def grow_decoding(
+        self, running: Iterable[Sequence], *, preempt: Callable[[Sequence], None]
+    ) -> None:
+        """Gives each decoding sequence of ``running``, oldest admitted first, the block its
+        next position (``num_computed_tokens``) needs. While no block is free the newest
+        running sequence yields, possibly the one growing: ``preempt(victim)`` must release
+        its blocks (through :meth:`free`) and take it out of the running ones (its status no
+        longer ``RUNNING``)."""
+        grow = self.blocks.grow
+        by_age = sorted(running, key=_admission_time)
+        for seq in by_age:
+            if seq.is_prefilling or seq.status is not SequenceStatus.RUNNING:
+                continue
+            while not grow(seq, seq.num_computed_tokens + 1):
+                victim = next(s for s in reversed(by_age) if s.status is SequenceStatus.RUNNING)
+                preempt(victim)
+                if victim is seq:
+                    break
+
+    def commit_filled(self, seq: Sequence, new_tokens: int) -> None:
+        """After a completed step that computed ``new_tokens`` positions of ``seq`` (its
+        ``num_computed_tokens`` already advanced): registers its blocks that step filled, if
+        any. A cheap test first, inline: it runs for every row of every step."""
+        computed = seq.num_computed_tokens
+        size = self._block_size
+        if computed // size > (computed - new_tokens) // size:  # a block boundary was crossed
+            self.blocks.commit(seq, seq.all_token_ids(), computed)
+
+    def free(self, seq: Sequence) -> None:
+        """Lets go of ``seq``'s blocks and prompt hashes; a no-op when it holds none."""
+        self.blocks.free(seq)
+
+
+def _admission_time(seq: Sequence) -> float:
+    return seq.admitted_at or 0.0

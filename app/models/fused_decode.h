@@ -1,0 +1,98 @@
+/*
+ * Fused CPU kernels for the decode steps of a Llama-family model in bfloat16: the per-layer glue
+ * between the projections, one call where eager torch runs 5-10 small ops. Built into one
+ * library and loaded by app/models/fused_decode.py (cc -O3 -march=native, -fopenmp when torch's
+ * libgomp is in the process). They work on plain row-major arrays; only the attention uses
+ * threads.
+ *
+ *   fused_decode.h            this header: the bfloat16 type and arithmetic the kernels share,
+ *                             and the three functions the library exports (called via ctypes)
+ *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul: row-wise kernels
+ *   fused_decode_attention.c  sl_decode_attention: rope, K/V cache write, paged attention
+ *
+ * bfloat16 values are uint16_t bit patterns. Arithmetic is float32; results are rounded to
+ * bfloat16 (round to nearest even) at the same points where the eager torch path rounds, so
+ * the two paths agree to within a bfloat16 ulp or so per op (reductions are summed in a
+ * different order).
+ */
+#ifndef SLOTSERVE_FUSED_DECODE_H
+#define SLOTSERVE_FUSED_DECODE_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+static inline float bf16_to_float(bf16 value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+static inline bf16 float_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    /* Round to nearest, ties to even; a NaN stays a (quiet) NaN. Branch-free, so loops
+     * around it vectorise. */
+    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+    return (bf16)((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+/* Lanes of the partial sums below: 16 float32 = one AVX-512 register, two AVX2 ones. */
+#define LANES 16
+
+/* Sum of LANES partial sums as a tree (vectorisable; a left-to-right sum is a chain of 16
+ * dependent adds, which dominated the attention's dot products). */
+static inline float sum_lanes(float partial[LANES]) {
+    for (int width = LANES / 2; width > 0; width /= 2) {
+        for (int lane = 0; lane < width; ++lane) {
+            partial[lane] += partial[lane + width];
+        }
+    }
+    return partial[0];
+}
+
+/*
+ * exp(x) in float32 without libm, so that loops over it vectorise (glibc's vector expf is
+ * only declared under -ffast-math). Range reduction x = n ln2 + r, |r| <= ln2 / 2, then the
+ * degree-6 Taylor polynomial of exp(r) (error below 2e-7 relative, under a float32 ulp
+ * after rounding, far under the bfloat16 rounding that follows), times 2^n built in the
+ * exponent bits. Inputs are clamped to [-87, 88] (results 1.6e-38 .. 1.7e38).
+ */
+static inline float exp_approx(float x) {
+    const float log2e = 1.44269504f;
+    const float ln2_hi = 0.693359375f; /* ln 2 split in two, so n * ln2_hi is exact */
+    const float ln2_lo = -2.12194440e-4f;
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    /* n = round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to an integer (no floorf,
+     * which blocks vectorisation without -fno-trapping-math). */
+    float n = (x * log2e + 12582912.0f) - 12582912.0f;
+    float r = x - n * ln2_hi - n * ln2_lo;
+    float poly = 1.0f / 720.0f;
+    poly = poly * r + 1.0f / 120.0f;
+    poly = poly * r + 1.0f / 24.0f;
+    poly = poly * r + 1.0f / 6.0f;
+    poly = poly * r + 0.5f;
+    poly = poly * r + 1.0f;
+    poly = poly * r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return poly * scale;
+}
+
+/* The library's exported functions; each is documented where it is defined. */
+void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
+                 bf16 *out, int64_t rows, int64_t dim, float eps);
+void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn);
+void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_cos,
+                         const bf16 *rope_sin, const int64_t *positions,
+                         const int64_t *block_tables, int64_t table_stride, bf16 *keys,
+                         bf16 *values, int64_t pool_len, int64_t block_size, float *scores,
+                         int64_t scores_per_thread, bf16 *out, int64_t rows, int64_t n_heads,
+                         int64_t n_kv_heads, int64_t head_dim, int64_t threads,
+                         const bf16 *q_norm, const bf16 *k_norm, float eps);
+
+#endif /* SLOTSERVE_FUSED_DECODE_H */

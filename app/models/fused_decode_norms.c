@@ -1,0 +1,74 @@
+/*
+ * Row-wise fused kernels: RMSNorm (with the residual add before it) and silu(gate) * up.
+ * Part of the fused decode library (fused_decode.h says which file holds what).
+ */
+#include <math.h>
+
+#include "fused_decode.h"
+
+/*
+ * RMSNorm of rows, optionally after a residual add.
+ *
+ * x:        [rows, dim] bfloat16, row stride x_stride (elements).
+ * residual: NULL, or [rows, dim] bfloat16 (row stride dim): then x <- bf16(x + residual)
+ *           first, written back into x (x is the new hidden state).
+ * weight:   NULL (folded into the next projection), or [dim] bfloat16.
+ * out:      [rows, dim] bfloat16, contiguous.
+ *
+ * inv = bf16(1 / sqrt(sum(x^2) / dim + eps)) in float32; out = bf16(x * inv), then
+ * bf16(out * weight) when a weight is given: the rounding of DecoderModel._normed.
+ */
+void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
+                 bf16 *out, int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        bf16 *row = x + r * x_stride;
+        bf16 *dst = out + r * dim;
+        if (residual != NULL) {
+            const bf16 *add = residual + r * dim;
+            for (int64_t i = 0; i < dim; ++i) {
+                row[i] = float_to_bf16(bf16_to_float(row[i]) + bf16_to_float(add[i]));
+            }
+        }
+        float partial[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= dim; i += LANES) {
+            for (int lane = 0; lane < LANES; ++lane) {
+                float v = bf16_to_float(row[i + lane]);
+                partial[lane] += v * v;
+            }
+        }
+        float sum = sum_lanes(partial);
+        for (; i < dim; ++i) {
+            float v = bf16_to_float(row[i]);
+            sum += v * v;
+        }
+        float inv = bf16_to_float(float_to_bf16(1.0f / sqrtf(sum / (float)dim + eps)));
+        if (weight == NULL) {
+            for (i = 0; i < dim; ++i) {
+                dst[i] = float_to_bf16(bf16_to_float(row[i]) * inv);
+            }
+        } else {
+            for (i = 0; i < dim; ++i) {
+                float normed = bf16_to_float(float_to_bf16(bf16_to_float(row[i]) * inv));
+                dst[i] = float_to_bf16(normed * bf16_to_float(weight[i]));
+            }
+        }
+    }
+}
+
+/*
+ * out = bf16(bf16(silu(gate)) * up) for gate_up [rows, 2 * ffn] bfloat16 (gate first, as the
+ * fused gate/up projection writes it); out is [rows, ffn] bfloat16, contiguous.
+ */
+void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const bf16 *gate = gate_up + r * 2 * ffn;
+        const bf16 *up = gate + ffn;
+        bf16 *dst = out + r * ffn;
+        for (int64_t i = 0; i < ffn; ++i) {
+            float g = bf16_to_float(gate[i]);
+            float activated = bf16_to_float(float_to_bf16(g / (1.0f + exp_approx(-g))));
+            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));
+        }
+    }
+}
