@@ -1,5 +1,5 @@
-"""The session's tiny model checkpoints (``tests/checkpoints.py``) and its forked command line
-(``tests/forked_cli.py``)."""
+"""The session's tiny model checkpoints (``tests/checkpoints.py``), its forked command line
+(``tests/forked_cli.py``) and its idle nginx cluster (``tests/deploy/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,15 @@ def forked_cli() -> Iterator[ForkedCli]:
         yield driver
     finally:
         driver.close()
+
+
+@pytest.fixture(scope="session")
+def idle_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Two mock replicas behind nginx (``tests.deploy.conftest.start_cluster``), started once for
+    the tests of tests/deploy and tests/ui that leave it as they found it: no request running,
+    both replicas up (counters are read as differences). A test that stops a replica or needs
+    fresh counters starts its own (``own_cluster``)."""
+    from tests.deploy.conftest import start_cluster
+
+    with start_cluster(tmp_path_factory.mktemp("cluster")) as running:
+        yield running
