@@ -1,10 +1,14 @@
-"""The session's tiny model checkpoints (``tests/checkpoints.py``)."""
+"""The session's tiny model checkpoints (``tests/checkpoints.py``), its forked command line
+(``tests/forked_cli.py``) and its idle nginx cluster (``tests/deploy/conftest.py``)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 
 from tests.checkpoints import TinyCheckpoints
+from tests.forked_cli import ForkedCli
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +17,26 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoint
     built once per session: ``tiny_checkpoints.hf("qwen2")``,
     ``tiny_checkpoints.gguf("llama", "Q4_K", tied=False)``."""
     return TinyCheckpoints(tmp_path_factory.mktemp("tiny-checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def forked_cli() -> Iterator[ForkedCli]:
+    """``forked_cli.run("-m", "app", "serve", ...)``: the command line as a fresh process whose
+    imports were paid once per session (``tests/forked_cli.py``)."""
+    driver = ForkedCli()
+    try:
+        yield driver
+    finally:
+        driver.close()
+
+
+@pytest.fixture(scope="session")
+def idle_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Two mock replicas behind nginx (``tests.deploy.conftest.start_cluster``), started once for
+    the tests of tests/deploy and tests/ui that leave it as they found it: no request running,
+    both replicas up (counters are read as differences). A test that stops a replica or needs
+    fresh counters starts its own (``own_cluster``)."""
+    from tests.deploy.conftest import start_cluster
+
+    with start_cluster(tmp_path_factory.mktemp("cluster")) as running:
+        yield running

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,26 +24,21 @@ ROOT = Path(__file__).resolve().parents[2]
 PROG = "python -m app batch"
 
 
-def batch(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "app", "batch", *args],
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def good_input(tmp_path: Path, count: int = 3) -> Path:
     lines = [batch_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 4}) for i in range(count)]
     return write_input(tmp_path / "in.jsonl", lines)
 
 
-def test_a_run_writes_every_line_and_ends_with_the_summary(tmp_path):
+def test_a_run_writes_every_line_and_ends_with_the_summary(tmp_path, forked_cli):
+    """A process of its own, forked from one that imported the app once
+    (``tests/forked_cli.py``); the tests of standard input and output, Ctrl-C and a named pipe
+    start ``python -m app batch`` whole."""
     source = good_input(tmp_path)
     write_input(source, [*source.read_text().splitlines(), "not json"])
-    done = batch("-i", str(source), "-o", str(tmp_path / "out.jsonl"), "--model", "mock")
+    output = str(tmp_path / "out.jsonl")
+    done = forked_cli.run(
+        "-m", "app", "batch", "-i", str(source), "-o", output, "--model", "mock", cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     output = read_output(tmp_path / "out.jsonl")
     assert [line["custom_id"] for line in output] == ["r0", "r1", "r2", None]
@@ -71,10 +67,13 @@ def test_a_run_writes_every_line_and_ends_with_the_summary(tmp_path):
         (["-o", "-"], "--input: Field required"),
     ],
 )
-def test_a_run_that_cannot_start_is_one_line_and_exit_2(tmp_path, args, message):
+def test_a_run_that_cannot_start_is_one_line_and_exit_2(tmp_path, args, message, forked_cli):
+    """Each run is a process of its own, forked from one that imported the app once
+    (``tests/forked_cli.py``); the runs above and below start ``python -m app batch`` whole."""
     good_input(tmp_path)
     args = [arg.format(tmp=tmp_path) for arg in args]
-    done = batch(*args, *([] if "--model" in args else ["--model", "mock"]))
+    model = [] if "--model" in args else ["--model", "mock"]
+    done = forked_cli.run("-m", "app", "batch", *args, *model, cwd=ROOT, timeout=60)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"{PROG}: error: {message.format(tmp=tmp_path)}"), done.stderr
@@ -146,25 +145,21 @@ def test_ctrl_c_stops_with_the_lines_written_so_far_in_order(tmp_path):
     assert f"{len(written)} lines written" in stderr
 
 
-def test_a_named_pipe_is_read_once_as_it_is_written(tmp_path):
-    """A FIFO is not a file to count ahead: one reader, the lines as the writer sends them."""
+def test_a_named_pipe_is_read_once_as_it_is_written(tmp_path, forked_cli):
+    """A FIFO is not a file to count ahead: one reader, the lines as the writer sends them. The
+    run is a process of its own, forked from one that imported the app once
+    (``tests/forked_cli.py``), waited on in a thread while this one writes."""
     fifo = tmp_path / "requests.fifo"
     os.mkfifo(fifo)
     output = tmp_path / "out.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "batch", "-i", str(fifo), "-o", str(output)]
-        + ["--model", "mock"],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    args = ["-m", "app", "batch", "-i", str(fifo), "-o", str(output), "--model", "mock"]
+    with ThreadPoolExecutor(max_workers=1) as waiter:
+        run = waiter.submit(forked_cli.run, *args, cwd=ROOT, timeout=60)
         with fifo.open("w") as writer:  # blocks until the batch opens its end
             for i in range(5):
                 writer.write(batch_line(f"r{i}", {"prompt": "p", "max_tokens": 2}) + "\n")
-        assert process.wait(timeout=60) == 0
-    finally:
-        process.kill()
+        done = run.result(timeout=90)
+    assert done.returncode == 0, done.stderr
     assert [line["custom_id"] for line in read_output(output)] == [f"r{i}" for i in range(5)]
 
 

@@ -22,11 +22,10 @@ def start_cluster(workdir: Path) -> AbstractContextManager[Cluster]:
     return local_cluster(REPLICA_IDS, workdir, server_args=server_args)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The cluster shared by a module's tests (which leave it idle)."""
-    with start_cluster(tmp_path_factory.mktemp("cluster")) as running:
-        yield running
+@pytest.fixture
+def cluster(idle_cluster: Cluster) -> Cluster:
+    """The session's cluster (``tests/conftest.py``), shared by tests that leave it idle."""
+    return idle_cluster
 
 
 @pytest.fixture

@@ -1,18 +1,16 @@
-"""scripts/batching_comparison.py end to end: its command line, and what its table must show."""
+"""scripts/batching_comparison.py end to end: its command line, and what its table must show.
+Each run is a process of its own, forked from one that imported the app once
+(``tests/forked_cli.py``)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "batching_comparison.py"
 
 
-def table(*args: str) -> dict[tuple[str, str], list[str]]:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
-    )
+def table(forked_cli, *args: str) -> dict[tuple[str, str], list[str]]:
+    done = forked_cli.run(str(SCRIPT), *args, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "The four runs' outputs are identical." in done.stdout
     rows = [line.strip("|").split("|") for line in done.stdout.splitlines() if line[:2] == "| "]
@@ -21,8 +19,8 @@ def table(*args: str) -> dict[tuple[str, str], list[str]]:
     return {(cells[0].strip(), cells[1].strip()): [c.strip() for c in cells[2:]] for cells in body}
 
 
-def test_continuous_beats_static_in_calls_with_the_same_tokens_sent():
-    runs = table("--requests", "40", "--slots", "4", "--seed", "3")
+def test_continuous_beats_static_in_calls_with_the_same_tokens_sent(forked_cli):
+    runs = table(forked_cli, "--requests", "40", "--slots", "4", "--seed", "3")
     assert set(runs) == {
         (scheduling, shape)
         for scheduling in ("continuous", "static")
@@ -40,8 +38,6 @@ def test_continuous_beats_static_in_calls_with_the_same_tokens_sent():
     assert rows["static", "padded"] > rows["continuous", "padded"] > rows["continuous", "compacted"]
 
 
-def test_bad_arguments_are_refused():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--slots", "0"], capture_output=True, text=True, timeout=60
-    )
+def test_bad_arguments_are_refused(forked_cli):
+    done = forked_cli.run(str(SCRIPT), "--slots", "0", timeout=60)
     assert done.returncode == 2 and "--slots must be >= 1" in done.stderr

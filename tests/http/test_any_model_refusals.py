@@ -7,8 +7,6 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import gguf
 import pytest
 
 from tests.checkpoints import write_gguf
-from tests.http.any_model import REPO, free_port
+from tests.http.any_model import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -92,21 +90,24 @@ def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
 
 
 @pytest.fixture(scope="module")
-def refused(cases: dict[str, Case]) -> dict[str, subprocess.CompletedProcess]:
-    """Every case through ``python -m app serve``, a few at a time (each imports torch)."""
+def refused(cases: dict[str, Case], forked_cli) -> dict[str, subprocess.CompletedProcess]:
+    """Every case through ``python -m app serve``, each a process of its own forked from one
+    that imported the app once (``tests/forked_cli.py``)."""
 
     def run(case: Case) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "app", "serve", "--model", str(case.path)]
-        return subprocess.run(
-            [*command, "--port", str(free_port()), *case.flags],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
+        return forked_cli.run(
+            "-m",
+            "app",
+            "serve",
+            "--model",
+            str(case.path),
+            "--port",
+            str(free_port()),
+            *case.flags,
             timeout=600,
         )
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(zip(cases, pool.map(run, cases.values()), strict=True))
+    return {name: run(case) for name, case in cases.items()}
 
 
 @pytest.mark.parametrize(

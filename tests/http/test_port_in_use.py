@@ -4,24 +4,20 @@ user's finding: it used to load the model, then end in uvicorn's multi-line bind
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 from app.__main__ import port_in_use
 from tests.http.any_model import REPO
 
 
-def test_a_busy_port_is_one_line_and_exit_2() -> None:
+def test_a_busy_port_is_one_line_and_exit_2(forked_cli) -> None:
+    """``python -m app serve`` as a process of its own, forked from one that imported the app
+    once (``tests/forked_cli.py``)."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "app", "serve", "--model", "mock", "--port", str(port)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
+        result = forked_cli.run(
+            "-m", "app", "serve", "--model", "mock", "--port", str(port), cwd=REPO, timeout=300
         )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr

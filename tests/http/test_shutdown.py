@@ -76,12 +76,9 @@ async def draining(client: httpx.AsyncClient) -> bool:
     return (await client.get("/health")).status_code == 503
 
 
-def test_bad_flag_is_one_line_and_exit_2():
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "serve", "--port", "abc"], capture_output=True, text=True
-    )
+def test_bad_flag_is_one_line_and_exit_2(forked_cli):
+    """``python -m app serve`` as a process of its own, forked from one that imported the app
+    once (``tests/forked_cli.py``)."""
+    result = forked_cli.run("-m", "app", "serve", "--port", "abc")
     assert result.returncode == 2
     assert "--port" in result.stderr and "Traceback" not in result.stderr

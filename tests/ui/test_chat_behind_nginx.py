@@ -3,13 +3,10 @@ answer streams in unbuffered, and Stop's DELETE reaches the replica that holds t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 
-from tests.deploy.conftest import REPLICA_IDS, start_cluster
+from tests.deploy.conftest import REPLICA_IDS
 from tests.ui.chat_page import ChatPage
 from tests.ui.conftest import metric_sample, wait_until
 
@@ -17,9 +14,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, browser) -> Iterator:
-    with start_cluster(tmp_path) as running:
-        yield running
+def cluster(browser, idle_cluster):
+    """The session's idle cluster (``tests/conftest.py``): this test leaves no request running."""
+    return idle_cluster
 
 
 def running_on(replica_url: str) -> float:
