@@ -9,7 +9,8 @@ finishes, so a reused slot never sees another request's matcher.
 from __future__ import annotations
 
 import llguidance
-import llguidance.torch
+import llguidance.numpy
+import numpy as np
 import torch
 
 
@@ -31,10 +32,15 @@ class ConstraintMatcher:
         """The allowed next tokens: int32 ``[mask_words]``, llguidance's bitmask layout (bit
         ``j`` of word ``w`` allows token ``32 * w + j``); EOS is allowed where the language may
         end. A new tensor each call (the step that reads it may still run when the next one is
-        computed)."""
-        mask = torch.empty((1, self._mask_words), dtype=torch.int32)
-        llguidance.torch.fill_next_token_bitmask(self._matcher, mask)
-        return mask[0]
+        computed).
+
+        Filled through ``llguidance.numpy`` and shared with torch without a copy:
+        ``llguidance.torch`` does the same fill, but importing it compiles a ``torch.compile``
+        kernel never called here (it loads ``torch._dynamo`` and ``torch._inductor``: ~5 s of
+        CPU at the start of every server process)."""
+        mask = np.empty((1, self._mask_words), dtype=np.int32)
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, mask)
+        return torch.from_numpy(mask[0])
 
     def advance(self, token_id: int) -> bool:
         """Consumes the sampled token. False when the token is outside the language (the mask
