@@ -12,9 +12,9 @@ length: batch invariance, :mod:`app.models.kv_cache`).
 
 Decode rows are attended ``DECODE_KEY_BUDGET`` gathered positions at a time (``rows x
 key_length``), not all at once: the gathered copy is memory outside the KV pool, and gathering
-every row of a 64-row step at once made it grow with slots x context (64 rows of ~700 positions,
-SmolLM2 bfloat16: ~2.5 MiB a row of SDPA input and scratch per layer, ~160 MiB of the heap's
-peak, measured on the many-slots workload of ``scripts/bench_prefix_cache.py``). Each chunk keeps
+every row of a step at once made it grow with slots x context (SmolLM2 bfloat16, 63 decode rows
+of ~700 positions beside a 449-token chunk: +35 MiB of resident heap over the prefills alone,
+~0.55 MiB a row; docs/MODEL_PERF.md, the many-slots workload). Each chunk keeps
 the group's key axis, so every row computes exactly as it did in one call.
 """
 
