@@ -16,9 +16,11 @@ Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op
   the fused QKV and gate/up matrices at load, so the normalisation is a per-token scale,
   ``x * (1 / rms(x))``: four small ops instead of ``F.rms_norm``'s eight;
 * the residual adds are fused into the output and down projections (``add_to``);
-* decode-only steps without a seeded row run the glue between the projections in fused C
-  kernels (:mod:`app.models.fused_decode`), for every architecture here: Qwen2's biases are in
-  the QKV projection and Qwen3's q/k norm is part of the fused attention kernel.
+* steps without a seeded row whose prompt chunks are short (decode-only steps, and short
+  prompts or the uncached tail of a long one: ``ForwardPlan.token_rows``) run the glue between
+  the projections in fused C kernels (:mod:`app.models.fused_decode`), a chunk's tokens as
+  single-token rows, for every architecture here: Qwen2's biases are in the QKV projection and
+  Qwen3's q/k norm is part of the fused attention kernel.
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ from app.models.weights import ModelWeights, Quantization
 class DecoderModel:
     """The forward pass. Holds weights and rope tables; reads and writes a :class:`KVCache`.
 
-    ``fused_decode``: let decode-only steps without a seeded row, on the CPU in bfloat16, use
-    the fused kernels of :mod:`app.models.fused_decode`; ``fused_decode_status`` says whether
-    they are used, and why not.
+    ``fused_decode``: let steps without a seeded row (decode, short prompt chunks), on the CPU
+    in bfloat16, use the fused kernels of :mod:`app.models.fused_decode`;
+    ``fused_decode_status`` says whether they are used, and why not.
     """
 
     def __init__(
@@ -85,13 +87,7 @@ class DecoderModel:
         before the output norm; :meth:`output_logits` turns rows of it into logits): prompt
         logprobs. Call under ``torch.inference_mode()``.
         """
-        if (
-            hidden_out is None
-            and self.fused_decode is not None
-            and plan.decode is not None
-            and not plan.prefills
-            and plan.exact_tokens is None
-        ):
+        if hidden_out is None and self.fused_decode is not None and plan.token_rows is not None:
             return self._forward_fused_decode(plan, cache, self.fused_decode)
         w, hp = self.weights, self.hparams
         hidden = w.embedding(plan.token_ids)
@@ -130,19 +126,20 @@ class DecoderModel:
     def _forward_fused_decode(
         self, plan: ForwardPlan, cache: KVCache, kernels: FusedDecodeKernels
     ) -> torch.Tensor:
-        """:meth:`forward` for a step of only single-token rows, none of them
-        ``batch_invariant``, with the glue between projections in four fused calls per layer
-        (:mod:`app.models.fused_decode`). Same results as the eager path up to rounding order
-        (tested), not bit-equal: a seeded row never comes here."""
+        """:meth:`forward` for a step planned as single-token rows (``plan.token_rows``: decode
+        rows and the tokens of short prompt chunks, none ``batch_invariant``), with the glue
+        between projections in four fused calls per layer (:mod:`app.models.fused_decode`).
+        Same results as the eager path up to rounding order (tested), not bit-equal: a seeded
+        row never comes here."""
         w, hp = self.weights, self.hparams
         eps = hp.rms_norm_eps
-        decode = plan.decode
-        assert decode is not None
+        rows = plan.token_rows
+        assert rows is not None
         # torch's threads share the attention (they sit idle between the projections).
-        threads = min(torch.get_num_threads(), decode.count)
+        threads = min(torch.get_num_threads(), rows.count)
         # Softmax scores of one KV head's query group, every position up to the longest row,
         # per thread.
-        scores = torch.empty((threads, hp.group_size * decode.key_length), dtype=torch.float32)
+        scores = torch.empty((threads, hp.group_size * rows.key_length), dtype=torch.float32)
         hidden = w.embedding(plan.token_ids)
         normed = kernels.rms_norm(hidden, w.layers[0].attn_norm, eps)
         for index, layer in enumerate(w.layers):
@@ -151,7 +148,7 @@ class DecoderModel:
                 self._rope_cos,
                 self._rope_sin,
                 plan.positions,
-                decode.block_tables,
+                rows.block_tables,
                 cache.keys[index],
                 cache.values[index],
                 scores,

@@ -25,9 +25,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from app.models.base import NULL_BLOCK
 from app.models.kv_cache import KV_BLOCK_SIZE, KVCache, align_keys, blocks_for
+
+# When a step with prompt chunks still runs as single-token rows in the fused C kernels
+# (ForwardPlan.token_rows) instead of the eager path's SDPA and glue ops: at most this many
+# prompt-chunk tokens in all, and at most FUSED_PREFILL_KEY_BUDGET keys attended by them (sum of
+# position + 1: the kernel reads a row's keys once per row, SDPA once per chunk). Measured,
+# SmolLM2 int4, 2 threads, one chunk's step fused / eager (scripts/bench_model_step.py
+# --fused-prefill): from position 0, 0.72-0.85 at 2-48 tokens and 0.98 at 64; after 320 cached
+# positions, 0.70-0.82 at 2-18 tokens, 0.80-0.94 at 24-48 (~8k-16k keys) and 1.01 at 64 (22k).
+FUSED_PREFILL_MAX_TOKENS = 48
+FUSED_PREFILL_KEY_BUDGET = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +116,26 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenRows:
+    """Every packed token of a step as a single-token row, for the fused C attention kernel
+    (:meth:`app.models.fused_decode.FusedDecodeKernels.decode_attention`): decode rows as they
+    are, and each token of a short prompt chunk as a row of its own at its position, with its
+    sequence's block table (the kernel writes every row's K/V before any row attends, so a
+    chunk's tokens see each other causally).
+
+    Attributes:
+        count: ``N``, the packed tokens.
+        key_length: longest ``position + 1``, padded to ``KEY_ALIGN``.
+        block_tables: ``[N, key_length / KV_BLOCK_SIZE]`` int64, each token's block table,
+            padded with the null block.
+    """
+
+    count: int
+    key_length: int
+    block_tables: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardPlan:
     """Everything one forward needs, built once per step and shared by all layers.
 
@@ -124,6 +155,9 @@ class ForwardPlan:
             when there are none.
         exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
             want logits, or None when there are none.
+        token_rows: the step as single-token rows (:class:`TokenRows`) when the fused kernel
+            may take it: no ``batch_invariant`` row, and prompt chunks within
+            ``FUSED_PREFILL_MAX_TOKENS`` and ``FUSED_PREFILL_KEY_BUDGET``; None otherwise.
         row_starts: ``slot -> packed index`` of each row's first token (prompt logprobs read
             a row's hidden states there).
     """
@@ -139,6 +173,7 @@ class ForwardPlan:
     exact_tokens: torch.Tensor | None = None
     exact_logits: torch.Tensor | None = None
     row_starts: dict[int, int] | None = None
+    token_rows: TokenRows | None = None
 
     @classmethod
     def build(cls, rows: Sequence[RowSpec], *, cache: KVCache) -> ForwardPlan:
@@ -179,18 +214,20 @@ class ForwardPlan:
             prefills.append(_plan_prefill(row, tables[row.slot], start, stop, dtype, device))
             start = stop
         flat_tensor = as_tensor(flat)
+        decode = _plan_decode(single, tables, dtype, device) if single else None
         return cls(
             token_ids=as_tensor(token_ids),
             positions=as_tensor(positions),
             slots=as_tensor(slots),
             flat_positions=flat_tensor,
             cache_index=cache.write_index(flat_tensor),
-            decode=_plan_decode(single, tables, dtype, device) if single else None,
+            decode=decode,
             prefills=tuple(prefills),
             logits_index=as_tensor([last_index[r.slot] for r in logit_rows]),
             exact_tokens=as_tensor(exact_tokens) if exact_tokens else None,
             exact_logits=as_tensor(exact_logits) if exact_logits else None,
             row_starts=row_starts,
+            token_rows=None if exact_tokens else _plan_token_rows(decode, multi, tables, device),
         )
 
 
@@ -266,3 +303,35 @@ def _plan_prefill(
         mask=mask,
         key_positions=_key_positions(blocks[None]).to(device),
     )
+
+
+def _plan_token_rows(
+    decode: DecodeGroup | None,
+    multi: Sequence[RowSpec],
+    tables: dict[int, Sequence[int]],
+    device: torch.device,
+) -> TokenRows | None:
+    """The step as single-token rows (decode rows first, then each chunk's tokens: the packed
+    order), or None when its prompt chunks hold more than ``FUSED_PREFILL_MAX_TOKENS`` tokens
+    or attend to more than ``FUSED_PREFILL_KEY_BUDGET`` keys."""
+    if not multi:
+        assert decode is not None
+        return TokenRows(decode.count, decode.key_length, decode.block_tables)
+    tokens = sum(len(row.token_ids) for row in multi)
+    ends = [row.position + len(row.token_ids) for row in multi]
+    # keys attended: position + 1 summed over each chunk's tokens
+    keys = sum(n * (2 * row.position + n + 1) // 2 for row in multi for n in [len(row.token_ids)])
+    if tokens > FUSED_PREFILL_MAX_TOKENS or keys > FUSED_PREFILL_KEY_BUDGET:
+        return None
+    key_length = align_keys(max(ends + ([decode.key_length] if decode is not None else [])))
+    width = key_length // KV_BLOCK_SIZE
+    parts = []
+    if decode is not None:
+        padding = (0, width - decode.block_tables.shape[1])
+        parts.append(F.pad(decode.block_tables.cpu(), padding, value=NULL_BLOCK))
+    for row, end in zip(multi, ends, strict=True):
+        used = list(tables[row.slot][: blocks_for(end)])
+        table = torch.tensor(used + [NULL_BLOCK] * (width - len(used)), dtype=torch.int64)
+        parts.append(table.expand(len(row.token_ids), width))
+    block_tables = torch.cat(parts).to(device)
+    return TokenRows(int(block_tables.shape[0]), key_length, block_tables)

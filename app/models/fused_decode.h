@@ -83,6 +83,16 @@ static inline float exp_approx(float x) {
     return poly * scale;
 }
 
+/* Whether fused_attention_tiles.c holds the AVX-512 BF16 inner loops of the attention. */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define SL_TILED_ATTENTION 1
+#else
+#define SL_TILED_ATTENTION 0
+#endif
+
+/* Block size the tiled loops assume (KV_BLOCK_SIZE in app/models/kv_cache.py). */
+#define SL_TILE_POSITIONS 16
+
 /* The library's exported functions; each is documented where it is defined. */
 void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
                  bf16 *out, int64_t rows, int64_t dim, float eps);
@@ -94,5 +104,14 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
                          int64_t scores_per_thread, bf16 *out, int64_t rows, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t threads,
                          const bf16 *q_norm, const bf16 *k_norm, float eps);
+
+#if SL_TILED_ATTENTION
+void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, const bf16 *pool,
+                    const int64_t *table, int64_t head_base, int64_t head_dim, int64_t length,
+                    float scale, float *scores);
+void sl_tile_values(const float *probs, int64_t group, const bf16 *pool, const int64_t *table,
+                    int64_t head_base, int64_t head_dim, int64_t length, float *out,
+                    int64_t out_stride);
+#endif
 
 #endif /* SLOTSERVE_FUSED_DECODE_H */

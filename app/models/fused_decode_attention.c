@@ -138,9 +138,41 @@ static inline const bf16 *walk_next(struct block_walk *w, int64_t blocks) {
     return w->block + w->offset++ * w->head_dim;
 }
 
+enum { MAX_HEAD_DIM = 256, MAX_GROUP = 16 };
+
+/* The new key (normed when the model norms its heads, rotated) and value of rows [begin, end)
+ * go into the cache. Every row of a call is written before any row attends: rows of one
+ * sequence (a short prompt chunk, one row per token) read each other's keys. */
+static void write_rows(const struct attention_args *a, int64_t begin, int64_t end) {
+    const int64_t head_dim = a->head_dim, n_heads = a->n_heads, n_kv_heads = a->n_kv_heads;
+    float key[MAX_HEAD_DIM];
+    bf16 normed[MAX_HEAD_DIM];
+    if (head_dim > MAX_HEAD_DIM) {
+        return; /* the Python side checks the shapes before calling */
+    }
+    for (int64_t r = begin; r < end; ++r) {
+        const int64_t position = a->positions[r];
+        const bf16 *row = a->qkv + r * a->qkv_stride;
+        const bf16 *cos = a->rope_cos + position * head_dim;
+        const bf16 *sin = a->rope_sin + position * head_dim;
+        const int64_t *table = a->block_tables + r * a->table_stride;
+        for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
+            const int64_t written = pool_offset(a, table, kv, position);
+            const bf16 *new_key = normed_head(row + (n_heads + kv) * head_dim, a->k_norm, a->eps,
+                                              normed, head_dim);
+            rope_head(new_key, cos, sin, key, head_dim);
+            for (int64_t d = 0; d < head_dim; ++d) {
+                a->keys[written + d] = float_to_bf16(key[d]);
+            }
+            memcpy(a->values + written, row + (n_heads + n_kv_heads + kv) * head_dim,
+                   (size_t)head_dim * sizeof(bf16));
+        }
+    }
+}
+
+/* Attention of rows [begin, end), whose keys and values are in the cache. */
 static void attend_rows(const struct attention_args *a, int64_t begin, int64_t end,
                         float *scores) {
-    enum { MAX_HEAD_DIM = 256, MAX_GROUP = 16 };
     const int64_t head_dim = a->head_dim, n_heads = a->n_heads, n_kv_heads = a->n_kv_heads;
     const int64_t group = n_heads / n_kv_heads;
     const float scale = 1.0f / sqrtf((float)head_dim);
@@ -151,6 +183,8 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
     if (head_dim > MAX_HEAD_DIM || group > MAX_GROUP || head_dim % LANES != 0) {
         return; /* the Python side checks the shapes before calling */
     }
+    const int tiled =
+        SL_TILED_ATTENTION && a->block_size == SL_TILE_POSITIONS && head_dim % 64 == 0;
     for (int64_t r = begin; r < end; ++r) {
         const int64_t position = a->positions[r];
         const int64_t length = position + 1;
@@ -159,28 +193,26 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
         const bf16 *sin = a->rope_sin + position * head_dim;
         const int64_t *table = a->block_tables + r * a->table_stride;
         for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
-            /* The new key (rotated) and value go into the cache first. */
-            const int64_t written = pool_offset(a, table, kv, position);
-            const bf16 *new_key = normed_head(row + (n_heads + kv) * head_dim, a->k_norm, a->eps,
-                                              normed, head_dim);
-            rope_head(new_key, cos, sin, key, head_dim);
-            for (int64_t d = 0; d < head_dim; ++d) {
-                a->keys[written + d] = float_to_bf16(key[d]);
-            }
-            memcpy(a->values + written, row + (n_heads + n_kv_heads + kv) * head_dim,
-                   (size_t)head_dim * sizeof(bf16));
             for (int64_t g = 0; g < group; ++g) {
                 const bf16 *head = normed_head(row + (kv * group + g) * head_dim, a->q_norm,
                                                a->eps, normed, head_dim);
                 rope_head(head, cos, sin, query[g], head_dim);
             }
-            /* Scores: each cached key is read once for the whole query group. */
             const int64_t blocks = (length + a->block_size - 1) / a->block_size;
-            struct block_walk keys_walk = walk_start(a, a->keys, table, kv);
-            for (int64_t t = 0; t < length; ++t) {
-                const bf16 *k = walk_next(&keys_walk, blocks);
-                for (int64_t g = 0; g < group; ++g) {
-                    scores[g * length + t] = dot_bf16(query[g], k, head_dim) * scale;
+#if SL_TILED_ATTENTION
+            if (tiled) {
+                sl_tile_scores(query[0], MAX_HEAD_DIM, group, a->keys, table, kv * a->pool_len,
+                               head_dim, length, scale, scores);
+            }
+#endif
+            if (!tiled) {
+                /* Scores: each cached key is read once for the whole query group. */
+                struct block_walk keys_walk = walk_start(a, a->keys, table, kv);
+                for (int64_t t = 0; t < length; ++t) {
+                    const bf16 *k = walk_next(&keys_walk, blocks);
+                    for (int64_t g = 0; g < group; ++g) {
+                        scores[g * length + t] = dot_bf16(query[g], k, head_dim) * scale;
+                    }
                 }
             }
             /* Softmax per query head. */
@@ -224,17 +256,25 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
                 }
                 memset(acc[g], 0, (size_t)head_dim * sizeof(float));
             }
-            /* Weighted sum of the values: each cached value is read once for the group. */
-            struct block_walk values_walk = walk_start(a, a->values, table, kv);
-            for (int64_t t = 0; t < length; ++t) {
-                const bf16 *v = walk_next(&values_walk, blocks);
-                for (int64_t d = 0; d < head_dim; ++d) {
-                    key[d] = bf16_to_float(v[d]);
-                }
-                for (int64_t g = 0; g < group; ++g) {
-                    const float p = scores[g * length + t];
+#if SL_TILED_ATTENTION
+            if (tiled) {
+                sl_tile_values(scores, group, a->values, table, kv * a->pool_len, head_dim,
+                               length, acc[0], MAX_HEAD_DIM);
+            }
+#endif
+            if (!tiled) {
+                /* Weighted sum of the values: each cached value is read once for the group. */
+                struct block_walk values_walk = walk_start(a, a->values, table, kv);
+                for (int64_t t = 0; t < length; ++t) {
+                    const bf16 *v = walk_next(&values_walk, blocks);
                     for (int64_t d = 0; d < head_dim; ++d) {
-                        acc[g][d] += p * key[d];
+                        key[d] = bf16_to_float(v[d]);
+                    }
+                    for (int64_t g = 0; g < group; ++g) {
+                        const float p = scores[g * length + t];
+                        for (int64_t d = 0; d < head_dim; ++d) {
+                            acc[g][d] += p * key[d];
+                        }
                     }
                 }
             }
@@ -249,7 +289,8 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
 }
 
 /*
- * Decode attention for single-token rows, with the rotary embedding and the K/V cache write.
+ * Attention for single-token rows (decode rows, or the tokens of short prompt chunks), with
+ * the rotary embedding and the K/V cache write.
  *
  * qkv:       [rows, (n_heads + 2 * n_kv_heads) * head_dim] bfloat16, row stride qkv_stride:
  *            the fused QKV projection's output (queries, keys, values; heads in order).
@@ -257,7 +298,9 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
  * positions: [rows] int64, the position of each row's token (its K/V go there).
  * block_tables: [rows, table_stride] int64, each row's KV blocks (its block table): position t
  *            of row r lives in block block_tables[r * table_stride + t / block_size] at offset
- *            t % block_size (distinct rows own distinct blocks for the positions they write).
+ *            t % block_size. Rows write distinct positions; rows of one sequence (a short
+ *            prompt chunk given one row per token) share a table and read each other's keys:
+ *            every row's key and value are written before any row attends.
  * keys, values: one layer of the paged cache, [n_kv_heads, pool_len, head_dim] bfloat16, with
  *            pool_len = num_blocks * block_size.
  * scores:    float32 workspace, threads * scores_per_thread elements; scores_per_thread at
@@ -289,6 +332,7 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
     (void)scores_per_thread;
 #endif
     if (threads < 2 || rows < 2) {
+        write_rows(&args, 0, rows);
         attend_rows(&args, 0, rows, scores);
         return;
     }
@@ -318,6 +362,8 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
             }
             seen += positions[r] + 1;
         }
+        write_rows(&args, begin, end);
+#pragma omp barrier
         if (begin < end) {
             attend_rows(&args, begin, end, scores + share * scores_per_thread);
         }

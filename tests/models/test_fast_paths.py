@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from app.models.base import SamplingParams, StepBatch, StepRow
+from app.models.base import SamplingParams, StepBatch, StepRow, TokenLogprobs
 from app.models.embeddings import FileRowsEmbedding
 from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.gguf_file import GGUFFile
@@ -22,6 +22,10 @@ from app.models.runner import ModelRunner
 from app.models.sampler import ARGMAX_BLOCK, argmax_rows
 from app.models.smollm2 import smollm2_gguf_path
 from tests.models.stepping import GREEDY, generate_alone, generate_together
+
+# Two bfloat16 roundings of a logit near 16-32 (ulp 0.125): how far apart two logits may come
+# out of two batch shapes and still count as tied.
+BF16_LOGIT_ROUNDING = 0.25
 
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
 CPU = torch.device("cpu")
@@ -161,33 +165,49 @@ def test_a_mixed_step_equals_separate_steps(
     int8_runner: ModelRunner,
 ) -> None:
     """Decode rows and a prompt chunk in one step give the tokens they give in steps of their
-    own (the scheduler mixes them whenever the token budget allows)."""
+    own (the scheduler mixes them whenever the token budget allows): the same tokens in
+    float32; in bfloat16, where a matmul of 15 rows and one of 13 may round differently (only
+    seeded rows are promised the same tokens in any batch: test_batch_invariance.py), the same
+    tokens but where the two runs' top two are within bfloat16's rounding of each other."""
     model = {"float32": runner, "bfloat16": bf16_runner, "int8": int8_runner}[kind]
     tok = model.tokenizer
     decoding = {0: tok.encode("The capital of France is"), 1: tok.encode("List three colours:")}
     arriving = tuple(tok.encode("Write a short poem about the sea and the sky, please."))
+    greedy = dataclasses.replace(GREEDY, logprobs=2)
 
-    def run(mixed: bool) -> tuple[list[int | None], int | None]:
+    def run(mixed: bool) -> list[TokenLogprobs]:
         first = [
             model.step(StepBatch((StepRow(s, tuple(p), 0, True, GREEDY),))).next_token_ids[0]
             for s, p in decoding.items()
         ]
         decode_rows = tuple(
-            StepRow(slot, (token,), len(decoding[slot]), True, GREEDY)
+            StepRow(slot, (token,), len(decoding[slot]), True, greedy)
             for slot, token in zip(decoding, first, strict=True)
         )
-        chunk = StepRow(2, arriving, 0, True, GREEDY)
+        chunk = StepRow(2, arriving, 0, True, greedy)
         if mixed:
-            out = model.step(StepBatch((*decode_rows, chunk))).next_token_ids
-            decoded, chunk_token = list(out[:2]), out[2]
+            out = model.step(StepBatch((*decode_rows, chunk))).logprobs
         else:
-            decoded = list(model.step(StepBatch(decode_rows)).next_token_ids)
-            chunk_token = model.step(StepBatch((chunk,))).next_token_ids[0]
+            out = (
+                *model.step(StepBatch(decode_rows)).logprobs,
+                *model.step(StepBatch((chunk,))).logprobs,
+            )
         for slot in (0, 1, 2):
             model.release(slot)
-        return decoded, chunk_token
+        assert out is not None and all(entry is not None for entry in out)
+        return list(out)
 
-    assert run(mixed=True) == run(mixed=False)
+    mixed, separate = run(mixed=True), run(mixed=False)
+    if kind == "float32":
+        assert [e.token_id for e in mixed] == [e.token_id for e in separate]
+    for a, b in zip(mixed, separate, strict=True):
+        top_a, top_b = dict(a.top), dict(b.top)
+        assert a.token_id == b.token_id or (
+            a.token_id in top_b
+            and b.token_id in top_a
+            and abs(top_a[a.token_id] - top_a[b.token_id]) <= BF16_LOGIT_ROUNDING
+            and abs(top_b[a.token_id] - top_b[b.token_id]) <= BF16_LOGIT_ROUNDING
+        ), (a, b)
 
 
 # --------------------------------------------------------------------------- batch invariance

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.models import fused_decode
+from app.models import forward_plan, fused_decode
 from app.models.decoder import DecoderModel, apply_rope
-from app.models.forward_plan import ForwardPlan, RowSpec
+from app.models.forward_plan import FUSED_PREFILL_MAX_TOKENS, ForwardPlan, RowSpec
 from app.models.fused_decode import FusedDecodeKernels, load_fused_decode
 from app.models.kv_cache import KV_BLOCK_SIZE, KVCache
 from app.models.load_plan import load_checkpoint
@@ -173,6 +173,43 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
         torch.testing.assert_close(got[row].float(), reference, rtol=2**-7, atol=2e-3)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_rows_of_one_sequence_see_each_other_causally(
+    kernels: FusedDecodeKernels, threads: int
+) -> None:
+    """A prompt chunk given as one row per token, in one call (its rows sharing one block
+    table, split among the threads) computes bit for bit what one call per token, in order,
+    computes: every row's key and value are written before any row attends. Positions 30-52
+    cross two block boundaries; the 30 before them are a cached prefix."""
+    n_heads, n_kv, head_dim, cache_len, first, count = 9, 3, 64, 64, 30, 23
+    table = _scattered_tables(1, cache_len, seed=21)
+    keys = _to_pool(_random(1, n_kv, cache_len, head_dim, seed=22), table)
+    values = _to_pool(_random(1, n_kv, cache_len, head_dim, seed=23), table)
+    qkv = _random(count, (n_heads + 2 * n_kv) * head_dim, seed=24, scale=2.0)
+    positions = torch.arange(first, first + count)
+    tables = table.expand(count, -1).contiguous()
+    angles = torch.arange(cache_len, dtype=torch.float64)[:, None] * (
+        1.0 / 10000 ** (torch.arange(0, head_dim // 2, dtype=torch.float64) / (head_dim // 2))
+    )
+    cos = torch.cat((angles.cos(), angles.cos()), -1).to(BF16)
+    sin = torch.cat((-angles.sin(), angles.sin()), -1).to(BF16)
+    scores = torch.empty((threads, n_heads // n_kv * cache_len), dtype=torch.float32)
+
+    def attend(rows: slice, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return kernels.decode_attention(
+            qkv[rows], cos, sin, positions[rows], tables[rows], keys, values, scores,
+            n_heads=n_heads, n_kv_heads=n_kv, threads=threads,
+        )  # fmt: skip
+
+    one_by_one_keys, one_by_one_values = keys.clone(), values.clone()
+    expected = torch.cat(
+        [attend(slice(i, i + 1), one_by_one_keys, one_by_one_values) for i in range(count)]
+    )
+    got = attend(slice(0, count), keys, values)
+    assert torch.equal(got, expected)
+    assert torch.equal(keys, one_by_one_keys) and torch.equal(values, one_by_one_values)
+
+
 def test_decode_attention_norms_query_and_key_heads_first(kernels: FusedDecodeKernels) -> None:
     """Qwen3's per-head q/k RMSNorm inside the kernel: the keys it writes and the attention it
     computes are the eager path's (norm, then rope) up to the order of a float32 sum."""
@@ -252,10 +289,14 @@ class _CountingKernels:
         return self.inner.decode_attention(*args, **kwargs)
 
 
-def _prefill(model: DecoderModel, cache: KVCache, prompts: list[list[int]]) -> None:
+def _prefill(
+    model: DecoderModel, cache: KVCache, prompts: list[list[int]], *, slot: int = 0
+) -> None:
+    """Prompt ``i`` into slot ``slot + i``, from position 0."""
     with torch.inference_mode():
-        for slot, prompt in enumerate(prompts):
-            model.forward(ForwardPlan.build([RowSpec(slot, prompt, 0, False)], cache=cache), cache)
+        for index, prompt in enumerate(prompts):
+            plan = ForwardPlan.build([RowSpec(slot + index, prompt, 0, False)], cache=cache)
+            model.forward(plan, cache)
 
 
 def test_fused_steps_follow_the_float32_model_as_the_eager_ones_do(
@@ -299,27 +340,92 @@ def test_fused_steps_follow_the_float32_model_as_the_eager_ones_do(
     assert agree["fused"] >= 33 and agree["fused"] >= agree["eager"] - 1, agree
 
 
-def test_only_plain_decode_steps_take_the_fused_kernels(
-    kernels: FusedDecodeKernels, bf16_runner: ModelRunner
+def test_short_prompt_chunks_in_the_kernels_follow_float32_as_the_eager_path_does(
+    kernels: FusedDecodeKernels, bf16_runner: ModelRunner, runner: ModelRunner
 ) -> None:
-    """Seeded rows (batch invariance needs the eager path's exact rounding) and steps with a
-    prompt chunk stay eager."""
+    """Steps of two decode rows, a whole short prompt and the uncached tail of a longer one
+    (after a 16-token prefix), on the same tokens for all three: fused, the logits stay as
+    close to the eager step's as bfloat16 allows, and predict float32's next token about as
+    often as the eager step does."""
+    model, reference = bf16_runner.model, runner.model
+    texts = [
+        "The capital of France is Paris, and the capital of Italy is",
+        "def fibonacci(n):\n    if n < 2:\n        return n\n",
+        "Water boils at a temperature of one hundred degrees Celsius at sea level, and",
+        "A long time ago, in a small village by the sea, there lived an old fisherman who "
+        "went out every morning before dawn. One day he caught",
+    ]
+    prompts = [bf16_runner.tokenizer.encode(text) for text in texts]
+    assert min(len(p) for p in prompts[:2]) > 8 and len(prompts[3]) >= 29
+    counting = _CountingKernels(kernels)
+    agree = {"fused": 0, "eager": 0}
+
+    def step(m: DecoderModel, dtype: torch.dtype, k: int) -> torch.Tensor:
+        cache = KVCache(m.hparams, max_num_seqs=4, max_model_len=64, dtype=dtype, device=CPU)
+        heads = [prompts[0][: -1 - k], prompts[1][: -1 - k]]
+        _prefill(m, cache, heads)
+        _prefill(m, cache, [prompts[3][:16]], slot=3)
+        rows = [
+            RowSpec(0, [prompts[0][-1 - k]], len(heads[0]), True),
+            RowSpec(1, [prompts[1][-1 - k]], len(heads[1]), True),
+            RowSpec(2, prompts[2][: 8 + k], 0, True),
+            RowSpec(3, prompts[3][16 : 24 + k], 16, True),
+        ]
+        with torch.inference_mode():
+            return m.forward(ForwardPlan.build(rows, cache=cache), cache)
+
+    try:
+        for k in range(6):
+            expected = step(reference, torch.float32, k).argmax(-1)
+            model.fused_decode = None
+            eager = step(model, BF16, k)
+            model.fused_decode = counting
+            before = counting.attention_calls
+            fused = step(model, BF16, k)
+            # the three prefills (short chunks too) and the step
+            assert counting.attention_calls == before + 4 * model.hparams.block_count
+            torch.testing.assert_close(fused.float(), eager.float(), rtol=0.05, atol=1.5)
+            agree["fused"] += int((fused.argmax(-1) == expected).sum())
+            agree["eager"] += int((eager.argmax(-1) == expected).sum())
+    finally:
+        model.fused_decode = kernels
+    assert agree["fused"] >= agree["eager"] - 1 and agree["fused"] >= 20, agree
+
+
+def test_seeded_rows_and_long_prompt_chunks_stay_eager(
+    kernels: FusedDecodeKernels, bf16_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeded rows (batch invariance needs the eager path's exact rounding) and steps whose
+    prompt chunks hold more than FUSED_PREFILL_MAX_TOKENS tokens or attend to more than
+    FUSED_PREFILL_KEY_BUDGET keys stay eager; decode rows and short chunks take the kernels."""
     model = bf16_runner.model
     cache = KVCache(model.hparams, max_num_seqs=3, max_model_len=128, dtype=BF16, device=CPU)
+    long_cache = KVCache(model.hparams, max_num_seqs=3, max_model_len=256, dtype=BF16, device=CPU)
     _prefill(model, cache, [[1, 2, 3, 4], [5, 6, 7, 8, 9]])
     counting = _CountingKernels(kernels)
     model.fused_decode = counting
 
-    def fused(rows: list[RowSpec]) -> bool:
+    def fused(rows: list[RowSpec], on: KVCache = cache) -> bool:
         before = counting.attention_calls
         with torch.inference_mode():
-            model.forward(ForwardPlan.build(rows, cache=cache), cache)
+            model.forward(ForwardPlan.build(rows, cache=on), on)
         return counting.attention_calls > before
 
     try:
+        # 8 tokens at positions 200-207 attend to 201 + ... + 208 = 1,636 keys
+        long_tail = [RowSpec(2, list(range(1, 9)), 200, True)]
+        _prefill(model, long_cache, [[5] * 200], slot=2)
+        monkeypatch.setattr(forward_plan, "FUSED_PREFILL_KEY_BUDGET", 1635)
+        assert not fused(long_tail, long_cache)
+        monkeypatch.setattr(forward_plan, "FUSED_PREFILL_KEY_BUDGET", 1636)
+        assert fused(long_tail, long_cache)
         assert fused([RowSpec(0, [10], 4, True), RowSpec(1, [11], 5, True)])
         assert not fused([RowSpec(0, [10], 4, True), RowSpec(1, [11], 5, True, True)])
-        assert not fused([RowSpec(0, [10], 4, True), RowSpec(2, [1, 2, 3], 0, True)])
+        assert fused([RowSpec(0, [10], 4, True), RowSpec(2, [1, 2, 3], 0, True)])
+        most = FUSED_PREFILL_MAX_TOKENS
+        assert fused([RowSpec(2, list(range(1, most + 1)), 0, True)])
+        assert not fused([RowSpec(2, list(range(1, most + 2)), 0, True)])
+        assert not fused([RowSpec(2, [1, 2, 3], 0, True, True)])
         assert fused([RowSpec(1, [11], 5, True)])
         with torch.inference_mode():  # a fused step whose rows want no logits
             plan = ForwardPlan.build([RowSpec(0, [12], 5, False)], cache=cache)
