@@ -18,6 +18,11 @@ Parts (``--parts``, comma-separated):
 * ``mixed``: 15 decode rows and one 100-token prompt chunk in one step ("mixed", what the
   scheduler builds when ``--max-num-batched-tokens`` >= 115) against a decode step followed by
   the chunk alone ("alternating").
+* ``chunks``: one short prompt chunk's step (``--chunk-sizes`` tokens) from position 0 and
+  after a ``--chunk-prefix``-token cached prefix, through the fused C kernels (one row per
+  token) against the eager path, interleaved, for the bfloat16 configurations: what
+  ``FUSED_PREFILL_MAX_TOKENS`` and ``FUSED_PREFILL_KEY_BUDGET`` (app/models/forward_plan.py)
+  were chosen from.
 * ``agreement``: teacher-forced greedy agreement of each configuration with float32 on a fixed
   prompt set (at every position both have seen the float32 tokens), and the largest logit
   difference.
@@ -38,6 +43,7 @@ from scenarios.model_step import (
     Config,
     measure_agreement,
     measure_bandwidth,
+    measure_chunks,
     measure_decode,
     measure_mixed,
     measure_rss,
@@ -51,13 +57,17 @@ from app.models.load_plan import load_checkpoint
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--parts", default="bandwidth,decode,threads,mixed,agreement,rss", help="what to measure"
+        "--parts",
+        default="bandwidth,decode,threads,mixed,chunks,agreement,rss",
+        help="what to measure",
     )
     parser.add_argument("--configs", default="float32:none,bfloat16:none,bfloat16:int8")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--chunk-sizes", default="2,4,8,16,24,32,48,64")
+    parser.add_argument("--chunk-prefix", type=int, default=320)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--agreement-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -70,6 +80,7 @@ def main() -> None:
         print(json.dumps(measure_rss_child(Config(*args.rss_child.split(":")))))
         return
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.chunk_sizes = [int(n) for n in args.chunk_sizes.split(",")]
     parts = set(args.parts.split(","))
     configs = [Config(*c.split(":")) for c in args.configs.split(",")]
     report: dict = {
@@ -81,7 +92,7 @@ def main() -> None:
         report["bandwidth"] = measure_bandwidth()
         print(json.dumps(report["bandwidth"]), flush=True)
     runners = {}
-    if parts & {"decode", "threads", "mixed", "agreement"}:
+    if parts & {"decode", "threads", "mixed", "chunks", "agreement"}:
         max_slots = max(max(args.batches), 16)
         runners = {
             c.name: load_checkpoint(
@@ -101,6 +112,12 @@ def main() -> None:
     if "mixed" in parts:
         report["mixed_vs_alternating"] = {
             name: measure_mixed(runner, args) for name, runner in runners.items()
+        }
+    if "chunks" in parts:
+        report["chunks_fused_vs_eager"] = {
+            name: measure_chunks(runner, args)
+            for name, runner in runners.items()
+            if runner.model.fused_decode is not None
         }
     if "agreement" in parts:
         reference = runners.get("float32") or load_checkpoint(

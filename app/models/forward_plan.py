@@ -34,8 +34,8 @@ from app.models.kv_cache import KV_BLOCK_SIZE, KVCache, align_keys, blocks_for
 # (ForwardPlan.token_rows) instead of the eager path's SDPA and glue ops: at most this many
 # prompt-chunk tokens in all, and at most FUSED_PREFILL_KEY_BUDGET keys attended by them (sum of
 # position + 1: the kernel reads a row's keys once per row, SDPA once per chunk). Measured,
-# SmolLM2 int4, 2 threads, one chunk's step fused / eager (scripts/bench_model_step.py
-# --fused-prefill): from position 0, 0.72-0.85 at 2-48 tokens and 0.98 at 64; after 320 cached
+# SmolLM2 int4, 2 threads, one chunk's step fused / eager (scripts/bench_model_step.py --parts
+# chunks): from position 0, 0.72-0.85 at 2-48 tokens and 0.98 at 64; after 320 cached
 # positions, 0.70-0.82 at 2-18 tokens, 0.80-0.94 at 24-48 (~8k-16k keys) and 1.01 at 64 (22k).
 FUSED_PREFILL_MAX_TOKENS = 48
 FUSED_PREFILL_KEY_BUDGET = 16384

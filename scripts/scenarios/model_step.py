@@ -1,5 +1,6 @@
 """The real model's ``step`` without HTTP: decode tok/s against the memory-bandwidth limit,
-mixed vs alternating prefill, threads, agreement with float32, and RSS. What each part measures
+mixed vs alternating prefill, short prompt chunks fused vs eager, threads, agreement with
+float32, and RSS. What each part measures
 and the command line: ``scripts/bench_model_step.py``."""
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import torch
 from harness.process_stats import MIB, ProcessStats
 from harness.server import SCRIPTS
 
-from app.models.base import SamplingParams, StepBatch, StepRow
+from app.models import forward_plan
+from app.models.base import KVBlocks, SamplingParams, StepBatch, StepRow
 from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.int4 import INT4_MAX_ROWS, Int4Linear
 from app.models.int8 import Int8Linear
+from app.models.kv_cache import blocks_for
 from app.models.load_plan import load_checkpoint
 from app.models.projections import DenseLinear, PackedLinear
 from app.models.runner import ModelRunner
@@ -247,6 +250,55 @@ def measure_mixed(runner: ModelRunner, args: argparse.Namespace) -> dict:
     result["alternating_over_mixed"] = round(result["alternating_ms"] / result["mixed_ms"], 2)
     print(json.dumps(result), flush=True)
     return result
+
+
+def measure_chunks(runner: ModelRunner, args: argparse.Namespace) -> list[dict]:
+    """One short prompt chunk's step, through the fused C kernels (one row per token) against
+    the eager path (SDPA), from position 0 and after a cached prefix, interleaved."""
+    prefix = prompt_ids(args.chunk_prefix, 7)
+    blocks = tuple(range(1, 1 + blocks_for(args.chunk_prefix + max(args.chunk_sizes))))
+    runner.step(
+        StepBatch((StepRow(0, prefix, 0, False, GREEDY, kv_blocks=KVBlocks(blocks, True)),))
+    )
+    runner.release(0)  # its blocks keep the prefix: chunks below start after it
+
+    def step(tokens: int, start: int) -> float:
+        ids = prompt_ids(start + tokens, 7)[start:]
+        kv = KVBlocks(blocks, starts_sequence=True, prefix_token_ids=prefix[:start])
+        started = time.perf_counter()
+        runner.step(StepBatch((StepRow(0, ids, start, True, GREEDY, kv_blocks=kv),)))
+        seconds = time.perf_counter() - started
+        runner.release(0)
+        return seconds
+
+    results = []
+    saved = (forward_plan.FUSED_PREFILL_MAX_TOKENS, forward_plan.FUSED_PREFILL_KEY_BUDGET)
+    try:
+        for start in (0, args.chunk_prefix):
+            for tokens in args.chunk_sizes:
+                times: dict[str, list[float]] = {"fused": [], "eager": []}
+                for trial in range(args.trials + 1):
+                    for kind in ("fused", "eager") if trial % 2 == 0 else ("eager", "fused"):
+                        # fused: every chunk here takes the kernels; eager: none does
+                        fused = kind == "fused"
+                        forward_plan.FUSED_PREFILL_MAX_TOKENS = 1 << 20 if fused else 0
+                        forward_plan.FUSED_PREFILL_KEY_BUDGET = 1 << 62 if fused else 0
+                        seconds = step(tokens, start)
+                        if trial:  # the first round warms both paths up
+                            times[kind].append(seconds)
+                fused_ms, eager_ms = (1000 * statistics.median(times[k]) for k in times)
+                row = {
+                    "start": start,
+                    "tokens": tokens,
+                    "fused_ms": round(fused_ms, 1),
+                    "eager_ms": round(eager_ms, 1),
+                    "fused_over_eager": round(fused_ms / eager_ms, 2),
+                }
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    finally:
+        forward_plan.FUSED_PREFILL_MAX_TOKENS, forward_plan.FUSED_PREFILL_KEY_BUDGET = saved
+    return results
 
 
 # --------------------------------------------------------------------------- agreement
