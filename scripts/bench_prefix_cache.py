@@ -7,8 +7,9 @@
 Workloads (each side a fresh server; the two sides of a comparison run interleaved, turn by
 turn or round by round, so a shared machine's load falls on both):
 
-* ``multi-turn``: a 5-turn chat, each turn resending the whole history; the server's TTFT of
-  turn 5 (``timings.ttft_ms``) with prefix caching over without (``--no-prefix-caching``).
+* ``multi-turn``: ``--rounds`` 5-turn chats, each turn resending the whole history; the
+  server's TTFT of turn 5 (``timings.ttft_ms``) with prefix caching over without
+  (``--no-prefix-caching``), the median over the chats.
 * ``shared-prompt``: 16 concurrent requests sharing a ~1,000-token system prompt; prompt tokens
   computed (queried minus hit, from /metrics) and the wave's wall time, on over off.
 * ``many-slots``: 64 slots of 2,048 positions under ``--kv-cache-memory 400MiB``; 64 concurrent

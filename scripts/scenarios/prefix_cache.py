@@ -51,23 +51,37 @@ async def _counter(http: httpx.AsyncClient, server: Server, name: str) -> float:
     return (await scrape(http, server.url)).value(name)
 
 
-async def multi_turn(model: tuple[str, ...], log_dir: Path, http: httpx.AsyncClient) -> dict:
+async def multi_turn(
+    model: tuple[str, ...], log_dir: Path, http: httpx.AsyncClient, rounds: int
+) -> dict:
+    """``rounds`` 5-turn conversations (each its own history after the shared system prompt),
+    on and off interleaved turn by turn; the ratio is the median over conversations of turn
+    5's TTFT on over off (one turn's TTFT is one step: a single sample swings with the
+    machine)."""
     specs = [_spec("on", model), _spec("off", (*model, "--no-prefix-caching"))]
-    ttft: dict[str, list[float]] = {"on": [], "off": []}
+    ttft: dict[str, list[list[float]]] = {"on": [], "off": []}
     async with launched(specs, log_dir) as servers:
-        histories = {"on": SYSTEM * 4, "off": SYSTEM * 4}
-        for turn in range(5):
-            # interleaved turn by turn, the order flipping every turn
-            for server in servers if turn % 2 == 0 else servers[::-1]:
-                side = server.spec.name
-                histories[side] += f"\nUser: tell me about {TOPICS[turn]}, turn {turn}.\nShop:"
-                answer = await _generate(http, server, histories[side], 32)
-                ttft[side].append(answer["timings"]["ttft_ms"])
-                histories[side] += answer["text"]
+        for conversation in range(rounds):
+            histories = {"on": SYSTEM * 4, "off": SYSTEM * 4}
+            for side in ttft:
+                ttft[side].append([])
+            for turn in range(5):
+                # interleaved turn by turn, the order flipping every turn
+                for server in servers if turn % 2 == 0 else servers[::-1]:
+                    side = server.spec.name
+                    topic = TOPICS[(turn + 3 * conversation) % len(TOPICS)]
+                    histories[side] += (
+                        f"\nUser ({conversation}): tell me about {topic}, turn {turn}.\nShop:"
+                    )
+                    answer = await _generate(http, server, histories[side], 32)
+                    ttft[side][-1].append(answer["timings"]["ttft_ms"])
+                    histories[side] += answer["text"]
+    ratios = [on[-1] / off[-1] for on, off in zip(ttft["on"], ttft["off"], strict=True)]
     return {
         "ttft_ms_on": ttft["on"],
         "ttft_ms_off": ttft["off"],
-        "turn5_ratio": ttft["on"][-1] / ttft["off"][-1],
+        "turn5_ratios": ratios,
+        "turn5_ratio": statistics.median(ratios),
     }
 
 
@@ -191,7 +205,7 @@ async def run(args: Namespace, console: Console) -> dict:
         log_dir = Path(workdir)
         async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
             if "multi-turn" in args.only:
-                results["multi_turn"] = await multi_turn(model, log_dir, http)
+                results["multi_turn"] = await multi_turn(model, log_dir, http, args.rounds)
                 console.print("multi-turn", results["multi_turn"])
             if "shared-prompt" in args.only:
                 results["shared_prompt"] = await shared_prompt(model, log_dir, http, args.rounds)

@@ -17,7 +17,10 @@ def test_mock_run_reports_the_ratios(tmp_path):
     assert bench_prefix_cache.main([*argv, "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     turns = figures["multi_turn"]
-    assert len(turns["ttft_ms_on"]) == len(turns["ttft_ms_off"]) == 5
+    # one conversation (--rounds 1) of five turns a side; its turn-5 ratio is the median
+    assert [len(c) for c in turns["ttft_ms_on"]] == [len(c) for c in turns["ttft_ms_off"]] == [5]
+    assert turns["turn5_ratios"] == [turns["ttft_ms_on"][0][-1] / turns["ttft_ms_off"][0][-1]]
+    assert turns["turn5_ratio"] == turns["turn5_ratios"][0]
     shared = figures["shared_prompt"]
     assert shared["on_computed"][0] < shared["off_computed"][0]
     assert 0 < shared["computed_ratio"] < 0.2
