@@ -1,4 +1,5 @@
-"""Shared fixtures for the real-model tests: one float32 runner loaded once per session."""
+"""Shared fixtures for the real-model tests: SmolLM2 loaded once per session as float32,
+bfloat16 and int8 runners (each load is seconds of GGUF parsing and dequantizing)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,24 @@ def runner() -> ModelRunner:
 @pytest.fixture(scope="session")
 def tokenizer(runner: ModelRunner):
     return runner.tokenizer
+
+
+@pytest.fixture(scope="session")
+def bf16_runner() -> ModelRunner:
+    """SmolLM2 in bfloat16 (fused decode kernels where they build). Tests share it: each
+    releases the slots it used and puts back any attribute of its model it swaps."""
+    return load_checkpoint(
+        "smollm2", max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN, dtype="bfloat16"
+    )
+
+
+@pytest.fixture(scope="session")
+def int8_runner() -> ModelRunner:
+    """SmolLM2 with int8 projections over bfloat16; shared as ``bf16_runner`` is."""
+    return load_checkpoint(
+        "smollm2",
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=MAX_MODEL_LEN,
+        dtype="bfloat16",
+        quantization="int8",
+    )

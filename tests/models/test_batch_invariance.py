@@ -45,8 +45,13 @@ def _model(dtype: torch.dtype, quantization: Quantization) -> DecoderModel:
 
 @pytest.fixture(scope="module", params=["bfloat16", "int8", "int4"])
 def model(request: pytest.FixtureRequest) -> DecoderModel:
-    if request.param == "bfloat16":
-        return _model(torch.bfloat16, Quantization.NONE)
+    """The model of the session's bfloat16 and int8 runners (tests/models/conftest.py: the
+    kernel ``select_linear_kernel`` picks, ``MAX_LEN`` positions); int4 built here."""
+    shared = {"bfloat16": "bf16_runner", "int8": "int8_runner"}.get(request.param)
+    if shared is not None:
+        runner = request.getfixturevalue(shared)
+        assert runner.max_model_len == MAX_LEN and runner.model.dtype == torch.bfloat16
+        return runner.model
     if request.param == "int4" and not int4_kernel_status()[0]:
         pytest.skip(int4_kernel_status()[1])
     return _model(torch.bfloat16, Quantization(request.param))

@@ -16,7 +16,6 @@ from app.models.gguf_file import GGUFFile
 from app.models.hparams import HParams
 from app.models.int8 import INT8_MAX_ROWS, Int8Embedding, Int8Linear
 from app.models.kv_cache import KEY_ALIGN, KV_BLOCK_SIZE, KVCache
-from app.models.load_plan import load_checkpoint
 from app.models.projections import DenseLinear, LinearKernel, PackedLinear, select_linear_kernel
 from app.models.runner import ModelRunner
 from app.models.sampler import ARGMAX_BLOCK, argmax_rows
@@ -30,18 +29,6 @@ BF16_LOGIT_ROUNDING = 0.25
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
 CPU = torch.device("cpu")
 ONEDNN = select_linear_kernel(CPU, torch.bfloat16)[0] is LinearKernel.ONEDNN
-
-
-@pytest.fixture(scope="module")
-def bf16_runner() -> ModelRunner:
-    return load_checkpoint("smollm2", max_num_seqs=8, max_model_len=256, dtype="bfloat16")
-
-
-@pytest.fixture(scope="module")
-def int8_runner() -> ModelRunner:
-    return load_checkpoint(
-        "smollm2", max_num_seqs=8, max_model_len=256, dtype="bfloat16", quantization="int8"
-    )
 
 
 def _smollm2_hparams() -> HParams:

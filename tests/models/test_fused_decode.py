@@ -266,11 +266,6 @@ def test_decode_attention_norms_query_and_key_heads_first(kernels: FusedDecodeKe
 # --------------------------------------------------------------------------- in the model
 
 
-@pytest.fixture(scope="module")
-def bf16_runner() -> ModelRunner:
-    return load_checkpoint("smollm2", max_num_seqs=4, max_model_len=256, dtype="bfloat16")
-
-
 class _CountingKernels:
     """Wraps the kernels and counts the fused steps (one ``decode_attention`` per layer)."""
 

@@ -8,7 +8,6 @@ import torch
 from app.models.base import StepBatch, StepRow
 from app.models.forward_plan import ForwardPlan, RowSpec
 from app.models.kv_cache import KVCache
-from app.models.load_plan import load_checkpoint
 from app.models.runner import ModelRunner
 from app.models.smollm2 import smollm2_gguf_path
 from tests.models.stepping import GREEDY, generate_alone
@@ -80,8 +79,8 @@ def _greedy_agreement(reference: ModelRunner, candidate: ModelRunner) -> float:
 
 
 @pytest.mark.slow
-def test_bfloat16_mostly_agrees_with_float32(runner: ModelRunner) -> None:
-    bf16 = load_checkpoint("smollm2", max_num_seqs=1, max_model_len=128, dtype="bfloat16")
+def test_bfloat16_mostly_agrees_with_float32(runner: ModelRunner, bf16_runner: ModelRunner) -> None:
+    bf16 = bf16_runner
     assert bf16.capabilities.backend == "torch-cpu-bfloat16"
     rate = _greedy_agreement(runner, bf16)
     print(f"bfloat16 vs float32 greedy agreement (teacher-forced): {rate:.1%}")
@@ -89,10 +88,8 @@ def test_bfloat16_mostly_agrees_with_float32(runner: ModelRunner) -> None:
 
 
 @pytest.mark.slow
-def test_int8_mostly_agrees_with_float32(runner: ModelRunner) -> None:
-    int8 = load_checkpoint(
-        "smollm2", max_num_seqs=1, max_model_len=128, dtype="bfloat16", quantization="int8"
-    )
+def test_int8_mostly_agrees_with_float32(runner: ModelRunner, int8_runner: ModelRunner) -> None:
+    int8 = int8_runner
     assert int8.capabilities.backend == "torch-cpu-bfloat16-int8"
     chunk = int8.step(StepBatch((StepRow(0, (5, 6), 0, False, GREEDY),)))  # no logits wanted
     assert chunk.next_token_ids == (None,)
