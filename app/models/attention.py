@@ -10,6 +10,17 @@ query-length axis when torch runs more than one thread or the step has a seeded 
 a key axis padded to ``KEY_ALIGN`` (never ``is_causal``, whose result depends on the chunk
 length: batch invariance, :mod:`app.models.kv_cache`).
 
+A prompt chunk of a seeded request (``PrefillGroup.batch_invariant``) is attended token by token
+in the decode rows' layout (each token a batch entry of one folded query row, its keys the
+chunk's, broadcast without a copy), so a token's attention is the same whether its prompt came
+in one chunk, in several, or one token at a time as decode rows: SDPA's CPU kernel does not
+promise one query row the same rounding for every query length. Measured on a 2-core AVX2 EPYC
+(torch 2.13, SmolLM2's own activations): a prompt row attended within a 150-row chunk and alone
+differed by up to 3e-5 in bfloat16 and 3e-8 in float32, which broke a seeded request's batch
+invariance at its first token; on the AVX-512/AMX CPU the two agreed. The cost, seeded chunks
+only: about twice SDPA's time for a chunk (bfloat16, 512 tokens: 33 against 19 ms a layer from
+position 0, 97 against 40 after 1,024 cached positions), no more memory.
+
 Decode rows are attended ``DECODE_KEY_BUDGET`` gathered positions at a time (``rows x
 key_length``), not all at once: the gathered copy is memory outside the KV pool, and gathering
 every row of a step at once made it grow with slots x context (SmolLM2 bfloat16, 63 decode rows
@@ -84,6 +95,26 @@ def _prefill(
 ) -> torch.Tensor:
     length = group.stop - group.start
     keys, values = cache.gather(layer, group.key_positions, 1)
+    if group.batch_invariant:
+        return _prefill_as_decode_rows(queries[group.start : group.stop], keys, values, group.mask)
     q = queries[group.start : group.stop].transpose(0, 1).unsqueeze(0)  # [1, n_heads, T, D]
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, enable_gqa=True)
     return out[0].transpose(0, 1).reshape(length, -1)  # [T, n_heads * D]
+
+
+def _prefill_as_decode_rows(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """A chunk's attention ``[T, n_heads * head_dim]``, each of its ``T`` tokens (``queries [T,
+    n_heads, D]``) a batch entry whose query rows are the query heads of one KV head, as
+    :func:`_decode_rows` folds them; ``keys``/``values`` ``[1, n_kv_heads, L, D]`` are expanded
+    over the batch (a view) and ``mask [1, 1, T, L]`` gives each token its causal row."""
+    length, kv_heads = queries.shape[0], keys.shape[1]
+    q = queries.reshape(length, kv_heads, -1, queries.shape[-1])
+    out = F.scaled_dot_product_attention(
+        q,
+        keys.expand(length, -1, -1, -1),
+        values.expand(length, -1, -1, -1),
+        attn_mask=mask[0, 0, :, None, None, :],
+    )
+    return out.reshape(length, -1)

@@ -66,6 +66,8 @@ class PrefillGroup:
     sees keys ``<= position + i``; ``key_length`` is ``position + T`` padded to ``KEY_ALIGN``
     (SDPA's own ``is_causal`` would tie the result to the chunk's length). ``key_positions``
     is ``[key_length]`` int64, the flat pool position of each key (its whole blocks).
+    ``batch_invariant``: the row's request chose its seed, so each token is attended as a decode
+    row is (:func:`app.models.attention.attend`), whatever the chunk's length.
     """
 
     slot: int
@@ -74,6 +76,7 @@ class PrefillGroup:
     key_length: int
     mask: torch.Tensor
     key_positions: torch.Tensor
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +305,7 @@ def _plan_prefill(
         key_length=key_length,
         mask=mask,
         key_positions=_key_positions(blocks[None]).to(device),
+        batch_invariant=row.batch_invariant,
     )
 
 

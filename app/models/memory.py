@@ -1,7 +1,8 @@
 """Will the model and its KV cache fit? An estimate from the hyper-parameters, before loading.
 
 The estimate counts what stays resident once every block of the KV pool is written: the
-weights in the format they are loaded in (the lookups that read the file's rows count nothing:
+weights in the format they are loaded in (with float32 copies of a bfloat16 model's dense
+weights on a CPU without bfloat16 matmuls) (the lookups that read the file's rows count nothing:
 those pages are file cache, reclaimable), the rope tables and the full KV pool (lazily zeroed,
 so a server that never fills it uses less; refusing on the full size is what keeps a busy one
 from being killed later). It is compared with the memory available now: psutil's
@@ -17,6 +18,7 @@ import torch
 
 from app.models.hparams import HParams
 from app.models.kv_cache import kv_block_bytes
+from app.models.projections import widens_to_float32
 from app.models.weights import Quantization
 
 MIB = 2**20
@@ -74,12 +76,15 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """The estimate for one load (see the module docstring)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
+    # the dense copy every projection computes wide steps with: float32 where this CPU has no
+    # bfloat16 matmul (app.models.projections.LinearKernel.ONEDNN_FLOAT32)
+    wide_itemsize = 4 if widens_to_float32(device, dtype) else itemsize
     hidden = hparams.embedding_length
     per_layer = hidden * (2 * hparams.q_width + 2 * hparams.kv_width)
     per_layer += 3 * hidden * hparams.feed_forward_length
-    per_weight = itemsize + _EXTRA_BYTES_PER_WEIGHT[quantization]
+    per_weight = wide_itemsize + _EXTRA_BYTES_PER_WEIGHT[quantization]
     projections = hparams.block_count * per_layer * per_weight
-    head = hparams.vocab_size * hidden * (itemsize + (quantization is not Quantization.NONE))
+    head = hparams.vocab_size * hidden * (wide_itemsize + (quantization is not Quantization.NONE))
     embedding = 0 if (hparams.tied_embeddings or device.type == "cpu") else head
     rope = 2 * max_model_len * hparams.head_dim * itemsize
     weights = int(projections + head + embedding + rope)

@@ -47,7 +47,7 @@ def load_weights(
 
     Raises:
         ValueError: int8/int4 without bfloat16, int4 off the CPU or without its kernel,
-            ``kernel`` ONEDNN off the CPU or without bfloat16.
+            ``kernel`` ONEDNN off the CPU or without bfloat16, ONEDNN_FLOAT32 off the CPU.
         UnsupportedModel: int4 asked for a file whose projections are not all Q4_0/Q4_1.
     """
     if quantization is not Quantization.NONE and dtype != torch.bfloat16:
@@ -59,7 +59,9 @@ def load_weights(
         if device.type != "cpu" or not available:
             raise ValueError(f"int4 needs torch's CPU int4 kernel: {reason} on {device}")
     if kernel is LinearKernel.ONEDNN and (device.type != "cpu" or dtype != torch.bfloat16):
-        raise ValueError("the oneDNN packed kernel needs bfloat16 on the CPU")
+        raise ValueError("the oneDNN packed bfloat16 kernel needs bfloat16 on the CPU")
+    if kernel is LinearKernel.ONEDNN_FLOAT32 and device.type != "cpu":
+        raise ValueError("the oneDNN packed float32 kernel runs on the CPU only")
     builder = _LayerBuilder(tensors, dtype, device, quantization, kernel)
     layers = tuple(builder.layer(i) for i in range(tensors.hparams.block_count))
     embedding, lm_head = builder.embedding_and_head()

@@ -16,7 +16,14 @@ from app.models.gguf_file import GGUFFile
 from app.models.hparams import HParams
 from app.models.int8 import INT8_MAX_ROWS, Int8Embedding, Int8Linear
 from app.models.kv_cache import KEY_ALIGN, KV_BLOCK_SIZE, KVCache
-from app.models.projections import DenseLinear, LinearKernel, PackedLinear, select_linear_kernel
+from app.models.projections import (
+    DenseLinear,
+    LinearKernel,
+    PackedLinear,
+    dense_projection,
+    onednn_float32_exact_rows,
+    select_linear_kernel,
+)
 from app.models.runner import ModelRunner
 from app.models.sampler import ARGMAX_BLOCK, argmax_rows
 from app.models.smollm2 import smollm2_gguf_path
@@ -29,6 +36,7 @@ BF16_LOGIT_ROUNDING = 0.25
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
 CPU = torch.device("cpu")
 ONEDNN = select_linear_kernel(CPU, torch.bfloat16)[0] is LinearKernel.ONEDNN
+ONEDNN_FLOAT32 = select_linear_kernel(CPU, torch.float32)[0] is LinearKernel.ONEDNN_FLOAT32
 
 
 def _smollm2_hparams() -> HParams:
@@ -54,6 +62,35 @@ def test_packed_linear_equals_the_dense_matmul() -> None:
     torch.testing.assert_close(packed.add_to(residual, x), dense.add_to(residual, x))
     rows = torch.cat([packed(x[i : i + 1]) for i in range(7)])
     assert torch.equal(rows, packed(x))  # a row does not depend on the other rows
+
+
+@pytest.mark.skipif(not ONEDNN_FLOAT32, reason="no oneDNN float32 packing in this torch build")
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no bias", "bias"])
+def test_float32_packed_weights_serve_a_bfloat16_model(with_bias: bool) -> None:
+    """ONEDNN_FLOAT32 for a bfloat16 model (a CPU without bfloat16 matmuls): the bfloat16
+    weights' float32 product, rounded to bfloat16 once, the residual added before rounding;
+    and each row the same in any call of up to the probed ``exact_rows`` rows."""
+    weight = _weights(96, 64).to(torch.bfloat16)
+    bias = _weights(1, 96, seed=1)[0].to(torch.bfloat16) if with_bias else None
+    linear = dense_projection(weight, LinearKernel.ONEDNN_FLOAT32, bias)
+    assert isinstance(linear, PackedLinear) and linear.compute_dtype == torch.float32
+    assert linear.exact_rows == onednn_float32_exact_rows() >= 1
+    rows = max(linear.exact_rows, 7)
+    x = torch.randn(rows, 64).to(torch.bfloat16)
+    residual = torch.randn(rows, 96).to(torch.bfloat16)
+    product = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    out, added = linear(x), linear.add_to(residual, x)
+    assert out.dtype == added.dtype == torch.bfloat16
+    # one rounding of a float32 sum: within half a bfloat16 ulp of the exact value, plus the
+    # float32 sum's own error
+    ulp = 2.0 ** (torch.floor(torch.log2(product.abs().clamp(min=1e-30))) - 7)
+    assert ((out.double() - product).abs() <= 0.5 * ulp + 1e-6).all()
+    with_residual = product + residual.double()
+    ulp = 2.0 ** (torch.floor(torch.log2(with_residual.abs().clamp(min=1e-30))) - 7)
+    assert ((added.double() - with_residual).abs() <= 0.5 * ulp + 1e-6).all()
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(rows)])
+    exact = linear.exact_rows
+    assert torch.equal(alone[:exact], linear(x[:exact]))
 
 
 def test_int8_kernels_agree_with_each_other_and_the_float_weight() -> None:

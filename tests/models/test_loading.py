@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.models import architectures
+from app.models import architectures, memory
 from app.models.architectures import HF_NAMES, Architecture, TensorNames
 from app.models.load_plan import LoadOptions, load_runner, plan_load
 from app.models.refusal import ModelRefused
@@ -73,14 +73,22 @@ def test_the_context_is_the_models_at_most(tiny_checkpoints) -> None:
     assert runner.capabilities.context_length == 2048
 
 
-def test_the_memory_estimate_counts_weights_and_a_full_kv_cache() -> None:
+@pytest.mark.parametrize("widened", [False, True], ids=["bfloat16 matmuls", "float32 copies"])
+def test_the_memory_estimate_counts_weights_and_a_full_kv_cache(
+    widened: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either CPU kind, whichever this one is: with oneDNN bfloat16, or without (AVX2), where
+    the dense projections hold float32 copies of the bfloat16 weights."""
+    monkeypatch.setattr(memory, "widens_to_float32", lambda device, dtype: widened)
     plan = plan_load("smollm2", LoadOptions(max_num_seqs=16, dtype="bfloat16"))
     # 2 x 30 layers x 3 KV heads x 64 x 2 bytes per position: 45 MiB per sequence of 2048;
     # the default pool holds 16 of them, and the null block (16 positions)
     assert plan.num_kv_blocks == 16 * 2048 // 16 + 1
     assert plan.memory.kv_cache == 16 * 45 * 2**20 + 45 * 2**20 // 128
-    # bfloat16 projections of 135M parameters (the tied head counted once): ~260 MiB
-    assert 200 * 2**20 < plan.memory.weights < 320 * 2**20
+    # bfloat16 projections of 135M parameters (the tied head counted once): ~260 MiB; as
+    # float32 copies, twice that
+    low, high = (400, 600) if widened else (200, 320)
+    assert low * 2**20 < plan.memory.weights < high * 2**20
     assert plan.memory.fits and plan.memory.where == "RAM"
 
 
