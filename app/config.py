@@ -101,6 +101,13 @@ class ServerConfig(BaseSettings):
         "through fused C kernels built with the machine's C compiler at start-up "
         "(1.2-1.5x eager torch's tok/s; eager when there is no compiler)",
     )
+    warmup: CliImplicitFlag[bool] = Field(
+        True,
+        description="real model: run the largest step once before serving (every slot but one "
+        "decoding beside a prompt chunk of the step budget), so its buffers and kernels are "
+        "ready and an idle server's memory already holds them (llama.cpp's --warmup); "
+        "--no-warmup: start seconds sooner",
+    )
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads for the real model; unset: torch's choice"
     )

@@ -87,7 +87,7 @@ class AsyncEngine(PromptOperations):
         model: anything implementing ``app.models.base.Model``.
         policy: admission policy (continuous by default).
         max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
-            ``max(model slots, model.capabilities.max_tokens_per_row)``.
+            ``model.capabilities.default_max_num_batched_tokens``.
         metrics: where to count; a fresh registry by default.
         prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
             (``--no-prefix-caching``: False).
@@ -118,8 +118,7 @@ class AsyncEngine(PromptOperations):
             policy=policy or ContinuousBatching(),
             metrics=self.metrics,
             release_slot=model.release,
-            max_num_batched_tokens=max_num_batched_tokens
-            or max(caps.max_num_seqs, caps.max_tokens_per_row),
+            max_num_batched_tokens=max_num_batched_tokens or caps.default_max_num_batched_tokens,
             prefix_caching=prefix_caching,
         )
         self.metrics.track_queue(

@@ -81,7 +81,7 @@ class SyncEngine(PromptOperations):
         model: anything implementing ``app.models.base.Model``.
         policy: admission policy (continuous by default).
         max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
-            ``max(model slots, model.capabilities.max_tokens_per_row)``, as ``AsyncEngine``.
+            ``model.capabilities.default_max_num_batched_tokens``, as ``AsyncEngine``.
         metrics: where to count; a fresh registry by default.
         prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
             (``--no-prefix-caching``: False).
@@ -108,8 +108,7 @@ class SyncEngine(PromptOperations):
             policy=policy or ContinuousBatching(),
             metrics=self.metrics,
             release_slot=model.release,
-            max_num_batched_tokens=max_num_batched_tokens
-            or max(caps.max_num_seqs, caps.max_tokens_per_row),
+            max_num_batched_tokens=max_num_batched_tokens or caps.default_max_num_batched_tokens,
             prefix_caching=prefix_caching,
         )
         self.num_model_steps = 0

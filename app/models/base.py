@@ -133,6 +133,12 @@ class ModelCapabilities:
         """True when the model keeps its KV in blocks the scheduler assigns (``KVBlocks``)."""
         return self.kv_block_size > 0
 
+    @property
+    def default_max_num_batched_tokens(self) -> int:
+        """The step's token budget when ``--max-num-batched-tokens`` is unset: one prompt
+        chunk, or one token a slot if there are more slots."""
+        return max(self.max_num_seqs, self.max_tokens_per_row)
+
 
 # Block 0 of a paged pool is never allocated: block tables are padded with it, so a padded entry
 # always names memory that holds finite values (zeros or keys written by no-one) and is masked.

@@ -68,7 +68,20 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
         if plan is None:
             plan = inspect_model(config)
             assert plan is not None  # not the mock
-        model = load_runner(plan)
+        runner = load_runner(plan)
+        if config.warmup:
+            budget = (
+                config.max_num_batched_tokens or runner.capabilities.default_max_num_batched_tokens
+            )
+            warm = runner.warm_up(budget)
+            logger.info(
+                "warm-up: %d decode rows of %d positions beside a %d-token chunk in %.1f s",
+                warm.decode_rows,
+                warm.context,
+                warm.chunk_tokens,
+                warm.seconds,
+            )
+        model = runner
     logger.info(
         "loaded %s (%s) in %.2f s",
         model.capabilities.name,

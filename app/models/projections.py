@@ -109,7 +109,10 @@ def select_linear_kernel(device: torch.device, dtype: torch.dtype) -> tuple[Line
     if device.type != "cpu":
         return LinearKernel.DENSE, f"F.linear on {device.type}"
     if dtype not in (torch.bfloat16, torch.float32):
-        return LinearKernel.DENSE, f"F.linear: oneDNN packing is used for bfloat16 and float32 only ({dtype})"
+        return (
+            LinearKernel.DENSE,
+            f"F.linear: oneDNN packing is used for bfloat16 and float32 only ({dtype})",
+        )
     if not torch.backends.mkldnn.is_available():
         return LinearKernel.DENSE, "F.linear: this torch build has no oneDNN"
     if dtype == torch.bfloat16 and _onednn_bfloat16_supported():

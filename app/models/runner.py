@@ -12,7 +12,9 @@ scheduler only sends frozen :class:`StepBatch` messages and ``release`` calls.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -44,6 +46,35 @@ DEFAULT_PREFILL_CHUNK = 512
 # Prompt positions per LM-head call when scoring a prompt (prompt logprobs): 64 x a 49k
 # vocabulary is 12.6 MB of float32 logits at a time, whatever the chunk's length.
 PROMPT_LOGPROBS_BLOCK = 64
+
+
+# The block the warm-up step writes its keys and values into (every position of every row maps
+# to it): one block of the pool, touched before serving; its content is never read again before
+# a sequence the block manager gives it to has written it.
+WARM_UP_BLOCK = NULL_BLOCK + 1
+# Positions the warm-up's rows attend to (or max_model_len if shorter). The attention's buffers
+# stop growing well before: decode rows are gathered DECODE_KEY_BUDGET positions at a time
+# (full from 261 positions with 63 rows) and a chunk's keys are 0.4 MiB a layer at 1,024;
+# only its time grows (SmolLM2, 64 slots, 512 tokens, 2-core AVX2: 2.9 s at 512 positions,
+# 3.7 s at 1,024, 5.2 s at 2,048).
+WARM_UP_CONTEXT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WarmUp:
+    """What :meth:`ModelRunner.warm_up` ran.
+
+    Attributes:
+        decode_rows: one-token rows at the end of the context.
+        chunk_tokens: tokens of the prompt chunk beside them (0: none).
+        context: positions each row attends to (the longest a sequence holds).
+        seconds: wall time of the two steps.
+    """
+
+    decode_rows: int
+    chunk_tokens: int
+    context: int
+    seconds: float
 
 
 class Tokenizer(BaseTokenizer, Protocol):
@@ -183,6 +214,51 @@ class ModelRunner:
                 tuple(prompt_logprobs.get(row.slot) for row in rows) if prompt_logprobs else None
             ),
         )
+
+    def warm_up(self, max_num_batched_tokens: int) -> WarmUp:
+        """Run the largest step the scheduler can send once, before serving: every slot but
+        one decoding at the end of the context beside one prompt chunk filling the rest of
+        ``max_num_batched_tokens`` (the chunk's eager path), then the decode rows alone (the
+        fused kernels' path where they apply). The steps' buffers, the heap they come from,
+        and oneDNN's primitives for their shapes are paid for here, not by the first requests,
+        and the resident memory of an idle server then holds the working set of its largest
+        step: what serving adds to it is the KV cache's blocks. llama.cpp's server warms up
+        with an empty run and vLLM profiles a step of ``max_num_batched_tokens`` before it
+        sizes its cache; this one is the shape itself.
+
+        Every position of every row is written to and read from ``WARM_UP_BLOCK`` (no other
+        block of the pool is touched) and no slot's state changes: nothing of it is visible
+        to the requests that follow (tested). Call it before the first :meth:`step`.
+
+        Raises:
+            ValueError: ``max_num_batched_tokens`` below one.
+        """
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        started = time.perf_counter()
+        slots = self.capabilities.max_num_seqs
+        decode_rows = min(slots - 1, max_num_batched_tokens - 1)
+        chunk = min(max_num_batched_tokens - decode_rows, self.capabilities.max_tokens_per_row)
+        if decode_rows == 0 and chunk < 2:
+            decode_rows, chunk = 1, 0  # one slot and a budget of one token: a decode step
+        context = min(self.max_model_len, WARM_UP_CONTEXT)
+        table = [WARM_UP_BLOCK] * blocks_for(context)
+        token = min(self.tokenizer.eos_token_ids, default=0)
+        decode = [
+            RowSpec(slot, [token], context - 1, True, False, table) for slot in range(decode_rows)
+        ]
+        chunk_rows = []
+        if chunk:
+            start = (context - chunk) // KV_BLOCK_SIZE * KV_BLOCK_SIZE
+            chunk_rows = [RowSpec(decode_rows, [token] * chunk, start, True, False, table)]
+        with torch.inference_mode():
+            for rows in (decode + chunk_rows, decode):
+                if rows:
+                    logits = self.model.forward(
+                        ForwardPlan.build(rows, cache=self.cache), self.cache
+                    )
+                    logits.float().argmax(dim=-1)  # the greedy sampler's conversion
+        return WarmUp(decode_rows, chunk, context, time.perf_counter() - started)
 
     def _wants_prompt_logprobs(self, row: StepRow) -> bool:
         """A prompt chunk (nothing generated yet in its slot) of a request that asked."""

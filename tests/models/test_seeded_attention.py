@@ -23,14 +23,20 @@ PROMPT_LENGTH = 48
 
 def _prompt(model: DecoderModel) -> list[int]:
     generator = torch.Generator().manual_seed(3)
-    return torch.randint(0, model.hparams.vocab_size, (PROMPT_LENGTH,), generator=generator).tolist()
+    return torch.randint(
+        0, model.hparams.vocab_size, (PROMPT_LENGTH,), generator=generator
+    ).tolist()
 
 
-def _run(model: DecoderModel, cuts: list[int], *, seeded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(
+    model: DecoderModel, cuts: list[int], *, seeded: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompt through a fresh cache in chunks ending at ``cuts``: the last logits and the
     keys the layers cached for the prompt (``[layers, kv_heads, PROMPT_LENGTH, head_dim]``)."""
     prompt = _prompt(model)
-    cache = KVCache(model.hparams, max_num_seqs=1, max_model_len=64, dtype=model.dtype, device=model.device)
+    cache = KVCache(
+        model.hparams, max_num_seqs=1, max_model_len=64, dtype=model.dtype, device=model.device
+    )
     start = 0
     with torch.inference_mode():
         for stop in cuts:
@@ -38,7 +44,9 @@ def _run(model: DecoderModel, cuts: list[int], *, seeded: bool) -> tuple[torch.T
             logits = model.forward(ForwardPlan.build([row], cache=cache), cache)
             start = stop
     blocks = list(cache.slot_blocks(0))
-    positions = torch.cat([torch.arange(b * KV_BLOCK_SIZE, (b + 1) * KV_BLOCK_SIZE) for b in blocks])
+    positions = torch.cat(
+        [torch.arange(b * KV_BLOCK_SIZE, (b + 1) * KV_BLOCK_SIZE) for b in blocks]
+    )
     return logits[0].clone(), cache.keys[:, :, positions[:PROMPT_LENGTH]].clone()
 
 
