@@ -17,6 +17,7 @@ maps any matrix's rows for token lookups without a copy in memory.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +68,21 @@ class _PlainViewReader(gguf.GGUFReader):
         self._plain_data = mapping.view(np.ndarray)
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed_reader(path: Path, size: int, mtime_ns: int) -> _PlainViewReader:
+    """The parsed reader of the file at ``path`` as it is now (its size and modification time
+    are part of the key, so a rewritten file is parsed again). Parsing SmolLM2's metadata, a
+    49k-token vocabulary and its merges, takes seconds (~5 s of a 2-core CPU) and the parse
+    is read-only afterwards: a process that opens the same file again (a server checks the
+    model on the command line and loads it in its lifespan; a test session opens the bundled
+    file for each runner, tokenizer and server it builds) shares it. Four files at most."""
+    return _PlainViewReader(path)
+
+
 class GGUFFile:
-    """A GGUF file opened read-only (memory-mapped by ``gguf.GGUFReader``).
+    """A GGUF file opened read-only (memory-mapped by ``gguf.GGUFReader``; the parse is shared
+    by every ``GGUFFile`` of the same unchanged file in this process, see
+    :func:`_parsed_reader`).
 
     Raises (constructor): UnsupportedModel when the file is not a GGUF (bad magic, truncated).
     """
@@ -78,7 +92,8 @@ class GGUFFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._reader = _PlainViewReader(path)
+            stat = path.stat()
+            self._reader = _parsed_reader(path.resolve(), stat.st_size, stat.st_mtime_ns)
         except (ValueError, OSError, IndexError) as error:  # bad magic, truncated file
             with path.open("rb") as stream:
                 magic = stream.read(4)

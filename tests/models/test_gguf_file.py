@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 
 from app.models.gguf_file import GGUFFile
@@ -38,3 +40,15 @@ def test_smollm2_hyper_parameters() -> None:
     assert hparams.vocab_size == 49152
     assert hparams.tied_embeddings  # no output.weight: logits use token_embd.weight
     assert file.tensor("blk.0.attn_k.weight").shape == (192, 576)
+
+
+def test_a_file_rewritten_in_place_is_parsed_again(tiny_checkpoints, tmp_path) -> None:
+    """Opening the same unchanged file twice shares one parse; replacing the file (another
+    size or modification time) is read anew, not served from that parse."""
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(tiny_checkpoints.gguf("llama"), path)
+    first, again = GGUFFile(path), GGUFFile(path)
+    assert first._reader is again._reader
+    assert first.architecture_name == "llama"
+    shutil.copyfile(tiny_checkpoints.gguf("qwen2"), path)
+    assert GGUFFile(path).architecture_name == "qwen2"
