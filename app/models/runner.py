@@ -220,7 +220,8 @@ class ModelRunner:
         one decoding at the end of the context beside one prompt chunk filling the rest of
         ``max_num_batched_tokens`` (the chunk's eager path), then the decode rows alone (the
         fused kernels' path where they apply). The steps' buffers, the heap they come from,
-        and oneDNN's primitives for their shapes are paid for here, not by the first requests,
+        and oneDNN's primitives for their shapes (until its bounded caches, see
+        ``app/__init__.py``, evict them) are paid for here, not by the first requests,
         and the resident memory of an idle server then holds the working set of its largest
         step: what serving adds to it is the KV cache's blocks. llama.cpp's server warms up
         with an empty run and vLLM profiles a step of ``max_num_batched_tokens`` before it
