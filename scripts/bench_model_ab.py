@@ -48,9 +48,9 @@ def _rss_mib() -> float:
 def _load(dtype: str, quantization: str, max_num_seqs: int, max_model_len: int):
     """SmolLM2 through whichever loader this checkout has."""
     try:
-        from app.models.load_plan import load_checkpoint
+        from app.models.load.plan import load_checkpoint
     except ImportError:  # the code before the model layer's rebuild
-        from app.models.smollm2 import load_smollm2
+        from app.models.load.smollm2 import load_smollm2
 
         return load_smollm2(
             max_num_seqs=max_num_seqs,

@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.models.forward_plan import ForwardPlan, RowSpec  # noqa: E402
-from app.models.load_plan import load_checkpoint  # noqa: E402
+from app.models.forward.forward_plan import ForwardPlan, RowSpec  # noqa: E402
+from app.models.load.plan import load_checkpoint  # noqa: E402
 from app.models.runner import ModelRunner  # noqa: E402
 
 PROMPTS = (

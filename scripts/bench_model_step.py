@@ -21,7 +21,7 @@ Parts (``--parts``, comma-separated):
 * ``chunks``: one short prompt chunk's step (``--chunk-sizes`` tokens) from position 0 and
   after a ``--chunk-prefix``-token cached prefix, through the fused C kernels (one row per
   token) against the eager path, interleaved, for the bfloat16 configurations: what
-  ``FUSED_PREFILL_MAX_TOKENS`` and ``FUSED_PREFILL_KEY_BUDGET`` (app/models/forward_plan.py)
+  ``FUSED_PREFILL_MAX_TOKENS`` and ``FUSED_PREFILL_KEY_BUDGET`` (app/models/forward/forward_plan.py)
   were chosen from.
 * ``agreement``: teacher-forced greedy agreement of each configuration with float32 on a fixed
   prompt set (at every position both have seen the float32 tokens), and the largest logit
@@ -51,7 +51,7 @@ from scenarios.model_step import (
     measure_threads,
 )
 
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ def smollm2_transformers_tokenizer() -> Any:
     ``gguf_file``), once per process (it takes ~8 s)."""
     from transformers import AutoTokenizer
 
-    from app.models.smollm2 import smollm2_gguf_path
+    from app.models.load.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -29,7 +29,7 @@ from app.models.base import Model
 from app.models.loading import load_model
 
 if TYPE_CHECKING:  # the real model's modules load only for a real model
-    from app.models.load_plan import LoadPlan
+    from app.models.load.plan import LoadPlan
 
 logger = logging.getLogger(__name__)
 

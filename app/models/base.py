@@ -194,7 +194,7 @@ class StepRow:
         token_mask: the constraint's allowed tokens for this row's next token (structured
             output), or None for an unconstrained row: an int32 tensor of
             ``ceil(vocab / 32)`` words in llguidance's bitmask layout (see
-            :mod:`app.models.token_mask`). Only read when ``sample`` is True.
+            :mod:`app.models.sampling.token_mask`). Only read when ``sample`` is True.
         kv_blocks: the row's block table, for a paged model (``ModelCapabilities.paged``);
             None otherwise and in inert rows.
     """

@@ -1,9 +1,11 @@
 """The hyper-parameters of a decoder-only transformer, whatever file they were read from.
 
-:class:`HParams` is what the shared forward (:mod:`app.models.decoder`), the KV cache and the
+:class:`HParams` is what the shared forward (:mod:`app.models.forward.decoder`), the KV cache and
+the
 weight loader need to know about a model. The file readers fill it: a GGUF file from its
-``{arch}.*`` metadata (:meth:`app.models.gguf_file.GGUFFile.hparams`), a Hugging Face directory
-from ``config.json`` (:func:`app.models.hf_config.hparams_from_config`).
+``{arch}.*`` metadata (:meth:`app.models.checkpoints.gguf_file.GGUFFile.hparams`), a Hugging Face
+directory
+from ``config.json`` (:func:`app.models.checkpoints.hf_config.hparams_from_config`).
 """
 
 from __future__ import annotations

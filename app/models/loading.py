@@ -2,7 +2,7 @@
 
 The real model is planned and checked first (:func:`inspect_model`, on the command line before
 the port opens: every refusal is one line there) and loaded later on the model thread
-(:func:`load_model`); :mod:`app.models.load_plan` does both. The mock needs neither torch nor
+(:func:`load_model`); :mod:`app.models.load.plan` does both. The mock needs neither torch nor
 a plan, so the real model's modules are imported only for a real model.
 """
 
@@ -18,7 +18,7 @@ from app.models.mock import MOCK_BYTES_PER_POSITION, MOCK_KV_BLOCK_SIZE, MockMod
 from app.models.refusal import ModelRefused
 
 if TYPE_CHECKING:
-    from app.models.load_plan import LoadPlan
+    from app.models.load.plan import LoadPlan
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def inspect_model(config: ServerConfig) -> LoadPlan | None:
     """Open and check the configured model and decide how to load it; None for the mock.
 
     Raises:
-        ModelRefused: the model cannot be served (:func:`app.models.load_plan.plan_load`), or
+        ModelRefused: the model cannot be served (:func:`app.models.load.plan.plan_load`), or
             the mock's KV pool would not hold one sequence.
     """
     if config.model == "mock":
@@ -36,7 +36,7 @@ def inspect_model(config: ServerConfig) -> LoadPlan | None:
         except ValueError as error:
             raise ModelRefused("mock", str(error)) from None
         return None
-    from app.models.load_plan import LoadOptions, plan_load  # the real model's modules
+    from app.models.load.plan import LoadOptions, plan_load  # the real model's modules
 
     return plan_load(config.model, LoadOptions.from_config(config))
 
@@ -61,7 +61,7 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
     else:
         import torch  # the real model's modules
 
-        from app.models.load_plan import load_runner
+        from app.models.load.plan import load_runner
 
         if config.torch_threads is not None:
             torch.set_num_threads(config.torch_threads)
@@ -92,7 +92,8 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
 
 
 def _mock_kv_blocks(config: ServerConfig) -> int:
-    """The mock's pool, sized as the real model's is (``app.models.kv_cache.pool_blocks``), at
+    """The mock's pool, sized as the real model's is (``app.models.forward.kv_cache.pool_blocks``),
+    at
     ``MOCK_BYTES_PER_POSITION`` bytes a position.
 
     Raises:

@@ -39,7 +39,7 @@ from app.models.base import (
     StepRow,
     TokenLogprobs,
 )
-from app.models.token_mask import unpack_token_masks
+from app.models.sampling.token_mask import unpack_token_masks
 
 MOCK_EOS_TOKEN_ID = 256
 MOCK_FAIL_MARKER = b"<<fail>>"
@@ -109,7 +109,8 @@ class MockModel:
 
 
 def _within(mask: torch.Tensor, token: int, prefix: Sequence[int]) -> int:
-    """The mock's token under a constraint's mask (``app.models.token_mask``'s layout): its own
+    """The mock's token under a constraint's mask (``app.models.sampling.token_mask``'s layout):
+    its own
     when allowed, else EOS when the language may end, else an allowed token picked by a hash
     of the prefix (deterministic, like the rest of the mock)."""
     allowed = unpack_token_masks(mask[None, :], MOCK_VOCAB_SIZE)[0]

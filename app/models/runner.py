@@ -1,5 +1,5 @@
 """The model-agnostic runner: batch slots, the KV cache, step planning and the sampling
-hand-off, over the one shared forward (:class:`app.models.decoder.DecoderModel`).
+hand-off, over the one shared forward (:class:`app.models.forward.decoder.DecoderModel`).
 
 Ownership (rule R02): the runner owns the per-slot bookkeeping (``_slot_lengths``: how many
 positions each slot's sequence holds, to check rows against), the paged :class:`KVCache`
@@ -28,17 +28,17 @@ from app.models.base import (
     TokenLogprobs,
 )
 from app.models.base import Tokenizer as BaseTokenizer
-from app.models.decoder import DecoderModel
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.kv_cache import (
+from app.models.forward.decoder import DecoderModel
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import (
     DEFAULT_POOL_SEQUENCES,
     KV_BLOCK_SIZE,
     KVCache,
     blocks_for,
 )
-from app.models.logprobs import token_logprobs
-from app.models.sampler import Sampler, SampleRequest
-from app.models.weights import Quantization
+from app.models.sampling.logprobs import token_logprobs
+from app.models.sampling.sampler import Sampler, SampleRequest
+from app.models.weights.record import Quantization
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ModelRunner:
             block included; None: ``max(max_num_seqs, DEFAULT_POOL_SEQUENCES)`` sequences of
             ``max_model_len``. A row without a block table (a caller stepping the runner
             without a block manager) uses its slot's fixed blocks
-            (:meth:`app.models.kv_cache.KVCache.slot_blocks`).
+            (:meth:`app.models.forward.kv_cache.KVCache.slot_blocks`).
 
     Attributes:
         capabilities: what the scheduler may rely on (read once at start-up).

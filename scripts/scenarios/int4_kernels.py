@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import torch
 
-from app.models.gguf_file import GGUFFile
-from app.models.int4 import Int4Linear
-from app.models.int8 import Int8Linear
-from app.models.model_tensors import ModelTensors
-from app.models.projections import LinearKernel, PackedLinear
-from app.models.smollm2 import smollm2_gguf_path
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.checkpoints.model_tensors import ModelTensors
+from app.models.load.smollm2 import smollm2_gguf_path
+from app.models.weights.int4 import Int4Linear
+from app.models.weights.int8 import Int8Linear
+from app.models.weights.projections import LinearKernel, PackedLinear
 
 PROJECTIONS = (
     ("attn_q", "attn_k", "attn_v"),

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from harness.server import running
 
-from app.models.gguf_file import GGUFFile
-from app.models.gguf_tokenizer import GGUFTokenizer
-from app.models.smollm2 import smollm2_gguf_path
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.load.smollm2 import smollm2_gguf_path
+from app.models.tokenizers import load_gguf_tokenizer
 from scenarios.model_serving import (
     LLAMA_CPP_ISSUE,
     HttpSystem,
@@ -92,7 +92,7 @@ def run_comparison(comparison: Comparison) -> dict:
     }
 
     default = configs[0]
-    tokenizer = GGUFTokenizer(GGUFFile(smollm2_gguf_path()))
+    tokenizer = load_gguf_tokenizer(GGUFFile(smollm2_gguf_path()))
     words = " ".join(f"item{i}" for i in range(200))
     prompt = tokenizer.decode_bytes(tokenizer.encode(words)[:100]).decode()
     print(f"== TTFT under load and memory ({default.name}, 16 slots x 2048)", flush=True)

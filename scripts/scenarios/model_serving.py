@@ -25,8 +25,8 @@ from harness.server import ServerSpec
 from harness.sse import parse_events
 from harness.wait import wait_for
 
-from app.models.gguf_tokenizer import GGUFTokenizer
-from app.models.smollm2 import smollm2_gguf_path
+from app.models.load.smollm2 import smollm2_gguf_path
+from app.models.tokenizers import TextTokenizer
 
 READY_TIMEOUT_S = 300.0  # loading SmolLM2 (and building the fused kernels) on a busy machine
 
@@ -387,7 +387,7 @@ async def _record_token_times(
 # --------------------------------------------------------------------------- memory
 
 
-async def fill_every_slot(url: str, tokenizer: GGUFTokenizer, *, slots: int, context: int) -> None:
+async def fill_every_slot(url: str, tokenizer: TextTokenizer, *, slots: int, context: int) -> None:
     """One request per slot whose prompt + output reach the last position of the context."""
     words = " ".join(f"word{i % 97}" for i in range(context * 2))
     ids = tokenizer.encode(words)[: context - 9]

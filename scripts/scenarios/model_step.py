@@ -18,15 +18,15 @@ import torch
 from harness.process_stats import MIB, ProcessStats
 from harness.server import SCRIPTS
 
-from app.models import forward_plan
 from app.models.base import KVBlocks, SamplingParams, StepBatch, StepRow
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.int4 import INT4_MAX_ROWS, Int4Linear
-from app.models.int8 import Int8Linear
-from app.models.kv_cache import blocks_for
-from app.models.load_plan import load_checkpoint
-from app.models.projections import DenseLinear, PackedLinear
+from app.models.forward import forward_plan
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import blocks_for
+from app.models.load.plan import load_checkpoint
 from app.models.runner import ModelRunner
+from app.models.weights.int4 import INT4_MAX_ROWS, Int4Linear
+from app.models.weights.int8 import Int8Linear
+from app.models.weights.projections import DenseLinear, PackedLinear
 
 ENTRY_POINT = SCRIPTS / "bench_model_step.py"  # runs ``measure_rss_child`` in a fresh process
 

@@ -1,4 +1,5 @@
-"""The sampler's cost per step (``app.models.sampler.Sampler.sample``) with and without logits
+"""The sampler's cost per step (``app.models.sampling.sampler.Sampler.sample``) with and without
+logits
 processors, at several batch sizes, on bfloat16 logits of SmolLM2's vocabulary shaped like a
 language model's (``_logits``): what a step of the real model hands the sampler.
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from app.models.base import SamplingParams
-from app.models.sampler import Sampler, SampleRequest, argmax_rows
+from app.models.sampling.sampler import Sampler, SampleRequest, argmax_rows
 
 VOCAB = 49152
 GENERATED = 64

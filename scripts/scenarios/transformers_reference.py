@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.models.smollm2 import smollm2_gguf_path
+from app.models.load.smollm2 import smollm2_gguf_path
 from scenarios.model_serving import StreamRecord, Wave, make_prompt
 
 

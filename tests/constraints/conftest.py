@@ -10,7 +10,7 @@ import pytest
 from harness.threaded_server import serve_in_thread
 
 from app.api.server import create_app
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 from tests.http.conftest import mock_config
 
 SMOLLM2_SLOTS = 16

@@ -13,7 +13,7 @@ import pytest
 from app.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec
 from app.engine.request import SequenceStatus
 from app.models.mock import MockModelRunner
-from app.models.token_mask import unpack_token_masks
+from app.models.sampling.token_mask import unpack_token_masks
 from tests.http.conftest import app_client, mock_config, wait_for_queue
 
 SCHEMA = {

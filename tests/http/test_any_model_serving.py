@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 from app.models.tokenizers import load_hf_tokenizer
 from tests.checkpoints import ARCHITECTURES
 from tests.http.any_model import serve_cli, transformers_greedy

@@ -16,7 +16,7 @@ from harness.threaded_server import serve_in_thread
 
 from app.api.server import create_app
 from app.config import ServerConfig
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 from tests.http.conftest import app_client, metric_value, mock_config
 
 PREFIX = "You are a terse assistant. Reply with one word, never more, whatever is asked. " * 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 from tests.checkpoints import load_transformers_model, transformers_logits
 from tests.http.conftest import app_client, mock_config
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 from tests.checkpoints import load_transformers_model, transformers_logits
 from tests.http.any_model import transformers_greedy
 from tests.http.conftest import app_client, mock_config, parse_sse

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from app.config import ServerConfig
-from app.models.load_plan import LoadOptions, load_runner, plan_load
+from app.models.load.plan import LoadOptions, load_runner, plan_load
 from tests.http.conftest import app_client, wait_for_queue
 
 pytestmark = pytest.mark.slow

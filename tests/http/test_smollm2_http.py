@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 from tests.http.conftest import app_client, mock_config, wait_for_queue
 
 pytestmark = pytest.mark.slow

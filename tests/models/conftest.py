@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.models.load_plan import load_checkpoint
+from app.models.load.plan import load_checkpoint
 from app.models.runner import ModelRunner
 
 MAX_NUM_SEQS = 8

@@ -10,16 +10,16 @@ from pathlib import Path
 import torch
 
 from app.models.base import SamplingParams, StepBatch, StepRow
-from app.models.decoder import DecoderModel
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.gguf_file import GGUFFile
-from app.models.hf_directory import HFDirectory
-from app.models.kv_cache import KVCache
-from app.models.model_tensors import ModelTensors
-from app.models.projections import LinearKernel, select_linear_kernel
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.checkpoints.hf_directory import HFDirectory
+from app.models.checkpoints.model_tensors import ModelTensors
+from app.models.forward.decoder import DecoderModel
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KVCache
 from app.models.runner import ModelRunner
-from app.models.weight_loading import load_weights
-from app.models.weights import Quantization
+from app.models.weights.build import load_weights
+from app.models.weights.projections import LinearKernel, select_linear_kernel
+from app.models.weights.record import Quantization
 
 GREEDY = SamplingParams(temperature=0.0)
 CPU = torch.device("cpu")

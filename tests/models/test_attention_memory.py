@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import app.models.attention as attention
-from app.models.attention import decode_row_chunks
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.kv_cache import KVCache
+import app.models.forward.attention as attention
+from app.models.forward.attention import decode_row_chunks
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KVCache
 from app.models.runner import ModelRunner
 
 

@@ -11,21 +11,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.models.decoder import DecoderModel
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.gguf_file import GGUFFile
-from app.models.int4 import int4_kernel_status
-from app.models.kv_cache import KVCache
-from app.models.projections import (
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.forward.decoder import DecoderModel
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KVCache
+from app.models.load.smollm2 import smollm2_gguf_path
+from app.models.runner import ModelRunner
+from app.models.tokenizers import load_gguf_tokenizer
+from app.models.weights.int4 import int4_kernel_status
+from app.models.weights.projections import (
     EXACT_ROWS_ONEDNN_BF16,
     LinearKernel,
     select_linear_kernel,
     widens_to_float32,
 )
-from app.models.runner import ModelRunner
-from app.models.smollm2 import smollm2_gguf_path
-from app.models.tokenizers import load_gguf_tokenizer
-from app.models.weights import Quantization
+from app.models.weights.record import Quantization
 from tests.models.stepping import decoder_of
 
 pytestmark = pytest.mark.slow

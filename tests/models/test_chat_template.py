@@ -11,8 +11,8 @@ from app.engine.chat_template import (
     ChatTemplate,
     ChatTemplateError,
 )
+from app.models.load.smollm2 import smollm2_gguf_path
 from app.models.mock import ByteTokenizer
-from app.models.smollm2 import smollm2_gguf_path
 from tests.http.conftest import app_client, mock_config
 
 CONVERSATION = (
@@ -95,7 +95,7 @@ def test_template_refusal_and_sandbox():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from app.models.load_plan import load_checkpoint
+    from app.models.load.plan import load_checkpoint
 
     return load_checkpoint("smollm2", max_num_seqs=2, max_model_len=512)
 

@@ -10,13 +10,16 @@ import pytest
 import torch
 
 from app.models.base import SamplingParams, StepBatch, StepRow, TokenLogprobs
-from app.models.embeddings import FileRowsEmbedding
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.gguf_file import GGUFFile
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KEY_ALIGN, KV_BLOCK_SIZE, KVCache
 from app.models.hparams import HParams
-from app.models.int8 import INT8_MAX_ROWS, Int8Embedding, Int8Linear
-from app.models.kv_cache import KEY_ALIGN, KV_BLOCK_SIZE, KVCache
-from app.models.projections import (
+from app.models.load.smollm2 import smollm2_gguf_path
+from app.models.runner import ModelRunner
+from app.models.sampling.sampler import ARGMAX_BLOCK, argmax_rows
+from app.models.weights.embeddings import FileRowsEmbedding
+from app.models.weights.int8 import INT8_MAX_ROWS, Int8Embedding, Int8Linear
+from app.models.weights.projections import (
     DenseLinear,
     LinearKernel,
     PackedLinear,
@@ -24,9 +27,6 @@ from app.models.projections import (
     onednn_float32_exact_rows,
     select_linear_kernel,
 )
-from app.models.runner import ModelRunner
-from app.models.sampler import ARGMAX_BLOCK, argmax_rows
-from app.models.smollm2 import smollm2_gguf_path
 from tests.models.stepping import GREEDY, generate_alone, generate_together
 
 # Two bfloat16 roundings of a logit near 16-32 (ulp 0.125): how far apart two logits may come

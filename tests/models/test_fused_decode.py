@@ -12,12 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.models import forward_plan, fused_decode
-from app.models.decoder import DecoderModel, apply_rope
-from app.models.forward_plan import FUSED_PREFILL_MAX_TOKENS, ForwardPlan, RowSpec
-from app.models.fused_decode import FusedDecodeKernels, load_fused_decode
-from app.models.kv_cache import KV_BLOCK_SIZE, KVCache
-from app.models.load_plan import load_checkpoint
+from app.models.forward import forward_plan
+from app.models.forward.decoder import DecoderModel, apply_rope
+from app.models.forward.forward_plan import FUSED_PREFILL_MAX_TOKENS, ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KV_BLOCK_SIZE, KVCache
+from app.models.kernels import fused_decode
+from app.models.kernels.fused_decode import FusedDecodeKernels, load_fused_decode
+from app.models.load.plan import load_checkpoint
 from app.models.runner import ModelRunner
 from tests.checkpoints import ARCHITECTURES
 from tests.models.stepping import decoder_of

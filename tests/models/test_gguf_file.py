@@ -6,9 +6,9 @@ import shutil
 
 import numpy as np
 
-from app.models.gguf_file import GGUFFile
-from app.models.model_tensors import unpermute_rope_rows
-from app.models.smollm2 import smollm2_gguf_path
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.checkpoints.model_tensors import unpermute_rope_rows
+from app.models.load.smollm2 import smollm2_gguf_path
 
 
 def _llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:

@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from app.models.int4 import (
+from app.models.checkpoints.model_tensors import ModelTensors
+from app.models.checkpoints.q4_codes import Q4Codes
+from app.models.load.plan import LoadOptions, plan_load
+from app.models.load.smollm2 import smollm2_gguf_path
+from app.models.refusal import ModelRefused
+from app.models.weights.int4 import (
     INT4_MAX_ROWS,
     Int4Linear,
     int4_dequantize,
     int4_kernel_status,
     q4_1_scale_and_zero,
 )
-from app.models.load_plan import LoadOptions, plan_load
-from app.models.model_tensors import ModelTensors
-from app.models.projections import LinearKernel, select_linear_kernel
-from app.models.q4_codes import Q4Codes
-from app.models.refusal import ModelRefused
-from app.models.smollm2 import smollm2_gguf_path
+from app.models.weights.projections import LinearKernel, select_linear_kernel
 from tests.models.stepping import open_tensors
 
 KERNEL_AVAILABLE, KERNEL_REASON = int4_kernel_status()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.models.decoder import DecoderModel
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.kv_cache import KVCache
+from app.models.forward.decoder import DecoderModel
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KVCache
 from app.models.runner import ModelRunner
 
 DECODE_STEPS = 8

@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.models import architectures, memory
+from app.models import architectures
 from app.models.architectures import HF_NAMES, Architecture, TensorNames
-from app.models.load_plan import LoadOptions, load_runner, plan_load
+from app.models.load import memory
+from app.models.load.plan import LoadOptions, load_runner, plan_load
 from app.models.refusal import ModelRefused
-from app.models.weights import Quantization
+from app.models.weights.record import Quantization
 from tests.models.stepping import decoder_of, sequence_logits
 
 PROMPT_IDS = [1, 4093, 198, 504, 3575, 282, 4649, 314, 2, 216, 33, 34, 35]

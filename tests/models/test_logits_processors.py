@@ -15,9 +15,13 @@ from transformers.generation.logits_process import (
 )
 
 from app.models.base import SamplingParams
-from app.models.logits_processors import apply_logit_bias, apply_min_tokens, apply_penalties
-from app.models.sampler import Sampler, SampleRequest
-from app.models.token_counts import SlotTokenCounts
+from app.models.sampling.logits_processors import (
+    apply_logit_bias,
+    apply_min_tokens,
+    apply_penalties,
+)
+from app.models.sampling.sampler import Sampler, SampleRequest
+from app.models.sampling.token_counts import SlotTokenCounts
 
 VOCAB = 1000
 EOS = frozenset({2})

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 # in MiB. Importing the app (after torch, as a test process does) is what bounds the caches.
 SHAPES_SCRIPT = """
 import psutil, torch
-from app.models.projections import PackedLinear
+from app.models.weights.projections import PackedLinear
 up = PackedLinear.pack(torch.randn(1536, 576), compute_dtype=torch.float32)
 down = PackedLinear.pack(torch.randn(576, 1536), compute_dtype=torch.float32)
 x = torch.randn(200, 1536)

@@ -15,8 +15,8 @@ import pytest
 from app.engine.request import GenerationRequest
 from app.engine.sync_engine import SyncEngine
 from app.models.base import SamplingParams
-from app.models.kv_cache import KV_BLOCK_SIZE, kv_block_bytes
-from app.models.load_plan import load_checkpoint
+from app.models.forward.kv_cache import KV_BLOCK_SIZE, kv_block_bytes
+from app.models.load.plan import load_checkpoint
 from app.models.runner import ModelRunner
 from tests.checkpoints import TinyCheckpoints
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.models.int4 import int4_kernel_status
-from app.models.weights import Quantization
+from app.models.weights.int4 import int4_kernel_status
+from app.models.weights.record import Quantization
 from tests.checkpoints import ARCHITECTURES, load_transformers_model, transformers_logits
 from tests.models.stepping import decoder_of, open_tensors, sequence_logits
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from app.models.base import StepBatch, StepRow
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.kv_cache import KVCache
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KVCache
+from app.models.load.smollm2 import smollm2_gguf_path
 from app.models.runner import ModelRunner
-from app.models.smollm2 import smollm2_gguf_path
 from tests.models.stepping import GREEDY, generate_alone
 
 PROMPT = "The capital of France is"

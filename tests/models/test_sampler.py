@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app.models.base import SamplingParams
-from app.models.sampler import Sampler, SampleRequest
+from app.models.sampling.sampler import Sampler, SampleRequest
 
 VOCAB = 49152
 

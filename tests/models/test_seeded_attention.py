@@ -4,7 +4,7 @@ SDPA's CPU kernel does not promise a query row the same rounding for every query
 2-core AVX2 EPYC a prompt row attended inside a 150-row chunk and the same row attended alone
 (a one-token chunk, or a decode row) differed in bfloat16 and in float32, with SmolLM2's own
 activations. A seeded chunk is therefore attended token by token in the decode rows' layout
-(``PrefillGroup.batch_invariant``, :mod:`app.models.attention`); unseeded chunks keep SDPA's
+(``PrefillGroup.batch_invariant``, :mod:`app.models.forward.attention`); unseeded chunks keep SDPA's
 causal chunk.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.models.decoder import DecoderModel
-from app.models.forward_plan import ForwardPlan, RowSpec
-from app.models.kv_cache import KV_BLOCK_SIZE, KVCache
+from app.models.forward.decoder import DecoderModel
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.kv_cache import KV_BLOCK_SIZE, KVCache
 from app.models.runner import ModelRunner
 
 PROMPT_LENGTH = 48

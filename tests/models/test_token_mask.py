@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from app.models.base import SamplingParams
-from app.models.sampler import Sampler, SampleRequest
-from app.models.token_mask import apply_token_masks, mask_words
+from app.models.sampling.sampler import Sampler, SampleRequest
+from app.models.sampling.token_mask import apply_token_masks, mask_words
 
 
 def _mask(allowed: set[int], vocab: int) -> torch.Tensor:

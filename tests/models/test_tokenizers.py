@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models.gguf_file import GGUFFile
+from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.tokenizers import (
     TextTokenizer,
     UnsupportedTokenizerError,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from app.config import ServerConfig
-from app.models.kv_cache import KV_BLOCK_SIZE
+from app.models.forward.kv_cache import KV_BLOCK_SIZE
 from app.models.runner import WARM_UP_BLOCK, ModelRunner
 from tests.models.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS
 from tests.models.stepping import generate_alone

@@ -1,7 +1,7 @@
 """What an architecture is to the model layer: a declaration, not code.
 
 Every architecture served here is a Llama-style decoder (RMSNorm, rotary attention with grouped
-KV heads, SwiGLU MLP), so one forward (:mod:`app.models.decoder`) runs them all. An
+KV heads, SwiGLU MLP), so one forward (:mod:`app.models.forward.decoder`) runs them all. An
 architecture says only how its checkpoints differ: which optional weights exist (QKV biases,
 per-head q/k norms), whether llama.cpp's converter permuted its Q/K rows, how its config.json
 switches a sliding window on, and under which names its files know it. The readers turn that

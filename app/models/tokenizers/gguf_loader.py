@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.models.gguf_file import GGUFFile
+from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.tokenizers.gguf_bpe import build_gguf_bpe
 from app.models.tokenizers.gguf_spm import build_gguf_spm
 from app.models.tokenizers.gguf_vocab import GGUFVocab

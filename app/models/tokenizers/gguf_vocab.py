@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
-from app.models.gguf_file import GGUFFile
+from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.tokenizers.text_tokenizer import UnsupportedTokenizerError
 
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from app.models.forward.kv_cache import kv_block_bytes
 from app.models.hparams import HParams
-from app.models.kv_cache import kv_block_bytes
-from app.models.projections import widens_to_float32
-from app.models.weights import Quantization
+from app.models.weights.projections import widens_to_float32
+from app.models.weights.record import Quantization
 
 MIB = 2**20
 
 # Bytes per weight of a projection, besides the model dtype's own copy (int8 and int4 keep a
-# bfloat16 copy for wide steps: app.models.int8, app.models.int4).
+# bfloat16 copy for wide steps: app.models.weights.int8, app.models.weights.int4).
 _EXTRA_BYTES_PER_WEIGHT = {
     Quantization.NONE: 0.0,
     Quantization.INT8: 1.0,  # int8 values (scales per row: negligible)
@@ -77,7 +77,7 @@ def estimate_memory(
     """The estimate for one load (see the module docstring)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     # the dense copy every projection computes wide steps with: float32 where this CPU has no
-    # bfloat16 matmul (app.models.projections.LinearKernel.ONEDNN_FLOAT32)
+    # bfloat16 matmul (app.models.weights.projections.LinearKernel.ONEDNN_FLOAT32)
     wide_itemsize = 4 if widens_to_float32(device, dtype) else itemsize
     hidden = hparams.embedding_length
     per_layer = hidden * (2 * hparams.q_width + 2 * hparams.kv_width)

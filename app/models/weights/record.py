@@ -3,7 +3,7 @@
 An architecture differs from another only in what its file holds (:mod:`app.models.
 architectures`); by the time weights reach :class:`LayerWeights` those differences are data: a
 bias inside the QKV projection (Qwen2), a ``qk_norm`` tensor (Qwen3), un-permuted Q/K rows
-(llama GGUFs). :func:`app.models.weight_loading.load_weights` builds the record.
+(llama GGUFs). :func:`app.models.weights.build.load_weights` builds the record.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from enum import Enum
 
 import torch
 
-from app.models.embeddings import Embedding
-from app.models.projections import LinearKernel, Projection
+from app.models.weights.embeddings import Embedding
+from app.models.weights.projections import LinearKernel, Projection
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -24,8 +24,9 @@ class Quantization(Enum):
     is resolved to one of these by :func:`app.models.loading.resolve_quantization`).
 
     NONE: dense in the model dtype (oneDNN-packed for bfloat16 on the CPU).
-    INT8: weight-only int8, re-quantised at load (:mod:`app.models.int8`).
-    INT4: the GGUF's own Q4_0/Q4_1 codes in torch's CPU int4 kernel (:mod:`app.models.int4`),
+    INT8: weight-only int8, re-quantised at load (:mod:`app.models.weights.int8`).
+    INT4: the GGUF's own Q4_0/Q4_1 codes in torch's CPU int4 kernel
+    (:mod:`app.models.weights.int4`),
         an int8 LM head.
     """
 
@@ -69,7 +70,7 @@ class ModelWeights:
     Attributes:
         embedding: the token lookup.
         lm_head: the output projection (tied: the embedding's matrix; see
-            :func:`app.models.weight_loading.load_weights` for which tensor each shares).
+            :func:`app.models.weights.build.load_weights` for which tensor each shares).
         layers: one record per block.
         output_norm: ``[hidden]``, the final RMSNorm's weight (not folded: the LM head may be
             tied to the embedding).

@@ -1,6 +1,7 @@
 """4-bit weights as GGUF's Q4_0 / Q4_1 store them: codes with a scale and a minimum per block.
 
-:meth:`app.models.gguf_file.GGUFFile.q4_codes` reads them; :mod:`app.models.int4` computes with
+:meth:`app.models.checkpoints.gguf_file.GGUFFile.q4_codes` reads them;
+:mod:`app.models.weights.int4` computes with
 them as they are.
 """
 

@@ -1,16 +1,19 @@
-"""Building :class:`app.models.weights.ModelWeights` from a checkpoint, in one weight format.
+"""Building :class:`app.models.weights.record.ModelWeights` from a checkpoint, in one weight format.
 
-Per layer, in Hugging Face layout (:class:`app.models.model_tensors.ModelTensors`): Q, K and V
+Per layer, in Hugging Face layout (:class:`app.models.checkpoints.model_tensors.ModelTensors`): Q,
+K and V
 are stacked into one projection, gate and up into another (one matmul each), with the RMSNorm
 weight folded into their input columns (``W @ (g * x) == (W * g) @ x``), so the forward's
-normalisation is a per-token scale (see :mod:`app.models.decoder`). Biases, where the file has
+normalisation is a per-token scale (see :mod:`app.models.forward.decoder`). Biases, where the file
+has
 them, go into the projection. int4 keeps the norms apart (a per-column factor would break the
 32-column groups of the codes).
 
 Embedding and LM head (tied: one matrix for both):
 
 * dense, packed for oneDNN: the packed head cannot serve lookups, so the lookup reads the file's
-  rows (:class:`app.models.embeddings.FileRowsEmbedding`; ``F.linear`` would reorder the matrix
+  rows (:class:`app.models.weights.embeddings.FileRowsEmbedding`; ``F.linear`` would reorder the
+  matrix
   on every call: 1.2-2x slower, docs/MODEL_PERF.md);
 * dense, not packed: tied to the very tensor;
 * int8 / int4: an int8 head; tied, the lookup reads its int8 rows.
@@ -23,13 +26,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from app.models.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
-from app.models.int4 import Int4Linear, int4_kernel_status
-from app.models.int8 import Int8Embedding, Int8Linear
-from app.models.model_tensors import ModelTensors
-from app.models.projections import DenseLinear, LinearKernel, Projection, dense_projection
+from app.models.checkpoints.model_tensors import ModelTensors
 from app.models.refusal import UnsupportedModel
-from app.models.weights import LayerWeights, ModelWeights, Quantization
+from app.models.weights.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
+from app.models.weights.int4 import Int4Linear, int4_kernel_status
+from app.models.weights.int8 import Int8Embedding, Int8Linear
+from app.models.weights.projections import DenseLinear, LinearKernel, Projection, dense_projection
+from app.models.weights.record import LayerWeights, ModelWeights, Quantization
 
 QKV = ("attn_q", "attn_k", "attn_v")
 GATE_UP = ("ffn_gate", "ffn_up")

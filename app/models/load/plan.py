@@ -2,7 +2,7 @@
 port (:mod:`app.models.loading` calls them for the server):
 
 1. :func:`plan_load` (the command line, before uvicorn starts): opens and checks the model
-   (:func:`app.models.source.open_model`), resolves ``--quantization auto``, caps the context,
+   (:func:`app.models.load.source.open_model`), resolves ``--quantization auto``, caps the context,
    and checks the memory estimate. It reads metadata only and runs no torch kernel, so it
    starts no OpenMP team on the main thread (``app/engine/model_thread.py``).
 2. :func:`load_runner` (the app's lifespan, on the model thread): reads the weights and builds
@@ -19,17 +19,17 @@ from pathlib import Path
 import torch
 
 from app.config import ServerConfig, parse_memory_size
-from app.models.allocator import keep_step_buffers_in_the_heap, return_freed_memory_to_the_os
-from app.models.decoder import DecoderModel
-from app.models.int4 import int4_kernel_status
-from app.models.kv_cache import kv_block_bytes, pool_blocks
-from app.models.memory import MemoryEstimate, available_memory, estimate_memory
-from app.models.projections import select_linear_kernel
+from app.models.forward.decoder import DecoderModel
+from app.models.forward.kv_cache import kv_block_bytes, pool_blocks
+from app.models.load.allocator import keep_step_buffers_in_the_heap, return_freed_memory_to_the_os
+from app.models.load.memory import MemoryEstimate, available_memory, estimate_memory
+from app.models.load.source import ModelSource, open_model
 from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
-from app.models.source import ModelSource, open_model
-from app.models.weight_loading import load_weights
-from app.models.weights import DTYPES, Quantization
+from app.models.weights.build import load_weights
+from app.models.weights.int4 import int4_kernel_status
+from app.models.weights.projections import select_linear_kernel
+from app.models.weights.record import DTYPES, Quantization
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ forward reads.
 Layout: Hugging Face's ``rotate_half`` form, which pairs element ``i`` of a head with element
 ``i + head_dim / 2``. Every weight reaches the forward in that layout: a GGUF of the ``llama``
 architecture stores Q/K rows permuted for llama.cpp's adjacent-pair rope, and the loader undoes
-the permutation (:mod:`app.models.model_tensors`); Qwen2/Qwen3 GGUFs are stored unpermuted
+the permutation (:mod:`app.models.checkpoints.model_tensors`); Qwen2/Qwen3 GGUFs are stored
+unpermuted
 (llama.cpp runs them with its "NEOX" rope, which is the split-half form).
 
 Frequencies: ``inv_freq[i] = theta ** (-2i / head_dim)`` (RoFormer, Su et al. 2021), then
@@ -62,7 +63,8 @@ def rope_tables(
     ``cos`` holds each pair's cosine twice (both halves); ``sin`` holds the sine with the first
     half negated, so that for ``swapped = (x2, x1)`` the rotation of ``x = (x1, x2)`` is
     ``x * cos + swapped * sin = (x1 cos - x2 sin, x2 cos + x1 sin)`` (see
-    :func:`app.models.decoder.apply_rope` and ``rope_head`` in ``fused_decode_attention.c``).
+    :func:`app.models.forward.decoder.apply_rope` and ``rope_head`` in
+    ``fused_decode_attention.c``).
     """
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inverse_frequencies(hparams)
     cos = torch.cat((angles.cos(), angles.cos()), dim=-1)

@@ -1,14 +1,16 @@
 """Eager attention over the KV cache for one layer, in the groups a :class:`ForwardPlan` made.
 
 Keys and values are gathered from the paged cache through each row's block table
-(:meth:`app.models.kv_cache.KVCache.gather`, one copy per layer; the fused C decode kernel reads
+(:meth:`app.models.forward.kv_cache.KVCache.gather`, one copy per layer; the fused C decode kernel
+reads
 blocks in place instead). Grouped-query attention is computed without repeating K/V: for
 prompt chunks SDPA's ``enable_gqa`` maps query head ``h`` to KV head ``h // group_size``; for
 decode rows the ``group_size`` query heads that share a KV head are folded into the
 query-length axis when torch runs more than one thread or the step has a seeded row (see
-:class:`app.models.forward_plan.DecodeGroup`). Every call gets an explicit additive mask over
+:class:`app.models.forward.forward_plan.DecodeGroup`). Every call gets an explicit additive mask
+over
 a key axis padded to ``KEY_ALIGN`` (never ``is_causal``, whose result depends on the chunk
-length: batch invariance, :mod:`app.models.kv_cache`).
+length: batch invariance, :mod:`app.models.forward.kv_cache`).
 
 A prompt chunk of a seeded request (``PrefillGroup.batch_invariant``) is attended token by token
 in the decode rows' layout (each token a batch entry of one folded query row, its keys the
@@ -34,8 +36,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from app.models.forward_plan import DecodeGroup, ForwardPlan, PrefillGroup
-from app.models.kv_cache import KVCache
+from app.models.forward.forward_plan import DecodeGroup, ForwardPlan, PrefillGroup
+from app.models.forward.kv_cache import KVCache
 
 # Most key positions (rows x key_length) gathered for one SDPA call over decode rows: 16,384
 # positions are 12 MiB of keys and values per layer for SmolLM2 in bfloat16 (3 KV heads of 64),

@@ -328,7 +328,7 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
         table_stride, keys,   values,     pool_len, block_size, out,
         n_heads,  n_kv_heads, head_dim,   q_norm,   k_norm,    eps};
 #ifndef _OPENMP
-    threads = 1; /* built without OpenMP (app/models/fused_decode.py says when) */
+    threads = 1; /* built without OpenMP (app/models/kernels/fused_decode.py says when) */
     (void)scores_per_thread;
 #endif
     if (threads < 2 || rows < 2) {

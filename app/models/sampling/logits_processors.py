@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from app.models.token_counts import SeenTokens, SlotTokenCounts
+from app.models.sampling.token_counts import SeenTokens, SlotTokenCounts
 
 
 def apply_logit_bias(logits: torch.Tensor, states: Sequence[SlotTokenCounts]) -> None:

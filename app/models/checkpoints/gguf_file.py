@@ -8,10 +8,12 @@ Tensors are dequantised with the ``gguf`` package (``gguf.quants.dequantize``) t
 arrays. GGUF stores a 2-D tensor with ``shape == [ne0, ne1] == [in_features, out_features]``;
 the numpy array the reader gives is ``[out_features, in_features]``, the layout of a
 ``torch.nn.Linear.weight``, so no transpose is needed. Rows are returned as stored: undoing the
-converter's Q/K permutation is the architecture's business (:mod:`app.models.model_tensors`).
+converter's Q/K permutation is the architecture's business
+(:mod:`app.models.checkpoints.model_tensors`).
 
 Raw blocks are read for two fast paths: :meth:`GGUFFile.q4_codes` gives Q4_0/Q4_1 matrices as
-codes + scales for the int4 kernel (:mod:`app.models.int4`), and :meth:`GGUFFile.tensor_rows`
+codes + scales for the int4 kernel (:mod:`app.models.weights.int4`), and
+:meth:`GGUFFile.tensor_rows`
 maps any matrix's rows for token lookups without a copy in memory.
 """
 
@@ -27,9 +29,9 @@ import gguf
 import numpy as np
 
 from app.models.architectures import Architecture, for_gguf
-from app.models.checkpoint import CheckpointFormat
+from app.models.checkpoints.checkpoint import CheckpointFormat
+from app.models.checkpoints.q4_codes import Q4_BLOCK, Q4Codes
 from app.models.hparams import HParams, RopeScaling, RopeScalingKind
-from app.models.q4_codes import Q4_BLOCK, Q4Codes
 from app.models.refusal import UnsupportedModel
 
 logger = logging.getLogger(__name__)
@@ -278,7 +280,8 @@ class GGUFFile:
 
 @dataclass(frozen=True, slots=True)
 class GGUFRows:
-    """Rows of one GGUF matrix on demand (:class:`app.models.checkpoint.TensorRows`): the
+    """Rows of one GGUF matrix on demand (:class:`app.models.checkpoints.checkpoint.TensorRows`):
+    the
     memory-mapped raw blocks ``uint8 [rows, bytes per row]``, decoded by
     ``gguf.quants.dequantize`` as :meth:`GGUFFile.read_tensor` decodes the whole matrix, so the
     values are the same bit for bit."""

@@ -23,10 +23,10 @@ import torch
 from safetensors import safe_open
 
 from app.models.architectures import Architecture, for_hf_model_type
-from app.models.checkpoint import CheckpointFormat
-from app.models.hf_config import hparams_from_config
+from app.models.checkpoints.checkpoint import CheckpointFormat
+from app.models.checkpoints.hf_config import hparams_from_config
+from app.models.checkpoints.q4_codes import Q4Codes
 from app.models.hparams import HParams
-from app.models.q4_codes import Q4Codes
 from app.models.refusal import UnsupportedModel
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -125,7 +125,8 @@ class HFDirectory:
 
 @dataclass(frozen=True, slots=True)
 class SafetensorsRows:
-    """Rows of one safetensors matrix on demand (:class:`app.models.checkpoint.TensorRows`),
+    """Rows of one safetensors matrix on demand
+    (:class:`app.models.checkpoints.checkpoint.TensorRows`),
     widened to float32 exactly, as :meth:`HFDirectory.read_tensor` widens the whole matrix."""
 
     raw: np.ndarray  # memory-mapped [rows, columns]: float32, float16, or bfloat16 as uint16

@@ -3,7 +3,7 @@
 Ownership (rules R12, R05): the cache stores tensors only. Which block holds which positions of
 which sequence is the scheduler's block manager's (:mod:`app.engine.kv_blocks`); each row of a
 step brings its block table (:class:`app.models.base.KVBlocks`) and the forward writes and reads
-through it (:class:`app.models.forward_plan.ForwardPlan` turns tables into tensor indices).
+through it (:class:`app.models.forward.forward_plan.ForwardPlan` turns tables into tensor indices).
 
 Layout: per layer ``[n_kv_heads, num_blocks * KV_BLOCK_SIZE, head_dim]``, so the positions of one
 block of one head are contiguous rows, and gathering a sequence's keys for one head is one
@@ -22,7 +22,7 @@ from app.models.hparams import HParams
 
 # Batch invariance (API.md: a seeded request gets the same tokens whatever else is in the batch).
 # Measured on the 2-core CPU (torch 2.13, docs/MODEL_PERF.md, "Batch invariance"):
-# * matmuls: see app.models.projections (``exact_rows``).
+# * matmuls: see app.models.weights.projections (``exact_rows``).
 # * SDPA's CPU kernel gives a query row the same result whatever the batch and however long the
 #   padded key axis, *provided* the key axis is a multiple of 16: a row whose real keys end in a
 #   partial vector of 16 is reduced differently. Key lengths are padded to ``KEY_ALIGN`` (16:

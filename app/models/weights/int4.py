@@ -2,7 +2,7 @@
 
 A GGML Q4_1 block holds 32 consecutive weights of a row as 4-bit codes ``q`` in ``0..15`` with
 an fp16 scale ``d`` and an fp16 minimum ``m``: ``w = d * q + m``; a Q4_0 block is the same with
-``m = -8d`` (:class:`app.models.q4_codes.Q4Codes` holds both). torch's CPU int4 kernel,
+``m = -8d`` (:class:`app.models.checkpoints.q4_codes.Q4Codes` holds both). torch's CPU int4 kernel,
 ``aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scale_and_zeros)``, computes with
 ``w = (q - 8) * scale + zero`` per group of ``group_size`` input columns, so the codes go in
 unchanged (group size 32) with ``scale = d`` and ``zero = m + 8 * d``.
@@ -46,8 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from app.models.projections import LinearKernel, WideLinear, dense_projection
-from app.models.q4_codes import Q4_BLOCK, Q4Codes
+from app.models.checkpoints.q4_codes import Q4_BLOCK, Q4Codes
+from app.models.weights.projections import LinearKernel, WideLinear, dense_projection
 
 # Rows up to which the int4 kernel is used; above, ``Int4Linear.wide`` (bfloat16). The kernel
 # works in blocks of 4 rows and dequantises the weights again for each block, so 5 rows cost
@@ -191,7 +191,7 @@ class Int4Linear:
         kernel: LinearKernel = LinearKernel.DENSE,
         bias: torch.Tensor | None = None,
     ) -> Int4Linear:
-        """Build from 4-bit matrices (:meth:`app.models.gguf_file.GGUFFile.q4_codes`),
+        """Build from 4-bit matrices (:meth:`app.models.checkpoints.gguf_file.GGUFFile.q4_codes`),
         concatenated along the output dimension in order (fused QKV: q, k, v; gate/up: gate,
         up). ``kernel`` is how ``wide`` computes; ``bias`` is bfloat16 ``[out]`` or None.
 

@@ -2,12 +2,12 @@
 KV cache.
 
 One call to :meth:`DecoderModel.forward` computes one scheduler step for every row at once:
-the tokens of all rows are packed into one sequence (:mod:`app.models.forward_plan`), every
+the tokens of all rows are packed into one sequence (:mod:`app.models.forward.forward_plan`), every
 projection (fused QKV, output, fused gate/up, down, LM head) runs once over all of them, and
-attention runs in the plan's groups (:mod:`app.models.attention`). What differs between
-architectures reaches this module as data in :class:`app.models.weights.LayerWeights`: a bias
+attention runs in the plan's groups (:mod:`app.models.forward.attention`). What differs between
+architectures reaches this module as data in :class:`app.models.weights.record.LayerWeights`: a bias
 inside the QKV projection, a ``qk_norm`` tensor, rope tables built from the model's own
-frequencies (:mod:`app.models.rope`).
+frequencies (:mod:`app.models.forward.rope`).
 
 Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op overhead, see
 ``docs/MODEL_PERF.md``):
@@ -18,7 +18,7 @@ Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op
 * the residual adds are fused into the output and down projections (``add_to``);
 * steps without a seeded row whose prompt chunks are short (decode-only steps, and short
   prompts or the uncached tail of a long one: ``ForwardPlan.token_rows``) run the glue between
-  the projections in fused C kernels (:mod:`app.models.fused_decode`), a chunk's tokens as
+  the projections in fused C kernels (:mod:`app.models.kernels.fused_decode`), a chunk's tokens as
   single-token rows, for every architecture here: Qwen2's biases are in the QKV projection and
   Qwen3's q/k norm is part of the fused attention kernel.
 """
@@ -28,21 +28,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from app.models.attention import attend
-from app.models.forward_plan import ForwardPlan
-from app.models.fused_decode import FusedDecodeKernels, check_attention_shapes, load_fused_decode
+from app.models.forward.attention import attend
+from app.models.forward.forward_plan import ForwardPlan
+from app.models.forward.kv_cache import KVCache
+from app.models.forward.rope import rope_tables
 from app.models.hparams import HParams
-from app.models.kv_cache import KVCache
-from app.models.projections import project
-from app.models.rope import rope_tables
-from app.models.weights import ModelWeights, Quantization
+from app.models.kernels.fused_decode import (
+    FusedDecodeKernels,
+    check_attention_shapes,
+    load_fused_decode,
+)
+from app.models.weights.projections import project
+from app.models.weights.record import ModelWeights, Quantization
 
 
 class DecoderModel:
     """The forward pass. Holds weights and rope tables; reads and writes a :class:`KVCache`.
 
     ``fused_decode``: let steps without a seeded row (decode, short prompt chunks), on the CPU
-    in bfloat16, use the fused kernels of :mod:`app.models.fused_decode`;
+    in bfloat16, use the fused kernels of :mod:`app.models.kernels.fused_decode`;
     ``fused_decode_status`` says whether they are used, and why not.
     """
 
@@ -128,7 +132,7 @@ class DecoderModel:
     ) -> torch.Tensor:
         """:meth:`forward` for a step planned as single-token rows (``plan.token_rows``: decode
         rows and the tokens of short prompt chunks, none ``batch_invariant``), with the glue
-        between projections in four fused calls per layer (:mod:`app.models.fused_decode`).
+        between projections in four fused calls per layer (:mod:`app.models.kernels.fused_decode`).
         Same results as the eager path up to rounding order (tested), not bit-equal: a seeded
         row never comes here."""
         w, hp = self.weights, self.hparams
@@ -220,7 +224,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     ``cos`` is ``[N, 1, D]`` (the angle cosines repeated for both halves) and ``sin`` is
     ``[N, 1, D]`` with the first half negated, so that with ``swapped = (x2, x1)`` the result
     ``x * cos + swapped * sin`` is ``(x1 cos - x2 sin, x2 cos + x1 sin)``: pairs are
-    ``(x[i], x[i + D/2])`` (``rotate_half``; see :mod:`app.models.rope`).
+    ``(x[i], x[i + D/2])`` (``rotate_half``; see :mod:`app.models.forward.rope`).
     """
     rows, heads, head_dim = x.shape
     swapped = x.view(rows, heads, 2, head_dim // 2).flip(-2).view(rows, heads, head_dim)

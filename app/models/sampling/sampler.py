@@ -1,7 +1,8 @@
 """Picking the next token of every sampling row of a step, reproducibly per request.
 
 Each slot owns a ``torch.Generator`` and, while a sequence runs in it, a
-:class:`~app.models.token_counts.SlotTokenCounts`; :meth:`Sampler.start_sequence` re-seeds the
+:class:`~app.models.sampling.token_counts.SlotTokenCounts`; :meth:`Sampler.start_sequence` re-seeds
+the
 one and creates the other when a sequence starts in the slot (a row at position 0),
 :meth:`Sampler.release` drops the state with the slot. A sampled row draws exactly one uniform
 number ``u`` in [0, 1) from its own slot's generator, and every other operation is row-wise
@@ -13,8 +14,8 @@ The pipeline, in API.md's order, all rows of the step at once:
 1. rows that use a processor, or sample, are taken as float32, a copy where a processor writes
    (the model's logits stay raw, for the logprobs; a batch used whole is not indexed, which
    would copy it); then logit bias, penalties and min_tokens, each on the few entries it
-   changes (:mod:`app.models.logits_processors`), and the constraint's mask
-   (:mod:`app.models.token_mask`), each touching only the rows that use it;
+   changes (:mod:`app.models.sampling.logits_processors`), and the constraint's mask
+   (:mod:`app.models.sampling.token_mask`), each touching only the rows that use it;
 2. greedy rows (temperature 0) take the argmax (:func:`argmax_rows`); when every row is greedy
    and unprocessed nothing else runs;
 3. logits are divided by the temperature;
@@ -41,10 +42,14 @@ from dataclasses import dataclass
 import torch
 
 from app.models.base import SamplingParams, TokenLogprobs
-from app.models.logits_processors import apply_logit_bias, apply_min_tokens, apply_penalties
-from app.models.logprobs import token_logprobs
-from app.models.token_counts import SlotTokenCounts
-from app.models.token_mask import TokenMask, apply_token_masks
+from app.models.sampling.logits_processors import (
+    apply_logit_bias,
+    apply_min_tokens,
+    apply_penalties,
+)
+from app.models.sampling.logprobs import token_logprobs
+from app.models.sampling.token_counts import SlotTokenCounts
+from app.models.sampling.token_mask import TokenMask, apply_token_masks
 
 # Tokens examined per filtered row before falling back to a full sort.
 CANDIDATES = 256
@@ -55,7 +60,7 @@ ARGMAX_BLOCK = 1024
 @dataclass(frozen=True, slots=True)
 class SampleRequest:
     """One row that wants a token: the slot whose generator to use, how to pick, and the
-    constraint's allowed tokens (None: unconstrained; see :mod:`app.models.token_mask`)."""
+    constraint's allowed tokens (None: unconstrained; see :mod:`app.models.sampling.token_mask`)."""
 
     slot: int
     sampling: SamplingParams
@@ -176,7 +181,7 @@ class Sampler:
         self, logits: torch.Tensor, requests: Sequence[SampleRequest], tokens: Sequence[int]
     ) -> tuple[TokenLogprobs | None, ...] | None:
         """Raw logprobs of each drawn token for the requests that asked (None for the
-        others), or None when none did (:func:`app.models.logprobs.token_logprobs`)."""
+        others), or None when none did (:func:`app.models.sampling.logprobs.token_logprobs`)."""
         asked = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
         if not asked:
             return None

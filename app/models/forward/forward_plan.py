@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from app.models.base import NULL_BLOCK
-from app.models.kv_cache import KV_BLOCK_SIZE, KVCache, align_keys, blocks_for
+from app.models.forward.kv_cache import KV_BLOCK_SIZE, KVCache, align_keys, blocks_for
 
 # When a step with prompt chunks still runs as single-token rows in the fused C kernels
 # (ForwardPlan.token_rows) instead of the eager path's SDPA and glue ops: at most this many
@@ -51,7 +51,7 @@ class RowSpec:
     want_logits: bool
     # True: compute this row exactly as it would be computed in any other batch (a seeded
     # request, API.md); costs extra matmul calls once a step has more rows than a call may hold
-    # exactly (see app.models.projections).
+    # exactly (see app.models.weights.projections).
     batch_invariant: bool = False
     # The row's block table (KVBlocks.block_ids); None: the slot's fixed blocks
     # (KVCache.slot_blocks, a cache made for slots).
@@ -67,7 +67,7 @@ class PrefillGroup:
     (SDPA's own ``is_causal`` would tie the result to the chunk's length). ``key_positions``
     is ``[key_length]`` int64, the flat pool position of each key (its whole blocks).
     ``batch_invariant``: the row's request chose its seed, so each token is attended as a decode
-    row is (:func:`app.models.attention.attend`), whatever the chunk's length.
+    row is (:func:`app.models.forward.attention.attend`), whatever the chunk's length.
     """
 
     slot: int
@@ -121,7 +121,8 @@ class DecodeGroup:
 @dataclass(frozen=True, slots=True)
 class TokenRows:
     """Every packed token of a step as a single-token row, for the fused C attention kernel
-    (:meth:`app.models.fused_decode.FusedDecodeKernels.decode_attention`): decode rows as they
+    (:meth:`app.models.kernels.fused_decode.FusedDecodeKernels.decode_attention`): decode rows as
+    they
     are, and each token of a short prompt chunk as a row of its own at its position, with its
     sequence's block table (the kernel writes every row's K/V before any row attends, so a
     chunk's tokens see each other causally).
@@ -149,7 +150,7 @@ class ForwardPlan:
         flat_positions: ``[N]`` int64, where each token's K/V go in the pool (see the module
             docstring).
         cache_index: ``[N * n_kv_heads]`` int64, where each token's K/V go
-            (:meth:`app.models.kv_cache.KVCache.write_index`).
+            (:meth:`app.models.forward.kv_cache.KVCache.write_index`).
         decode: the single-token rows' attention group, or None when there are none.
         prefills: one group per multi-token row.
         logits_index: ``[R]`` int64, packed index of the last token of each row that wants

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.projections import LinearKernel, WideLinear, dense_projection
+from app.models.weights.projections import LinearKernel, WideLinear, dense_projection
 
 INT8_MAX_ROWS = 2
 

@@ -1,6 +1,7 @@
 """A checkpoint's tensors under the shared forward's names, in Hugging Face layout.
 
-:class:`ModelTensors` joins a file reader (:class:`app.models.checkpoint.Checkpoint`) to an
+:class:`ModelTensors` joins a file reader (:class:`app.models.checkpoints.checkpoint.Checkpoint`)
+to an
 architecture: it finds each weight under the format's name (:class:`TensorNames`), checks that
 every weight the forward needs is there with the shape the hyper-parameters imply, and undoes
 llama.cpp's Q/K row permutation for the architectures whose GGUFs have it.
@@ -9,7 +10,7 @@ The permutation. ``convert_hf_to_gguf.py`` stores, within each head of ``attn_q`
 (and their biases), Hugging Face row ``i`` at ``2i`` and row ``i + head_dim/2`` at ``2i + 1``,
 so that llama.cpp's rope, which rotates *adjacent* pairs ``(x[2i], x[2i+1])``, computes what
 Hugging Face's ``rotate_half`` computes on *split halves* ``(x[i], x[i + head_dim/2])``. We undo
-it and apply the split-half rope (:mod:`app.models.rope`): outputs compare tensor for tensor
+it and apply the split-half rope (:mod:`app.models.forward.rope`): outputs compare tensor for tensor
 with transformers (which un-permutes the same way when it loads a GGUF), and rotating halves
 is two contiguous slices instead of a strided even/odd gather. A permutation of rows keeps
 every 32-column block whole, so 4-bit codes are un-permuted with their scales.
@@ -20,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from app.models.architectures import Architecture, TensorNames
-from app.models.checkpoint import Checkpoint, CheckpointFormat, TensorRows
+from app.models.checkpoints.checkpoint import Checkpoint, CheckpointFormat, TensorRows
+from app.models.checkpoints.q4_codes import Q4Codes
 from app.models.hparams import HParams
-from app.models.q4_codes import Q4Codes
 from app.models.refusal import UnsupportedModel
 
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

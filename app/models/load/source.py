@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.models.architectures import Architecture
-from app.models.checkpoint import Checkpoint
-from app.models.gguf_file import GGUFFile
-from app.models.hf_directory import HFDirectory
+from app.models.checkpoints.checkpoint import Checkpoint
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.checkpoints.hf_directory import HFDirectory
+from app.models.checkpoints.model_tensors import ModelTensors
 from app.models.hparams import HParams
-from app.models.model_tensors import ModelTensors
+from app.models.load.smollm2 import SMOLLM2_NAME, smollm2_gguf_path
 from app.models.refusal import ModelRefused, UnsupportedModel
 from app.models.runner import Tokenizer
-from app.models.smollm2 import SMOLLM2_NAME, smollm2_gguf_path
 from app.models.tokenizers import load_gguf_tokenizer, load_hf_tokenizer
 
 logger = logging.getLogger(__name__)

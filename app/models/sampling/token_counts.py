@@ -9,7 +9,8 @@ request's constant arrays (logit-bias ids and values, the ids ``min_tokens`` hol
 step only concatenates them.
 
 Everything here is host memory (numpy), updated by Python scalars as tokens are fed and drawn;
-:mod:`app.models.logits_processors` concatenates the rows' arrays once per step and moves the
+:mod:`app.models.sampling.logits_processors` concatenates the rows' arrays once per step and moves
+the
 result to the logits' device.
 """
 

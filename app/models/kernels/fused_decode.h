@@ -1,7 +1,7 @@
 /*
  * Fused CPU kernels for the decode steps of a Llama-family model in bfloat16: the per-layer glue
  * between the projections, one call where eager torch runs 5-10 small ops. Built into one
- * library and loaded by app/models/fused_decode.py (cc -O3 -march=native, -fopenmp when torch's
+ * library and loaded by app/models/kernels/fused_decode.py (cc -O3 -march=native, -fopenmp when torch's
  * libgomp is in the process). They work on plain row-major arrays; only the attention uses
  * threads.
  *
@@ -90,7 +90,7 @@ static inline float exp_approx(float x) {
 #define SL_TILED_ATTENTION 0
 #endif
 
-/* Block size the tiled loops assume (KV_BLOCK_SIZE in app/models/kv_cache.py). */
+/* Block size the tiled loops assume (KV_BLOCK_SIZE in app/models/forward/kv_cache.py). */
 #define SL_TILE_POSITIONS 16
 
 /* The library's exported functions; each is documented where it is defined. */

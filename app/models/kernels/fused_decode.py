@@ -16,30 +16,22 @@ among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
 threads: a decode step takes 0.69-0.84x the eager step's time from 1 to 64 rows and from 40 to
 2000 positions (docs/MODEL_PERF.md).
 
-Building: ``cc -O3 -march=native -shared -fPIC [-fopenmp]`` of the ``.c`` files into one
-library in ``$SLOTSERVE_CACHE_DIR`` (default ``~/.cache/slotserve``), named by a hash of every
-source file (the header included: a change to any of them rebuilds), the flags, the compiler's
-version and the CPU's model and flags, so a cache copied from another machine is never loaded.
-A missing compiler or a failed build is not an error: :func:`load_fused_decode` says why and
-the model keeps its eager torch path.
+Building: :func:`app.models.kernels.build.build_library` (the one way every C library here is
+built and cached), with ``-march=native``. A missing compiler or a failed build is not an error:
+:func:`load_fused_decode` says why and the model keeps its eager torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from app.models.kv_cache import KV_BLOCK_SIZE
+from app.models.forward.kv_cache import KV_BLOCK_SIZE
+from app.models.kernels.build import KernelBuildError, build_library, torch_libgomp
 
 SOURCE_DIR = Path(__file__).parent
 # Every file of the library's source, in build order; the cache key hashes them all.
@@ -49,7 +41,8 @@ SOURCES = (
     "fused_decode_attention.c",
     "fused_attention_tiles.c",
 )
-CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c11")
+# Built for this machine (the cache key holds the CPU): -march=native.
+CFLAGS = ("-march=native",)
 # The attention kernel keeps a query group in fixed-size arrays (fused_decode_attention.c).
 MAX_HEAD_DIM = 256
 MAX_GROUP = 16
@@ -143,12 +136,12 @@ class FusedDecodeKernels:
         Args:
             qkv: ``[rows, (n_heads + 2 * n_kv_heads) * head_dim]``, the QKV projection.
             rope_cos, rope_sin: ``[max_positions, head_dim]`` (``DecoderModel``'s tables,
-                :mod:`app.models.rope`).
+                :mod:`app.models.forward.rope`).
             positions: ``[rows]`` int64; each row's position.
             block_tables: ``[rows, blocks]`` int64, contiguous: each row's block table
                 (:class:`app.models.base.KVBlocks`), covering its position.
             keys, values: one layer of the paged cache, ``[n_kv_heads, num_blocks *
-                block_size, head_dim]`` (:class:`app.models.kv_cache.KVCache`).
+                block_size, head_dim]`` (:class:`app.models.forward.kv_cache.KVCache`).
             scores: float32 workspace, ``[threads, n]`` with ``n >= n_heads / n_kv_heads *
                 (max(positions) + 1)``.
             threads: OpenMP threads sharing the rows, split by their lengths. They come from
@@ -251,95 +244,6 @@ def _declare(library: ctypes.CDLL) -> None:
     library.sl_decode_attention.restype = None
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _cpu_identity() -> str:
-    """The CPU's model name and flags (Linux), or the platform's processor string."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    wanted = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
-    return "\n".join(wanted[:2])
-
-
-def _torch_libgomp() -> str | None:
-    """The GNU OpenMP runtime already mapped into this process (torch's, on Linux), or None.
-
-    The kernels are built with ``-fopenmp`` only when there is one: the dynamic loader then
-    binds their ``libgomp.so.1`` to that same library, so their parallel region runs on
-    torch's own worker threads. A second OpenMP runtime (or threads of our own) would fight
-    torch's spinning workers for the cores: splitting the attention over a POSIX thread made a
-    64-row step 1.2-1.4x slower, over torch's OpenMP team 0.8x.
-
-    Only a library named ``libgomp.so.1`` counts: that is the soname ``-fopenmp`` code links
-    to. Wheels that bundle their own copy under another name (sentencepiece's
-    ``libgomp-<hash>.so.1.0.0``, which ``gguf`` imports when it is installed) are not what the
-    kernels bind to.
-    """
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        path = line.split()[-1]
-        if Path(path).name.startswith("libgomp.so.1"):
-            return path
-    return None
-
-
-def _cache_dir() -> Path:
-    configured = os.environ.get("SLOTSERVE_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "slotserve"
-
-
-def _source_paths() -> list[Path]:
-    return [SOURCE_DIR / name for name in SOURCES]
-
-
-def _cache_key(flags: tuple[str, ...], compiler_version: str) -> str:
-    """The library's name in the cache: a hash of every source file (name and bytes), the
-    flags, the compiler's version and the CPU, so any change to one of them rebuilds."""
-    digest = hashlib.sha256()
-    for path in _source_paths():
-        digest.update(path.name.encode() + b"\0")
-        digest.update(path.read_bytes())
-    for part in (" ".join(flags), compiler_version, _cpu_identity()):
-        digest.update(part.encode())
-    return digest.hexdigest()[:16]
-
-
-def _build(compiler: str, flags: tuple[str, ...], target: Path) -> None:
-    """Compile the ``.c`` files of ``SOURCES`` (their header found beside them) into a
-    temporary file beside ``target``, then rename it (atomic, so servers starting together
-    never load a half-written library).
-
-    Raises:
-        subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError: the build failed.
-    """
-    units = [str(path) for path in _source_paths() if path.suffix == ".c"]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
-    os.close(fd)
-    try:
-        subprocess.run(
-            [compiler, *flags, "-o", partial, *units, "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-
-
 @functools.cache
 def load_fused_decode() -> tuple[FusedDecodeKernels | None, str]:
     """Build (once per machine, cached on disk) and load the kernels.
@@ -348,25 +252,14 @@ def load_fused_decode() -> tuple[FusedDecodeKernels | None, str]:
     (no C compiler, a build error); ``how`` is said in the
     server's start-up log. Never raises.
     """
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"only built on x86-64 Linux, not {platform.system()} {platform.machine()}"
-    compiler = _compiler()
-    if compiler is None:
-        return None, "no C compiler (cc, gcc or clang) on PATH"
-    libgomp = _torch_libgomp()
-    flags = (*CFLAGS, "-fopenmp") if libgomp else CFLAGS
-    threads = f"attention on torch's OpenMP threads ({libgomp})" if libgomp else "one thread"
     try:
-        version = subprocess.run(
-            [compiler, "--version"], check=True, capture_output=True, text=True, timeout=30
-        ).stdout
-        target = _cache_dir() / f"fused_decode-{_cache_key(flags, version)}.so"
-        if not target.exists():
-            _build(compiler, flags, target)
-        library = ctypes.CDLL(str(target))
+        library, target, threaded = build_library("fused_decode", SOURCE_DIR, SOURCES, CFLAGS)
         _declare(library)
-    except subprocess.CalledProcessError as error:
-        return None, f"build failed: {error.stderr.strip()[-500:]}"
-    except (OSError, subprocess.SubprocessError) as error:
+    except KernelBuildError as error:
+        return None, str(error)
+    except AttributeError as error:  # a library without the functions declared
         return None, f"build or load failed: {error}"
+    threads = "one thread"
+    if threaded:
+        threads = f"attention on torch's OpenMP threads ({torch_libgomp()})"
     return FusedDecodeKernels(library, target), f"fused decode kernels ({target}; {threads})"

@@ -1,9 +1,10 @@
 """What the weight loader needs from a checkpoint file format (GGUF, a safetensors directory).
 
-A format reader (:class:`app.models.gguf_file.GGUFFile`,
-:class:`app.models.hf_directory.HFDirectory`) knows its files' layout: names, dtypes and block
+A format reader (:class:`app.models.checkpoints.gguf_file.GGUFFile`,
+:class:`app.models.checkpoints.hf_directory.HFDirectory`) knows its files' layout: names, dtypes
+and block
 layouts, where the bytes are. It knows nothing of architectures: which tensor means what, and
-whether rows must be un-permuted, is :mod:`app.models.model_tensors`' business.
+whether rows must be un-permuted, is :mod:`app.models.checkpoints.model_tensors`' business.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Protocol
 import numpy as np
 
 from app.models.architectures import Architecture
+from app.models.checkpoints.q4_codes import Q4Codes
 from app.models.hparams import HParams
-from app.models.q4_codes import Q4Codes
 from app.models.refusal import UnsupportedModel
 
 __all__ = ["Checkpoint", "CheckpointFormat", "TensorRows", "UnsupportedModel"]
@@ -40,8 +41,9 @@ class TensorRows(Protocol):
 
 
 class Checkpoint(Protocol):
-    """A model file (or directory) opened read-only: :class:`app.models.gguf_file.GGUFFile`,
-    :class:`app.models.hf_directory.HFDirectory`.
+    """A model file (or directory) opened read-only:
+    :class:`app.models.checkpoints.gguf_file.GGUFFile`,
+    :class:`app.models.checkpoints.hf_directory.HFDirectory`.
 
     Tensor names are the format's own; shapes are numpy order (``[out, in]`` for a matrix).
     Types are named as GGUF names them (``"F32"``, ``"BF16"``, ``"Q4_1"``, ...).

@@ -2,7 +2,7 @@
 
 Kinds: :class:`DenseEmbedding` (a matrix in memory, often the very tensor of a tied LM head),
 :class:`FileRowsEmbedding` (rows read from the checkpoint's memory map on demand) and
-:class:`app.models.int8.Int8Embedding` (the rows of a tied int8 LM head).
+:class:`app.models.weights.int8.Int8Embedding` (the rows of a tied int8 LM head).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from app.models.checkpoint import TensorRows
+from app.models.checkpoints.checkpoint import TensorRows
 
 
 class Embedding(Protocol):
@@ -35,7 +35,8 @@ class DenseEmbedding:
 @dataclass(frozen=True, slots=True)
 class FileRowsEmbedding:
     """Token lookup that reads each row from the checkpoint's memory map
-    (:meth:`app.models.checkpoint.Checkpoint.tensor_rows`), for a model whose LM head cannot
+    (:meth:`app.models.checkpoints.checkpoint.Checkpoint.tensor_rows`), for a model whose LM head
+    cannot
     serve lookups (packed for oneDNN) or whose embedding is not tied to it. No copy of the
     ``[vocab, hidden]`` matrix is kept in memory; the pages of the rows looked up become file
     cache (shared and reclaimable).

@@ -3,7 +3,8 @@
 A projection is anything with the small :class:`Projection` protocol; the forward does not
 know which kind it holds. Kinds: :class:`DenseLinear` (``F.linear``, any device and dtype),
 :class:`PackedLinear` (bfloat16 weights in oneDNN's blocked layout, CPU), and the weight-only
-quantised ones in :mod:`app.models.int8` and :mod:`app.models.int4`. How a dense projection is
+quantised ones in :mod:`app.models.weights.int8` and :mod:`app.models.weights.int4`. How a dense
+projection is
 computed is chosen once, at load, by :func:`select_linear_kernel` (rule R14).
 
 Batch invariance (API.md: a seeded request gets the same tokens whatever else is in the batch).
