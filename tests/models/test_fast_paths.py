@@ -24,7 +24,7 @@ from app.models.weights.projections import (
     LinearKernel,
     PackedLinear,
     dense_projection,
-    onednn_float32_exact_rows,
+    packed_exact_rows,
     select_linear_kernel,
 )
 from tests.models.stepping import GREEDY, generate_alone, generate_together
@@ -74,7 +74,7 @@ def test_float32_packed_weights_serve_a_bfloat16_model(with_bias: bool) -> None:
     bias = _weights(1, 96, seed=1)[0].to(torch.bfloat16) if with_bias else None
     linear = dense_projection(weight, LinearKernel.ONEDNN_FLOAT32, bias)
     assert isinstance(linear, PackedLinear) and linear.compute_dtype == torch.float32
-    assert linear.exact_rows == onednn_float32_exact_rows() >= 1
+    assert linear.exact_rows == packed_exact_rows(torch.float32, 64) >= 1
     rows = max(linear.exact_rows, 7)
     x = torch.randn(rows, 64).to(torch.bfloat16)
     residual = torch.randn(rows, 96).to(torch.bfloat16)

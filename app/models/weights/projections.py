@@ -76,13 +76,14 @@ _PROBE_ROWS = (*range(1, 10), 15, 16, 17, 24, 31, 32, 33, 47, 48, 63, 64)
 EXACT_ROWS_MAX = 64
 
 
-def exact_rows_per_call(device: torch.device, dtype: torch.dtype) -> int:
-    """Most rows one ``F.linear`` call (:attr:`LinearKernel.DENSE`) may hold so that every
-    row's result equals the result of that row alone: 32 for bfloat16 on the CPU (oneDNN's
-    bfloat16 GEMM, measured), else 1 (float32 on the CPU takes a GEMV for one row and a GEMM,
-    with other roundings, for more; other devices unmeasured)."""
+def exact_rows_per_call(device: torch.device, dtype: torch.dtype, in_features: int) -> int:
+    """Most rows one ``F.linear`` call (:attr:`LinearKernel.DENSE`) of ``in_features`` input
+    columns may hold so that every row's result equals the result of that row alone: for
+    bfloat16 on the CPU, oneDNN's bfloat16 GEMM, probed (:func:`packed_exact_rows`); else 1
+    (float32 on the CPU takes a GEMV for one row and a GEMM, with other roundings, for more;
+    other devices unmeasured)."""
     if device.type == "cpu" and dtype == torch.bfloat16 and _onednn_bfloat16_supported():
-        return EXACT_ROWS_ONEDNN_BF16
+        return packed_exact_rows(torch.bfloat16, in_features)
     return 1
 
 
@@ -124,12 +125,11 @@ def select_linear_kernel(device: torch.device, dtype: torch.dtype) -> tuple[Line
     failure = _probe_packed(torch.float32)
     if failure is not None:
         return LinearKernel.DENSE, f"F.linear: {failure}"
-    exact = onednn_float32_exact_rows()
     if dtype == torch.float32:
-        return LinearKernel.ONEDNN_FLOAT32, f"oneDNN packed float32 weights ({exact} exact rows)"
+        return LinearKernel.ONEDNN_FLOAT32, "oneDNN packed float32 weights"
     return LinearKernel.ONEDNN_FLOAT32, (
         "oneDNN packed float32 copies of the bfloat16 weights: this CPU has no bfloat16 "
-        f"matmul (oneDNN needs AVX512-BW/VL/DQ or AVX-NE-CONVERT) ({exact} exact rows)"
+        "matmul (oneDNN needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)"
     )
 
 
@@ -147,22 +147,41 @@ def _probe_packed(dtype: torch.dtype) -> str | None:
 
 
 @functools.cache
-def onednn_float32_exact_rows() -> int:
-    """Most rows one :attr:`LinearKernel.ONEDNN_FLOAT32` call may hold so that every row comes
-    out as it does alone, measured here once per process: random ``[64, 576] x [1536, 576]``
-    calls of each of ``_PROBE_ROWS`` rows against one-row calls (bitwise), with the torch
-    threads of the moment. 64 on the 2-core AVX2 EPYC (and every SmolLM2 shape there up to 128
-    rows); the probe keeps a CPU whose kernels differ from claiming more than it does."""
+def packed_exact_rows(compute_dtype: torch.dtype, in_features: int) -> int:
+    """Most rows one packed oneDNN call (:class:`PackedLinear` in ``compute_dtype``) with
+    ``in_features`` input columns may hold so that every row comes out as it does alone,
+    measured here once per process and width: random ``[64, in_features] x [576,
+    in_features]`` calls of each of ``_PROBE_ROWS`` rows, plain and with the residual added
+    (``add_to``), against one-row calls (bitwise), with the torch threads of the moment and
+    with one thread (a server may run with ``--torch-threads 1``); the least of them.
+
+    The width matters, and so does the CPU. On the 2-core AVX2 EPYC every SmolLM2 shape up to
+    128 rows came out exact in float32; on the 2-core AMX Xeon bfloat16 calls of up to 32 rows.
+    On a 2-core AVX-512 EPYC (Zen 4, bfloat16 native) widths of 576 are exact up to 64 rows,
+    while 1,536 (SmolLM2's down projection) gives 6 rows in bfloat16 and 1 in float32, and
+    1 with one thread: oneDNN splits the reduction differently with the row count there. A
+    constant per kernel made seeded requests differ in a crowd on that CPU."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(1536, 576, generator=generator).to(torch.bfloat16).float()
-    x = torch.randn(EXACT_ROWS_MAX, 576, generator=generator).to(torch.bfloat16).float()
-    linear = PackedLinear.pack(weight, exact_rows=1)
-    alone = torch.cat([linear(x[row : row + 1]) for row in range(EXACT_ROWS_MAX)])
-    exact = 1
-    for rows in _PROBE_ROWS:
-        if not torch.equal(linear(x[:rows]), alone[:rows]):
-            break
-        exact = rows
+    weight = torch.randn(576, in_features, generator=generator).to(torch.bfloat16)
+    x = torch.randn(EXACT_ROWS_MAX, in_features, generator=generator).to(torch.bfloat16)
+    residual = torch.randn(EXACT_ROWS_MAX, 576, generator=generator).to(torch.bfloat16)
+    linear = PackedLinear.pack(weight.to(compute_dtype), exact_rows=1)
+    x, residual = x.to(compute_dtype), residual.to(compute_dtype)
+    threads = torch.get_num_threads()
+    exact = EXACT_ROWS_MAX
+    try:
+        for count in sorted({threads, 1}):
+            torch.set_num_threads(count)
+            for call in (linear, lambda rows: linear.add_to(residual[: rows.shape[0]], rows)):
+                alone = torch.cat([call(x[row : row + 1]) for row in range(EXACT_ROWS_MAX)])
+                agreed = 1
+                for rows in _PROBE_ROWS:
+                    if not torch.equal(call(x[:rows]), alone[:rows]):
+                        break
+                    agreed = rows
+                exact = min(exact, agreed)
+    finally:
+        torch.set_num_threads(threads)
     return exact
 
 
@@ -238,11 +257,12 @@ def dense_projection(
     """A dense projection of ``weight [out, in]`` (already in the model dtype and on its
     device), with ``bias [out]`` in the same dtype or None."""
     if kernel is LinearKernel.ONEDNN:
-        return PackedLinear.pack(weight, bias)
+        exact = packed_exact_rows(torch.bfloat16, weight.shape[1])
+        return PackedLinear.pack(weight, bias, exact_rows=exact)
     if kernel is LinearKernel.ONEDNN_FLOAT32:
-        exact = onednn_float32_exact_rows()
+        exact = packed_exact_rows(torch.float32, weight.shape[1])
         return PackedLinear.pack(weight, bias, compute_dtype=torch.float32, exact_rows=exact)
-    exact = exact_rows_per_call(weight.device, weight.dtype)
+    exact = exact_rows_per_call(weight.device, weight.dtype, weight.shape[1])
     return DenseLinear(weight.contiguous(), exact, bias)
 
 
