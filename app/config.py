@@ -88,18 +88,26 @@ class ServerConfig(BaseSettings):
         description="weights and KV cache dtype of the real model (bfloat16: ~2x the decode "
         "throughput of float32, greedy tokens 98% the same; see docs/MODEL_PERF.md)",
     )
-    quantization: Literal["auto", "none", "int8", "int4"] = Field(
+    quantization: Literal["auto", "none", "gguf", "int8", "int4"] = Field(
         "auto",
-        description="real model: auto picks int4 for a GGUF whose projections are Q4_0/Q4_1 "
-        "(on the CPU in bfloat16), else none; int4 computes with the GGUF's own 4-bit codes "
-        "(CPU only, ~2x the tok/s of none for a few streams, the same above), int8 "
-        "re-quantises to weight-only int8; both need --dtype bfloat16; none: dense weights",
+        description="real model: auto picks gguf for a GGUF file on the CPU in bfloat16, else "
+        "none; gguf computes on the file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
+        "Q5_K, Q6_K) in C kernels chosen by cpuid, memory at the file's size (CPU only); int4 "
+        "computes with Q4_0/Q4_1 codes in torch's int4 kernel, int8 re-quantises to "
+        "weight-only int8 (both need --dtype bfloat16); none: dense weights",
     )
     fused_decode: bool = Field(
         True,
         description="real model, CPU bfloat16: run decode steps (without a seeded row) "
         "through fused C kernels built with the machine's C compiler at start-up "
         "(1.2-1.5x eager torch's tok/s; eager when there is no compiler)",
+    )
+    wide_copies: CliImplicitFlag[bool] = Field(
+        False,
+        description="real model, --quantization auto/gguf: also keep dense copies of the "
+        "projections computed on a GGUF's blocks, for steps of more than 4 rows (the block "
+        "kernels are GEMVs at heart; oneDNN's GEMM over dense weights wins from ~8 rows): "
+        "faster batches for a small model, at the dense copies' memory",
     )
     warmup: CliImplicitFlag[bool] = Field(
         True,

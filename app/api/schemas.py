@@ -261,3 +261,8 @@ class InfoResponse(BaseModel):
     prefix_caching: bool = Field(
         False, description="whether prompt prefixes reuse cached KV blocks"
     )
+    weight_kernels: str = Field(
+        "",
+        description="what computes the projections when chosen by the CPU's features (the "
+        "GGUF-block kernels: instruction set, why, the file's types); empty otherwise",
+    )

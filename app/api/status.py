@@ -51,6 +51,7 @@ async def info(request: Request) -> InfoResponse:
         kv_block_size=caps.kv_block_size,
         num_kv_blocks=max(0, caps.num_kv_blocks - 1),
         prefix_caching=resources.engine.prefix_caching,
+        weight_kernels=caps.weight_kernels,
     )
 
 

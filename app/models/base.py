@@ -114,6 +114,8 @@ class ModelCapabilities:
             (its state is per slot, and rows carry no ``kv_blocks``).
         num_kv_blocks: blocks in the model's KV pool, block 0 included (the null block, never
             handed out: it pads block tables); 0 when not paged.
+        weight_kernels: what computes the projections when that is chosen per CPU (the
+            GGUF-block kernels: instruction set, why, types), "" otherwise (``/info``).
     """
 
     name: str
@@ -127,6 +129,7 @@ class ModelCapabilities:
     fixed_batch_shape: bool = False
     kv_block_size: int = 0
     num_kv_blocks: int = 0
+    weight_kernels: str = ""
 
     @property
     def paged(self) -> bool:

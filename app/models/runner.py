@@ -110,6 +110,7 @@ class ModelRunner:
         max_model_len: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         num_kv_blocks: int | None = None,
+        weight_kernels: str = "",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -147,6 +148,7 @@ class ModelRunner:
             max_tokens_per_row=min(prefill_chunk, max_model_len),
             kv_block_size=KV_BLOCK_SIZE,
             num_kv_blocks=num_kv_blocks,
+            weight_kernels=weight_kernels,
         )
 
     def step(self, batch: StepBatch) -> StepOutput:

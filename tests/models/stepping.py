@@ -16,6 +16,7 @@ from app.models.checkpoints.model_tensors import ModelTensors
 from app.models.forward.decoder import DecoderModel
 from app.models.forward.forward_plan import ForwardPlan, RowSpec
 from app.models.forward.kv_cache import KVCache
+from app.models.kernels.ggml_quant import load_ggml_quant
 from app.models.runner import ModelRunner
 from app.models.weights.build import load_weights
 from app.models.weights.projections import LinearKernel, select_linear_kernel
@@ -97,8 +98,9 @@ def decoder_of(
     tensors = open_tensors(path)
     if kernel is None:
         kernel, _ = select_linear_kernel(CPU, dtype)
+    ggml = load_ggml_quant()[0] if quantization is Quantization.GGUF else None
     weights = load_weights(
-        tensors, dtype=dtype, device=CPU, quantization=quantization, kernel=kernel
+        tensors, dtype=dtype, device=CPU, quantization=quantization, kernel=kernel, ggml=ggml
     )
     return DecoderModel(
         tensors.hparams, weights, max_model_len=max_model_len, fused_decode=fused_decode

@@ -15,6 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from app.models.kernels.ggml_quant import load_ggml_quant
+from app.models.weights.ggml import GGMLLinear
 from app.models.weights.int4 import int4_kernel_status
 from app.models.weights.record import Quantization
 from tests.checkpoints import ARCHITECTURES, load_transformers_model, transformers_logits
@@ -100,3 +102,41 @@ def test_int4_path_follows_the_files_float32_decode(
     assert (int4 - float32).abs().max().item() < 0.1
     agreement = (int4.argmax(-1) == float32.argmax(-1)).float().mean().item()
     assert agreement >= 0.75
+
+
+GGUF_CASES = [
+    ("Q4_0", "llama"),
+    ("Q4_1", "qwen3"),
+    ("Q5_0", "mistral"),
+    ("Q5_1", "llama"),
+    ("Q8_0", "qwen2"),
+    ("Q4_K", "llama"),
+    ("Q6_K", "qwen2"),
+]
+
+
+@pytest.mark.skipif(load_ggml_quant()[0] is None, reason=load_ggml_quant()[1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("tensor_type, architecture", GGUF_CASES)
+def test_gguf_blocks_follow_the_files_float32_decode(
+    tiny_checkpoints, tensor_type: str, architecture: str, dtype: torch.dtype
+) -> None:
+    """The file's own blocks in the GGUF-block kernels (8-bit activations; K-quant tensors
+    beside their fallbacks, Q5_0 / Q8_0, in one model) against the same file decoded to
+    float32: the activation quantisation's error, and the greedy tokens mostly agree. No dense
+    copy of a quantised matrix is kept: every projection and the head are on the blocks."""
+    path = tiny_checkpoints.gguf(architecture, tensor_type)
+    model = decoder_of(path, dtype=dtype, quantization=Quantization.GGUF, max_model_len=64)
+    weights = model.weights
+    assert weights.dense_projections == ()
+    assert all(isinstance(p, GGMLLinear) for layer in weights.layers for p in _projections(layer))
+    assert isinstance(weights.lm_head, GGMLLinear)
+    blocks = sequence_logits(model, PROMPT_IDS, chunk=CHUNK)
+    float32 = _ours(path)
+    assert (blocks - float32).abs().max().item() < 0.15
+    agreement = (blocks.argmax(-1) == float32.argmax(-1)).float().mean().item()
+    assert agreement >= 0.75
+
+
+def _projections(layer):
+    return (layer.qkv, layer.attn_output, layer.gate_up, layer.down)

@@ -86,6 +86,16 @@ class Checkpoint(Protocol):
         int4 kernel computes with them as they are), else None."""
         ...
 
+    def raw_blocks(self, name: str) -> np.ndarray | None:
+        """The matrix's rows as the file stores them, uint8 ``[rows, bytes per row]`` (a
+        read-only view of the file, no copy), or None for a format without quantised blocks."""
+        ...
+
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's resident memory (they stay in the page
+        cache and come back if read again): after the weights are copied out."""
+        ...
+
     def unsupported_tensor(self) -> tuple[str, str] | None:
         """``(name, type)`` of the first tensor whose type this server cannot read, or None."""
         ...

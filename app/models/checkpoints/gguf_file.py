@@ -19,8 +19,10 @@ maps any matrix's rows for token lookups without a copy in memory.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,7 @@ SUPPORTED_TENSOR_TYPES = frozenset(
 )  # fmt: skip
 
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
+_MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
 
 class _PlainViewReader(gguf.GGUFReader):
@@ -111,6 +114,11 @@ class GGUFFile:
     def field(self, key: str) -> Any:
         """Value of a metadata key (str, number, or list of them). Raises KeyError if absent."""
         return self._reader.fields[key].contents()
+
+    def fields_with_prefix(self, prefix: str) -> list[tuple[str, Any]]:
+        """``(key, field)`` of every metadata key starting with ``prefix``, in file order
+        (``gguf.ReaderField``: ``contents()`` and ``types``), e.g. to copy a tokenizer."""
+        return [(k, f) for k, f in self._reader.fields.items() if k.startswith(prefix)]
 
     def field_or(self, key: str, default: Any) -> Any:
         """Value of a metadata key, or ``default`` when the file does not have it."""
@@ -246,6 +254,30 @@ class GGUFFile:
             shape=(rows, columns // block_size * block_bytes),
         )
         return GGUFRows(raw, tensor.tensor_type, columns)
+
+    def raw_blocks(self, name: str) -> np.ndarray:
+        """The matrix ``name``'s blocks as stored: uint8 ``[rows, bytes per row]``, a read-only
+        view of the file's mapping (nothing is copied or read until indexed)."""
+        tensor = self._tensors[name]
+        rows, columns = self.tensor_shape(name)
+        block_size, block_bytes = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+        flat = np.asarray(tensor.data).view(np.uint8).reshape(-1)
+        return flat.reshape(rows, columns // block_size * block_bytes)
+
+    def release_pages(self) -> None:
+        """``madvise(MADV_DONTNEED)`` over the file's mapping: the pages the load read stop
+        counting in this process's resident memory (a private read-only file mapping loses
+        nothing; a later read faults them in again from the page cache). Best effort: a
+        platform without ``madvise`` keeps them."""
+        data = self._reader.data
+        page = mmap.PAGESIZE
+        start = data.ctypes.data // page * page
+        length = data.ctypes.data + data.nbytes - start
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_DONTNEED)
+        except (OSError, AttributeError):
+            pass
 
     def q4_codes(self, name: str) -> Q4Codes | None:
         """The codes and scales of a Q4_0 or Q4_1 matrix as stored, or None for another type.

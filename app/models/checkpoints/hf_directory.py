@@ -113,6 +113,13 @@ class HFDirectory:
         """None: safetensors hold float weights only."""
         return None
 
+    def raw_blocks(self, name: str) -> None:
+        """None: safetensors hold float weights only."""
+        return None
+
+    def release_pages(self) -> None:
+        """Nothing: safetensors tensors are read through handles, not one mapping."""
+
     def tensor_rows(self, name: str) -> SafetensorsRows:
         entry = self._entries[name]
         rows, columns = entry.shape

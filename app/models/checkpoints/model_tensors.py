@@ -140,6 +140,16 @@ class ModelTensors:
         order = self._row_order(part)
         return codes if order is None else codes.rows_permuted(order)
 
+    def raw_blocks(self, part: str, layer: int | None = None) -> np.ndarray | None:
+        """The blocks of ``part`` as the file stores them, uint8 ``[rows, bytes per row]``, rows
+        in Hugging Face order (a copy when llama.cpp's Q/K permutation is undone, else a view
+        of the file), or None for a checkpoint without quantised blocks."""
+        blocks = self.checkpoint.raw_blocks(self.name(part, layer))
+        if blocks is None:
+            return None
+        order = self._row_order(part)
+        return blocks if order is None else blocks[order]
+
     def rows(self, part: str) -> TensorRows:
         """Memory-mapped rows of the embedding or output matrix (never permuted)."""
         return self.checkpoint.tensor_rows(self.name(part))

@@ -29,6 +29,7 @@ _EXTRA_BYTES_PER_WEIGHT = {
     Quantization.NONE: 0.0,
     Quantization.INT8: 1.0,  # int8 values (scales per row: negligible)
     Quantization.INT4: 0.5 + 4 / 32,  # 4-bit codes, a bfloat16 scale and zero per 32
+    Quantization.GGUF: 0.0,  # the blocks are counted from the file (block_bytes)
 }
 
 
@@ -73,21 +74,42 @@ def estimate_memory(
     quantization: Quantization,
     max_model_len: int,
     num_kv_blocks: int,
+    block_bytes: dict[str, int] | None = None,
+    extra_bytes: int = 0,
 ) -> MemoryEstimate:
-    """The estimate for one load (see the module docstring)."""
+    """The estimate for one load (see the module docstring).
+
+    ``block_bytes`` (gguf): bytes in the file of the matrices kept as blocks, by part
+    (``attn_q`` ... ``ffn_down`` summed over layers, ``token_embedding`` or ``output`` for the
+    head): those count their file bytes, every other matrix its dense size. ``extra_bytes``:
+    dense copies kept beside the blocks (``wide_copies``)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     # the dense copy every projection computes wide steps with: float32 where this CPU has no
     # bfloat16 matmul (app.models.weights.projections.LinearKernel.ONEDNN_FLOAT32)
     wide_itemsize = 4 if widens_to_float32(device, dtype) else itemsize
     hidden = hparams.embedding_length
-    per_layer = hidden * (2 * hparams.q_width + 2 * hparams.kv_width)
-    per_layer += 3 * hidden * hparams.feed_forward_length
+    ffn = hparams.feed_forward_length
+    widths = {
+        "attn_q": hidden * hparams.q_width,
+        "attn_k": hidden * hparams.kv_width,
+        "attn_v": hidden * hparams.kv_width,
+        "attn_output": hidden * hparams.q_width,
+        "ffn_gate": hidden * ffn,
+        "ffn_up": hidden * ffn,
+        "ffn_down": hidden * ffn,
+    }
     per_weight = wide_itemsize + _EXTRA_BYTES_PER_WEIGHT[quantization]
-    projections = hparams.block_count * per_layer * per_weight
-    head = hparams.vocab_size * hidden * (wide_itemsize + (quantization is not Quantization.NONE))
+    stored = block_bytes or {}
+    projections = sum(
+        stored[part] if part in stored else hparams.block_count * size * per_weight
+        for part, size in widths.items()
+    )
+    head_part = "token_embedding" if hparams.tied_embeddings else "output"
+    int8_head = quantization in (Quantization.INT8, Quantization.INT4)
+    head = stored.get(head_part, hparams.vocab_size * hidden * (wide_itemsize + int8_head))
     embedding = 0 if (hparams.tied_embeddings or device.type == "cpu") else head
     rope = 2 * max_model_len * hparams.head_dim * itemsize
-    weights = int(projections + head + embedding + rope)
+    weights = int(projections + head + embedding + rope + extra_bytes)
     kv = kv_block_bytes(hparams, dtype=dtype) * num_kv_blocks
     available, where = available_memory(device)
     return MemoryEstimate(weights=weights, kv_cache=kv, available=available, where=where)

@@ -19,8 +19,11 @@ from pathlib import Path
 import torch
 
 from app.config import ServerConfig, parse_memory_size
+from app.models.checkpoints.checkpoint import CheckpointFormat
+from app.models.checkpoints.model_tensors import LAYER_MATRICES
 from app.models.forward.decoder import DecoderModel
 from app.models.forward.kv_cache import kv_block_bytes, pool_blocks
+from app.models.kernels.ggml_quant import KERNEL_TYPES, load_ggml_quant
 from app.models.load.allocator import keep_step_buffers_in_the_heap, return_freed_memory_to_the_os
 from app.models.load.memory import MemoryEstimate, available_memory, estimate_memory
 from app.models.load.source import ModelSource, open_model
@@ -28,8 +31,8 @@ from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from app.models.weights.build import load_weights
 from app.models.weights.int4 import int4_kernel_status
-from app.models.weights.projections import select_linear_kernel
-from app.models.weights.record import DTYPES, Quantization
+from app.models.weights.projections import select_linear_kernel, widens_to_float32
+from app.models.weights.record import DTYPES, ModelWeights, Quantization
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class LoadOptions:
         quantization: ``"auto"``, ``"none"``, ``"int8"`` or ``"int4"`` (see
             :func:`resolve_quantization`).
         fused_decode: use the fused CPU decode kernels where they apply and build.
+        wide_copies: gguf also keeps dense copies of the projections for wide steps
+            (``--wide-copies``; :class:`app.models.weights.ggml.GGMLLinear`).
         served_model_name: the name to serve under; None: the bundled model's name, the GGUF's
             ``general.name``, or the directory's name.
         prefill_chunk: most prompt tokens one row carries in a step.
@@ -62,6 +67,7 @@ class LoadOptions:
     device: str = "cpu"
     quantization: str = "none"
     fused_decode: bool = True
+    wide_copies: bool = False
     served_model_name: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     kv_cache_memory: int | float | None = None
@@ -75,6 +81,7 @@ class LoadOptions:
             device=resolve_device(config.device),
             quantization=config.quantization,
             fused_decode=config.fused_decode,
+            wide_copies=config.wide_copies,
             served_model_name=config.served_model_name,
             kv_cache_memory=(
                 parse_memory_size(config.kv_cache_memory) if config.kv_cache_memory else None
@@ -94,6 +101,8 @@ class LoadPlan:
         max_model_len: positions per slot (the asked value capped at the model's context).
         memory: the estimate that was checked.
         num_kv_blocks: blocks of the paged KV pool, the null block included.
+        wide_copies: gguf keeps dense copies of the projections for wide steps
+            (``--wide-copies``).
     """
 
     source: ModelSource
@@ -105,6 +114,7 @@ class LoadPlan:
     max_model_len: int
     memory: MemoryEstimate
     num_kv_blocks: int
+    wide_copies: bool = False
 
 
 def resolve_device(device: str) -> str:
@@ -119,31 +129,42 @@ def resolve_quantization(
 ) -> tuple[Quantization, str]:
     """The weight format to load, and why.
 
-    ``auto`` picks the fastest format whose greedy quality was checked against float32
-    (docs/MODEL_PERF.md, "The default"): the file's own Q4_0/Q4_1 codes in the int4 kernel when
-    every projection is stored so and the model runs on the CPU in bfloat16; otherwise dense in
-    the model dtype. Explicit choices are checked and kept.
+    ``auto``: a GGUF file on the CPU in bfloat16 computes on its own blocks (``gguf``) when
+    any projection is of a type the GGUF-block kernels compute; otherwise (and where those
+    kernels do not build, :func:`load_runner`) as before: the int4 kernel when every
+    projection is Q4_0/Q4_1 and the model runs on the CPU in bfloat16, else dense in the model
+    dtype. Explicit choices are checked and kept. (float32 stays dense under ``auto``: it is
+    asked for as the exact reference.)
 
     Raises:
-        ModelRefused: an explicit choice that cannot run here (int8/int4 without bfloat16,
-            int4 off the CPU or on a file whose projections are not 4-bit).
+        ModelRefused: an explicit choice that cannot run here (gguf off the CPU or on a
+            checkpoint without blocks; int8/int4 without bfloat16, int4 off the CPU or on a
+            file whose projections are not 4-bit).
     """
     types = source.tensors.projection_types()
-    not_4bit = next(((n, t) for n, t in types.items() if t not in INT4_FILE_TYPES), None)
-    cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
-    kernel_present = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    blocks = source.checkpoint.format is CheckpointFormat.GGUF
+    computed = sorted({t for t in types.values() if t in KERNEL_TYPES})
+    others = sorted({t for t in types.values() if t not in KERNEL_TYPES})
     if requested == "auto":
-        if not_4bit is not None:
-            name, kind = not_4bit
-            return Quantization.NONE, f"auto: {name} is {kind}, not 4-bit: dense {dtype}"
-        if not cpu_bf16 or not kernel_present:
-            return Quantization.NONE, "auto: the int4 kernel runs on the CPU in bfloat16 only"
-        return Quantization.INT4, "auto: the file's own 4-bit codes in the int4 kernel"
+        if blocks and computed and device.type == "cpu" and dtype == torch.bfloat16:
+            dense = f"; {', '.join(others)} dense" if others else ""
+            return Quantization.GGUF, (
+                f"auto: the file's own {', '.join(computed)} blocks in the GGUF-block "
+                f"kernels{dense}"
+            )
+        return auto_without_blocks(source, dtype, device)
     quantization = Quantization(requested)
+    if quantization is Quantization.GGUF:
+        if device.type != "cpu" or not blocks:
+            raise ModelRefused(
+                source.path, "--quantization gguf computes a GGUF file's blocks on the CPU only"
+            )
+        return quantization, f"--quantization gguf ({', '.join(computed) or 'no'} blocks)"
     if quantization is not Quantization.NONE and dtype != torch.bfloat16:
         raise ModelRefused(source.path, f"--quantization {requested} needs --dtype bfloat16")
     if quantization is Quantization.INT4:
-        if device.type != "cpu" or not kernel_present:
+        not_4bit = next(((n, t) for n, t in types.items() if t not in INT4_FILE_TYPES), None)
+        if device.type != "cpu" or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
             raise ModelRefused(source.path, "--quantization int4 runs on the CPU only")
         if not_4bit is not None:
             name, kind = not_4bit
@@ -151,6 +172,23 @@ def resolve_quantization(
                 source.path, f"--quantization int4 needs Q4_0/Q4_1 projections; {name} is {kind}"
             )
     return quantization, f"--quantization {requested}"
+
+
+def auto_without_blocks(
+    source: ModelSource, dtype: torch.dtype, device: torch.device
+) -> tuple[Quantization, str]:
+    """``auto`` where the GGUF-block kernels do not serve: int4 for an all-Q4_0/Q4_1 file on
+    the CPU in bfloat16 (torch's kernel), else dense in the model dtype."""
+    types = source.tensors.projection_types()
+    not_4bit = next(((n, t) for n, t in types.items() if t not in INT4_FILE_TYPES), None)
+    if not_4bit is not None:
+        name, kind = not_4bit
+        return Quantization.NONE, f"auto: {name} is {kind}: dense {dtype}"
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return Quantization.NONE, "auto: the int4 kernel runs on the CPU in bfloat16 only"
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        return Quantization.NONE, "auto: torch has no int4 kernel"
+    return Quantization.INT4, "auto: the file's own 4-bit codes in the int4 kernel"
 
 
 def plan_load(model: str, options: LoadOptions) -> LoadPlan:
@@ -184,6 +222,11 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         )
     except ValueError as error:
         raise ModelRefused(source.path, str(error)) from None
+    stored = block_bytes(source) if quantization is Quantization.GGUF else None
+    wide_bytes = wide_copy_bytes(source, dtype, device) if stored else 0
+    wide_copies = options.wide_copies and wide_bytes > 0
+    if wide_copies:
+        reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
     memory = estimate_memory(
         source.hparams,
         dtype=dtype,
@@ -191,6 +234,8 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         quantization=quantization,
         max_model_len=max_model_len,
         num_kv_blocks=num_kv_blocks,
+        block_bytes=stored,
+        extra_bytes=wide_bytes if wide_copies else 0,
     )
     if not memory.fits:
         raise ModelRefused(
@@ -198,15 +243,62 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
             memory.describe(max_num_seqs=options.max_num_seqs, max_model_len=max_model_len),
         )
     return LoadPlan(
-        source, options, dtype, device, quantization, reason, max_model_len, memory, num_kv_blocks
+        source,
+        options,
+        dtype,
+        device,
+        quantization,
+        reason,
+        max_model_len,
+        memory,
+        num_kv_blocks,
+        wide_copies,
     )
+
+
+def block_bytes(source: ModelSource) -> dict[str, int]:
+    """Bytes in the file of every matrix a gguf load keeps as blocks (layer matrices, the
+    LM head or tied embedding) whose type the kernels compute: part name -> bytes summed
+    over layers (``output`` / ``token_embedding`` for the head)."""
+    tensors, hp = source.tensors, source.hparams
+    sizes: dict[str, int] = {}
+    parts = [(part, i) for i in range(hp.block_count) for part in LAYER_MATRICES]
+    parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
+    for part, i in parts:
+        if tensors.tensor_type(part, i) in KERNEL_TYPES:
+            raw = source.checkpoint.raw_blocks(tensors.name(part, i))
+            sizes[part] = sizes.get(part, 0) + (0 if raw is None else raw.nbytes)
+    return sizes
+
+
+def wide_copy_bytes(source: ModelSource, dtype: torch.dtype, device: torch.device) -> int:
+    """Bytes of dense copies, in the dense kernel's dtype, of every matrix a gguf load would
+    keep as blocks (what ``wide_copies`` costs)."""
+    itemsize = 4 if widens_to_float32(device, dtype) else dtype.itemsize
+    tensors, hp = source.tensors, source.hparams
+    parts = [(part, i) for i in range(hp.block_count) for part in LAYER_MATRICES]
+    parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
+    count = 0
+    for part, i in parts:
+        if tensors.tensor_type(part, i) in KERNEL_TYPES:
+            rows, columns = source.checkpoint.tensor_shape(tensors.name(part, i))
+            count += rows * columns
+    return count * itemsize
 
 
 def load_runner(plan: LoadPlan) -> ModelRunner:
     """Read the weights and build the runner (phase 2; call it on the model thread)."""
     started = time.perf_counter()
     source, options = plan.source, plan.options
-    quantization = plan.quantization
+    quantization, reason = plan.quantization, plan.quantization_reason
+    ggml, ggml_how = (None, "")
+    if quantization is Quantization.GGUF:
+        ggml, ggml_how = load_ggml_quant()
+        if ggml is None:
+            if options.quantization != "auto":
+                raise ModelRefused(source.path, f"--quantization gguf: {ggml_how}")
+            quantization, reason = auto_without_blocks(source, plan.dtype, plan.device)
+            logger.warning("GGUF-block kernels unavailable (%s): %s", ggml_how, reason)
     if quantization is Quantization.INT4 and options.quantization == "auto":
         available, why = int4_kernel_status()
         if not available:
@@ -219,7 +311,7 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         source.architecture.name,
         source.checkpoint.format.value,
         quantization.value,
-        plan.quantization_reason,
+        reason,
         kernel.value,
         kernel_reason,
     )
@@ -229,7 +321,13 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         device=plan.device,
         quantization=quantization,
         kernel=kernel,
+        ggml=ggml,
+        wide_copies=plan.wide_copies and quantization is Quantization.GGUF,
     )
+    source.checkpoint.release_pages()  # the weights are copied out: the file's pages go
+    weight_kernels = describe_weight_kernels(weights, ggml_how)
+    if weight_kernels:
+        logger.info("weights: %s", weight_kernels)
     model = DecoderModel(
         source.hparams,
         weights,
@@ -244,6 +342,7 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         max_model_len=plan.max_model_len,
         prefill_chunk=options.prefill_chunk,
         num_kv_blocks=plan.num_kv_blocks,
+        weight_kernels=weight_kernels,
     )
     return_freed_memory_to_the_os()
     keep_step_buffers_in_the_heap()
@@ -260,6 +359,23 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         "" if options.kv_cache_memory is not None else " (default; --kv-cache-memory sets it)",
     )
     return runner
+
+
+def describe_weight_kernels(weights: ModelWeights, ggml_how: str) -> str:
+    """What computes the projections, per stored type (the start-up log and ``/info``), for a
+    gguf load; "" for the other formats (their log line says it)."""
+    if weights.quantization is not Quantization.GGUF:
+        return ""
+    counts: dict[str, int] = {}
+    linears = [p for layer in weights.layers for p in (layer.qkv, layer.attn_output)]
+    linears += [p for layer in weights.layers for p in (layer.gate_up, layer.down)]
+    for projection in (*linears, weights.lm_head):
+        for kind in getattr(projection, "tensor_types", ()):
+            counts[kind] = counts.get(kind, 0) + 1
+    blocks = ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items()))
+    dense = weights.dense_projections
+    kept = f"; dense: {', '.join(dense[:4])}{' ...' if len(dense) > 4 else ''}" if dense else ""
+    return f"{ggml_how}; on the file's blocks: {blocks}{kept}"
 
 
 def load_checkpoint(model: str | Path, **options: object) -> ModelRunner:

@@ -16,7 +16,14 @@ Embedding and LM head (tied: one matrix for both):
   matrix
   on every call: 1.2-2x slower, docs/MODEL_PERF.md);
 * dense, not packed: tied to the very tensor;
-* int8 / int4: an int8 head; tied, the lookup reads its int8 rows.
+* int8 / int4: an int8 head; tied, the lookup reads its int8 rows;
+* gguf: the file's blocks when the kernels compute their type (tied: the lookup decodes rows of
+  the same blocks), else as dense.
+
+gguf keeps the file's blocks for every projection whose matrices are all of a type the kernels
+compute (:data:`app.models.kernels.ggml_quant.KERNEL_TYPES`), with its norm apart as int4 does;
+a projection with a matrix of another type (F16, BF16, F32, Q2_K, Q3_K) is dense, its norm
+folded, and named in :attr:`ModelWeights.dense_projections`.
 
 An untied embedding on the CPU is read from the file's rows (no copy in memory).
 """
@@ -27,11 +34,19 @@ import numpy as np
 import torch
 
 from app.models.checkpoints.model_tensors import ModelTensors
+from app.models.kernels.ggml_quant import KERNEL_TYPES, GGMLKernels, QuantSegment
 from app.models.refusal import UnsupportedModel
 from app.models.weights.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
+from app.models.weights.ggml import GGMLEmbedding, GGMLLinear
 from app.models.weights.int4 import Int4Linear, int4_kernel_status
 from app.models.weights.int8 import Int8Embedding, Int8Linear
-from app.models.weights.projections import DenseLinear, LinearKernel, Projection, dense_projection
+from app.models.weights.projections import (
+    DenseLinear,
+    LinearKernel,
+    Projection,
+    WideLinear,
+    dense_projection,
+)
 from app.models.weights.record import LayerWeights, ModelWeights, Quantization
 
 QKV = ("attn_q", "attn_k", "attn_v")
@@ -45,15 +60,25 @@ def load_weights(
     device: torch.device,
     quantization: Quantization = Quantization.NONE,
     kernel: LinearKernel = LinearKernel.DENSE,
+    ggml: GGMLKernels | None = None,
+    wide_copies: bool = False,
 ) -> ModelWeights:
     """Read, fuse, fold, cast (or quantise) and move every weight.
 
+    ``ggml``: the GGUF-block kernels, required for ``Quantization.GGUF``; ``wide_copies``:
+    gguf keeps a dense copy of each projection on the blocks for wide steps
+    (:class:`app.models.weights.ggml.GGMLLinear`).
+
     Raises:
-        ValueError: int8/int4 without bfloat16, int4 off the CPU or without its kernel,
+        ValueError: gguf without its kernels, off the CPU or on a checkpoint without blocks;
+            int8/int4 without bfloat16, int4 off the CPU or without its kernel,
             ``kernel`` ONEDNN off the CPU or without bfloat16, ONEDNN_FLOAT32 off the CPU.
         UnsupportedModel: int4 asked for a file whose projections are not all Q4_0/Q4_1.
     """
-    if quantization is not Quantization.NONE and dtype != torch.bfloat16:
+    if quantization is Quantization.GGUF:
+        if ggml is None or device.type != "cpu":
+            raise ValueError("gguf weights need the GGUF-block kernels on the CPU")
+    elif quantization is not Quantization.NONE and dtype != torch.bfloat16:
         raise ValueError(
             f"{quantization.value} weights need dtype bfloat16 (the kernel's activations)"
         )
@@ -65,7 +90,7 @@ def load_weights(
         raise ValueError("the oneDNN packed bfloat16 kernel needs bfloat16 on the CPU")
     if kernel is LinearKernel.ONEDNN_FLOAT32 and device.type != "cpu":
         raise ValueError("the oneDNN packed float32 kernel runs on the CPU only")
-    builder = _LayerBuilder(tensors, dtype, device, quantization, kernel)
+    builder = _LayerBuilder(tensors, dtype, device, quantization, kernel, ggml, wide_copies)
     layers = tuple(builder.layer(i) for i in range(tensors.hparams.block_count))
     embedding, lm_head = builder.embedding_and_head()
     return ModelWeights(
@@ -75,6 +100,7 @@ def load_weights(
         output_norm=builder.vector("output_norm"),
         kernel=kernel,
         quantization=quantization,
+        dense_projections=tuple(builder.dense_projections),
     )
 
 
@@ -88,17 +114,27 @@ class _LayerBuilder:
         device: torch.device,
         quantization: Quantization,
         kernel: LinearKernel,
+        ggml: GGMLKernels | None = None,
+        wide_copies: bool = False,
     ) -> None:
         self.tensors = tensors
+        self.wide_copies = wide_copies
         self.dtype, self.device = dtype, device
-        self.quantization, self.kernel = quantization, kernel
+        self.quantization, self.kernel, self.ggml = quantization, kernel, ggml
+        # gguf: "name (type)" of each matrix whose projection stayed dense
+        self.dense_projections: list[str] = []
 
     def vector(self, part: str, layer: int | None = None) -> torch.Tensor:
         """A 1-D weight (a norm) in the model dtype on the device."""
         return self._to_model(self.tensors.read(part, layer))
 
     def layer(self, i: int) -> LayerWeights:
-        if self.quantization is Quantization.INT4:
+        if self.quantization is Quantization.GGUF:
+            qkv, attn_norm = self._file_blocks(i, QKV, norm="attn_norm")
+            attn_output, _ = self._file_blocks(i, ("attn_output",))
+            gate_up, ffn_norm = self._file_blocks(i, GATE_UP, norm="ffn_norm")
+            down, _ = self._file_blocks(i, ("ffn_down",))
+        elif self.quantization is Quantization.INT4:
             qkv, attn_output = self._int4(i, QKV), self._int4(i, ("attn_output",))
             gate_up, down = self._int4(i, GATE_UP), self._int4(i, ("ffn_down",))
             attn_norm, ffn_norm = self.vector("attn_norm", i), self.vector("ffn_norm", i)
@@ -121,9 +157,20 @@ class _LayerBuilder:
     def embedding_and_head(self) -> tuple[Embedding, Projection]:
         tensors, hp = self.tensors, self.tensors.hparams
         head_part = "token_embedding" if hp.tied_embeddings else "output"
+        if self.quantization is Quantization.GGUF:
+            kind = tensors.tensor_type(head_part)
+            if kind in KERNEL_TYPES and self.ggml is not None:
+                segment = self._segment(head_part, None)
+                wide = self._wide((head_part,), None, None)
+                head = GGMLLinear(self.ggml, (segment,), hp.embedding_length, wide=wide)
+                if hp.tied_embeddings:
+                    lookup = GGMLEmbedding(self.ggml, segment, hp.embedding_length, self.dtype)
+                    return lookup, head
+                return self._untied_embedding(), head
+            self.dense_projections.append(f"{tensors.name(head_part)} ({kind})")
         head_f32 = torch.from_numpy(tensors.read(head_part))
         lm_head: Projection
-        if self.quantization is not Quantization.NONE:  # int4 too: an int8 head
+        if self.quantization in (Quantization.INT8, Quantization.INT4):  # an int8 head
             int8 = Int8Linear.quantize(head_f32.to(self.device), self.dtype, self.kernel)
             del head_f32
             if hp.tied_embeddings:
@@ -150,6 +197,45 @@ class _LayerBuilder:
         if self.quantization is Quantization.INT8:
             return Int8Linear.quantize(weight.to(self.device), self.dtype, self.kernel, bias)
         return dense_projection(weight.to(device=self.device, dtype=self.dtype), self.kernel, bias)
+
+    def _file_blocks(
+        self, i: int, parts: tuple[str, ...], *, norm: str | None = None
+    ) -> tuple[Projection, torch.Tensor | None]:
+        """The projection of ``parts`` on the file's blocks and its norm's weight apart, or,
+        when a part is of a type the kernels do not compute, dense with the norm folded."""
+        kinds = [self.tensors.tensor_type(part, i) for part in parts]
+        if self.ggml is None or any(kind not in KERNEL_TYPES for kind in kinds):
+            self.dense_projections += [
+                f"{self.tensors.name(part, i)} ({kind})"
+                for part, kind in zip(parts, kinds, strict=True)
+            ]
+            return self._dense(i, parts, norm=norm), None
+        segments = tuple(self._segment(part, i) for part in parts)
+        bias = self._bias(i, parts)
+        hp = self.tensors.hparams
+        in_features = {"attn_output": hp.q_width, "ffn_down": hp.feed_forward_length}
+        width = in_features.get(parts[0], hp.embedding_length)
+        float_bias = None if bias is None else bias.float()
+        wide = self._wide(parts, i, bias)
+        linear = GGMLLinear(self.ggml, segments, width, float_bias, wide=wide)
+        return linear, None if norm is None else self.vector(norm, i)
+
+    def _wide(
+        self, parts: tuple[str, ...], i: int | None, bias: torch.Tensor | None
+    ) -> WideLinear | None:
+        """The dense copy of a projection on the blocks for wide steps (the norm not folded:
+        the forward applies it to the activations), when the load keeps them."""
+        if not self.wide_copies:
+            return None
+        weight = torch.from_numpy(_stack([self.tensors.read(p, i) for p in parts]))
+        return dense_projection(weight.to(dtype=self.dtype), self.kernel, bias)
+
+    def _segment(self, part: str, i: int | None) -> QuantSegment:
+        """The blocks of one matrix, copied out of the file in Hugging Face row order."""
+        blocks = self.tensors.raw_blocks(part, i)
+        assert blocks is not None  # a GGUF checkpoint (checked by the plan)
+        kind = self.tensors.tensor_type(part, i)
+        return QuantSegment(kind, torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C")))
 
     def _int4(self, i: int, parts: tuple[str, ...]) -> Int4Linear:
         codes = []

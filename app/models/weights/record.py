@@ -26,13 +26,16 @@ class Quantization(Enum):
     NONE: dense in the model dtype (oneDNN-packed for bfloat16 on the CPU).
     INT8: weight-only int8, re-quantised at load (:mod:`app.models.weights.int8`).
     INT4: the GGUF's own Q4_0/Q4_1 codes in torch's CPU int4 kernel
-    (:mod:`app.models.weights.int4`),
-        an int8 LM head.
+        (:mod:`app.models.weights.int4`), an int8 LM head.
+    GGUF: the GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) in the
+        C kernels of :mod:`app.models.kernels.ggml_quant` (:mod:`app.models.weights.ggml`),
+        the LM head and a tied embedding too; a projection stored in another type is dense.
     """
 
     NONE = "none"
     INT8 = "int8"
     INT4 = "int4"
+    GGUF = "gguf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ class ModelWeights:
             tied to the embedding).
         kernel: how the dense projections are computed.
         quantization: how the projections are stored.
+        dense_projections: gguf: "name (type)" of each matrix whose projection stayed dense
+            (a type the GGUF-block kernels do not compute); empty otherwise.
     """
 
     embedding: Embedding
@@ -84,3 +89,4 @@ class ModelWeights:
     output_norm: torch.Tensor
     kernel: LinearKernel
     quantization: Quantization
+    dense_projections: tuple[str, ...] = ()

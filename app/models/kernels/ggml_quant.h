@@ -1,0 +1,153 @@
+/*
+ * Matmuls on the blocks of a GGUF file (llama.cpp's quantised formats), on the CPU.
+ *
+ * y[m, n] = x[m, k] . W[n, k]^T, where W's rows are stored as the file stores them: each row
+ * is k / block_size blocks of the format's bytes (ggml's block layouts, see ggml-common.h in
+ * llama.cpp and gguf-py's gguf/quants.py). The activations x are quantised once per call to
+ * 8-bit blocks (SL_Q8_1 for the 32-weight formats, SL_Q8_K for the 256-weight K formats), and
+ * every output is the dot product of one weight row with one activation row, computed by one
+ * function per (format, instruction set) that never looks at any other row: a row's result
+ * does not depend on the batch it is in, nor on the thread that computed it.
+ *
+ * Instruction sets are chosen at run time from cpuid (__builtin_cpu_supports), never from the
+ * build machine: each SIMD function is compiled with its own target attribute.
+ */
+#ifndef SL_GGML_QUANT_H
+#define SL_GGML_QUANT_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* ggml's type ids (enum ggml_type), the ids GGUF files store. */
+enum sl_qtype {
+    SL_TYPE_Q4_0 = 2,
+    SL_TYPE_Q4_1 = 3,
+    SL_TYPE_Q5_0 = 6,
+    SL_TYPE_Q5_1 = 7,
+    SL_TYPE_Q8_0 = 8,
+    SL_TYPE_Q4_K = 12,
+    SL_TYPE_Q5_K = 13,
+    SL_TYPE_Q6_K = 14,
+};
+
+/* Instruction sets, in order of preference. */
+enum sl_isa {
+    SL_ISA_SCALAR = 0, /* portable C */
+    SL_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C: maddubs for the int8 dot products */
+    SL_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI: vpdpbusd on 512-bit vectors */
+};
+
+#define SL_QK 32    /* weights per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
+#define SL_QK_K 256 /* weights per super-block of Q4_K, Q5_K, Q6_K */
+
+/* Quantised activations for the 32-weight formats: x[i] ~= d * qs[i]; s = d * sum(qs), which
+ * the formats with a minimum (Q4_1, Q5_1) need. 40 bytes. */
+typedef struct {
+    float d;
+    float s;
+    int8_t qs[SL_QK];
+} sl_block_q8_1;
+
+/* Quantised activations for the K formats: x[i] ~= d * qs[i]; bsums[j] = sum of qs[16j ..
+ * 16j + 15], which the formats with minima or offsets (Q4_K, Q5_K, Q6_K) need. 292 bytes. */
+typedef struct {
+    float d;
+    int8_t qs[SL_QK_K];
+    int16_t bsums[SL_QK_K / 16];
+} sl_block_q8_k;
+
+/*
+ * Activation quantisation, one row of k float32 values (k a multiple of the block size):
+ * per block, amax = max |x|, d = amax / 127 (0 when amax is 0), id = d ? 1 / d : 0,
+ * qs[i] = round-to-nearest-even(x[i] * id), computed in float32: every instruction set gives
+ * the same bytes (tested).
+ */
+typedef void (*sl_quantize_row_fn)(int64_t k, const float *x, void *out);
+
+/* One weight row (k / block_size blocks of the file's bytes) against one quantised activation
+ * row: the float32 dot product. */
+typedef float (*sl_vec_dot_fn)(int64_t k, const void *w_row, const void *x_row);
+
+/* One weight row against SL_ROWS activation rows at once (row r at x_rows + r * x_stride
+ * bytes): out[r] equals, bit for bit, the one-row function's result for that row (the same
+ * arithmetic in the same order per output; the weight row is decoded once for all of them).
+ * This is what keeps a row's result independent of the batch it is in. */
+#define SL_ROWS 4
+typedef void (*sl_vec_dot_rows_fn)(int64_t k, const void *w_row, const void *x_rows,
+                                   int64_t x_stride, float *out);
+
+/* One weight row decoded to float32, as gguf.quants.dequantize decodes it. */
+typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
+
+/* Exported by ggml_quant_legacy.c (fmt: q4_0 q4_1 q5_0 q5_1 q8_0; isa: scalar avx2 avx512):
+ *   void  sl_quantize_q8_1_<isa>(int64_t k, const float *x, void *out);
+ *   float sl_dot_<fmt>_<isa>(int64_t k, const void *w_row, const void *x_row);   x: sl_block_q8_1
+ *   void  sl_dequantize_<fmt>(int64_t k, const void *w_row, float *out);
+ *   void  sl_dot4_<fmt>_<avx2|avx512>(int64_t k, const void *w_row, const void *x_rows,
+ *                                     int64_t x_stride, float *out);  (SL_ROWS rows, above)
+ * and by ggml_quant_kquants.c (fmt: q4_k q5_k q6_k):
+ *   void  sl_quantize_q8_k_<isa>(int64_t k, const float *x, void *out);
+ *   float sl_dot_<fmt>_<isa>(int64_t k, const void *w_row, const void *x_row);   x: sl_block_q8_k
+ *   void  sl_dequantize_<fmt>(int64_t k, const void *w_row, float *out);
+ */
+#define SL_DECLARE_FORMAT(fmt)                                                                  \
+    float sl_dot_##fmt##_scalar(int64_t k, const void *w_row, const void *x_row);              \
+    float sl_dot_##fmt##_avx2(int64_t k, const void *w_row, const void *x_row);                \
+    float sl_dot_##fmt##_avx512(int64_t k, const void *w_row, const void *x_row);              \
+    void sl_dequantize_##fmt(int64_t k, const void *w_row, float *out);                        \
+    void sl_dot4_##fmt##_avx2(int64_t k, const void *w_row, const void *x_rows,                \
+                              int64_t x_stride, float *out);                                   \
+    void sl_dot4_##fmt##_avx512(int64_t k, const void *w_row, const void *x_rows,              \
+                                int64_t x_stride, float *out);
+
+SL_DECLARE_FORMAT(q4_0)
+SL_DECLARE_FORMAT(q4_1)
+SL_DECLARE_FORMAT(q5_0)
+SL_DECLARE_FORMAT(q5_1)
+SL_DECLARE_FORMAT(q8_0)
+SL_DECLARE_FORMAT(q4_k)
+SL_DECLARE_FORMAT(q5_k)
+SL_DECLARE_FORMAT(q6_k)
+
+void sl_quantize_q8_1_scalar(int64_t k, const float *x, void *out);
+void sl_quantize_q8_1_avx2(int64_t k, const float *x, void *out);
+void sl_quantize_q8_1_avx512(int64_t k, const float *x, void *out);
+void sl_quantize_q8_k_scalar(int64_t k, const float *x, void *out);
+void sl_quantize_q8_k_avx2(int64_t k, const float *x, void *out);
+void sl_quantize_q8_k_avx512(int64_t k, const float *x, void *out);
+
+/* Target attributes of the SIMD functions. */
+#define SL_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SL_TARGET_AVX512                                                                         \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* IEEE half -> float, exact, portable (the scale fields of every format). */
+static inline float sl_fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        exponent = 113;
+        while (!(mantissa & 0x400)) {
+            mantissa <<= 1;
+            exponent--;
+        }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t sl_read_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+#endif

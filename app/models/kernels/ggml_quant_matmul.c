@@ -1,0 +1,277 @@
+/*
+ * The driver of the GGUF-block matmuls (see ggml_quant.h): which function computes each
+ * format on each instruction set, the activation quantisation, the split of a call's output
+ * rows over threads, the epilogue (bias, residual, rounding to bfloat16), and token lookups.
+ *
+ * One call computes one projection, which may stack several weight matrices of different
+ * formats (a Q4_K_M file stores attn_q and attn_k as Q4_K but attn_v as Q6_K): each is a
+ * segment of the output columns. The activations are quantised once per activation format the
+ * segments need (SL_Q8_1 and/or SL_Q8_K), then every output row of every segment is one
+ * vec_dot per activation row.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "ggml_quant.h"
+
+/* Weight rows per unit of work handed to a thread: 16 rows of a 2048-wide Q4_K matrix are
+ * 18 KiB, which stay in L1/L2 while every activation row of the call is dotted with them. */
+#define SL_TILE_ROWS 16
+/* Values converted from bfloat16 at a time before they are quantised (a multiple of 256). */
+#define SL_CHUNK 256
+
+typedef struct {
+    int block_size;  /* weights per block */
+    int block_bytes; /* bytes per block in the file */
+    int q8k;         /* activations in SL_Q8_K blocks (else SL_Q8_1) */
+    sl_vec_dot_fn dot[3];
+    sl_vec_dot_rows_fn dot_rows[3]; /* SL_ROWS activation rows at once; none in scalar C */
+    sl_dequantize_row_fn dequantize;
+} sl_format;
+
+#define SL_FORMAT(fmt, size, bytes, q8k)                                                         \
+    { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
+      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt }
+
+static const sl_format *sl_format_of(int qtype) {
+    static const sl_format q4_0 = SL_FORMAT(q4_0, SL_QK, 18, 0);
+    static const sl_format q4_1 = SL_FORMAT(q4_1, SL_QK, 20, 0);
+    static const sl_format q5_0 = SL_FORMAT(q5_0, SL_QK, 22, 0);
+    static const sl_format q5_1 = SL_FORMAT(q5_1, SL_QK, 24, 0);
+    static const sl_format q8_0 = SL_FORMAT(q8_0, SL_QK, 34, 0);
+    static const sl_format q4_k = SL_FORMAT(q4_k, SL_QK_K, 144, 1);
+    static const sl_format q5_k = SL_FORMAT(q5_k, SL_QK_K, 176, 1);
+    static const sl_format q6_k = SL_FORMAT(q6_k, SL_QK_K, 210, 1);
+    switch (qtype) {
+    case SL_TYPE_Q4_0: return &q4_0;
+    case SL_TYPE_Q4_1: return &q4_1;
+    case SL_TYPE_Q5_0: return &q5_0;
+    case SL_TYPE_Q5_1: return &q5_1;
+    case SL_TYPE_Q8_0: return &q8_0;
+    case SL_TYPE_Q4_K: return &q4_k;
+    case SL_TYPE_Q5_K: return &q5_k;
+    case SL_TYPE_Q6_K: return &q6_k;
+    default: return NULL;
+    }
+}
+
+static const sl_quantize_row_fn sl_quantize_q8_1[3] = {
+    sl_quantize_q8_1_scalar, sl_quantize_q8_1_avx2, sl_quantize_q8_1_avx512};
+static const sl_quantize_row_fn sl_quantize_q8_k[3] = {
+    sl_quantize_q8_k_scalar, sl_quantize_q8_k_avx2, sl_quantize_q8_k_avx512};
+
+/* Whether this CPU (and its OS, which must save the wide registers) runs `isa`. */
+int sl_quant_isa_supported(int isa) {
+    __builtin_cpu_init();
+    switch (isa) {
+    case SL_ISA_SCALAR: return 1;
+    case SL_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SL_ISA_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma");
+    default: return 0;
+    }
+}
+
+/* Bytes of one row of k weights in `qtype`, or -1 when the format is not computed here or k
+ * is not a whole number of its blocks. */
+int64_t sl_quant_row_bytes(int qtype, int64_t k) {
+    const sl_format *format = sl_format_of(qtype);
+    if (format == NULL || k <= 0 || k % format->block_size != 0) return -1;
+    return k / format->block_size * format->block_bytes;
+}
+
+/* Bytes of one quantised activation row of k values, per activation format. */
+static int64_t sl_q8_1_row_bytes(int64_t k) { return k / SL_QK * (int64_t)sizeof(sl_block_q8_1); }
+static int64_t sl_q8_k_row_bytes(int64_t k) { return k / SL_QK_K * (int64_t)sizeof(sl_block_q8_k); }
+
+/* Scratch bytes sl_quant_matmul needs for m activation rows of k values. */
+int64_t sl_quant_scratch_bytes(int64_t m, int64_t k) {
+    return m * (sl_q8_1_row_bytes(k) + (k % SL_QK_K == 0 ? sl_q8_k_row_bytes(k) : 0));
+}
+
+static inline float sl_bf16_to_fp32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float -> bfloat16, round to nearest even (torch's rounding), NaN kept quiet. */
+static inline uint16_t sl_fp32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* Quantise activation row `row` (float32 or bfloat16) into one activation format. Values are
+ * widened SL_CHUNK at a time (a multiple of both block sizes), so the result is the same as
+ * quantising the whole float32 row. */
+static void sl_quantize_activation_row(const void *x, int x_bf16, int64_t ldx, int64_t row,
+                                       int64_t k, sl_quantize_row_fn quantize,
+                                       int64_t block_size, int64_t block_bytes, uint8_t *out) {
+    if (!x_bf16) {
+        quantize(k, (const float *)x + row * ldx, out);
+        return;
+    }
+    const uint16_t *source = (const uint16_t *)x + row * ldx;
+    float chunk[SL_CHUNK];
+    for (int64_t start = 0; start < k; start += SL_CHUNK) {
+        const int64_t count = k - start < SL_CHUNK ? k - start : SL_CHUNK;
+        for (int64_t i = 0; i < count; i++) chunk[i] = sl_bf16_to_fp32(source[start + i]);
+        quantize(count, chunk, out + start / block_size * block_bytes);
+    }
+}
+
+/* The epilogue of one activation row i over `rows` outputs from column `column`: bias,
+ * residual, and the one rounding to bfloat16. */
+static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t column,
+                         const float *bias, const void *residual, int64_t ldr, void *y,
+                         int y_bf16, int64_t ldy) {
+    for (int64_t r = 0; r < rows; r++) {
+        float v = out[r];
+        if (bias != NULL) v += bias[column + r];
+        if (residual != NULL) {
+            const int64_t at = i * ldr + column + r;
+            v += y_bf16 ? sl_bf16_to_fp32(((const uint16_t *)residual)[at])
+                        : ((const float *)residual)[at];
+        }
+        if (y_bf16)
+            ((uint16_t *)y)[i * ldy + column + r] = sl_fp32_to_bf16(v);
+        else
+            ((float *)y)[i * ldy + column + r] = v;
+    }
+}
+
+/*
+ * y[i, c] = sum_j x[i, j] * W[c, j] (+ bias[c]) (+ residual[i, c]) for i < m, c < n, where the
+ * n output columns are the segments' rows in order (segment s: qtypes[s], weights[s] holding
+ * seg_rows[s] rows of k weights in the file's blocks). x: m rows of k float32 or bfloat16
+ * values, row stride ldx; residual: NULL or m rows of y's dtype, stride ldr; y: float32 or
+ * bfloat16, stride ldy; bias: NULL or n float32. scratch: sl_quant_scratch_bytes(m, k) bytes,
+ * or NULL: a buffer of the calling thread's own, kept between calls and grown as needed.
+ * threads: the OpenMP team (the process's, torch's own libgomp when linked with -fopenmp).
+ * Returns 0, -1 when a segment's format is not computed here or k does not fit it, -2 when
+ * the scratch buffer cannot be allocated.
+ */
+int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *const *weights,
+                    const int64_t *seg_rows, int64_t k, const void *x, int x_bf16, int64_t m,
+                    int64_t ldx, const float *bias, const void *residual, int64_t ldr, void *y,
+                    int y_bf16, int64_t ldy, void *scratch, int threads) {
+    int need_q8_1 = 0, need_q8_k = 0;
+    int64_t n = 0, tiles = 0;
+    for (int s = 0; s < n_segments; s++) {
+        const sl_format *format = sl_format_of(qtypes[s]);
+        if (format == NULL || sl_quant_row_bytes(qtypes[s], k) < 0) return -1;
+        need_q8_k |= format->q8k;
+        need_q8_1 |= !format->q8k;
+        n += seg_rows[s];
+        tiles += (seg_rows[s] + SL_TILE_ROWS - 1) / SL_TILE_ROWS;
+    }
+    if (isa < SL_ISA_SCALAR || isa > SL_ISA_AVX512) return -1;
+    if (scratch == NULL) {
+        static _Thread_local void *buffer = NULL;
+        static _Thread_local int64_t capacity = 0;
+        const int64_t needed = sl_quant_scratch_bytes(m, k);
+        if (needed > capacity) {
+            void *grown = realloc(buffer, (size_t)needed);
+            if (grown == NULL) return -2;
+            buffer = grown;
+            capacity = needed;
+        }
+        scratch = buffer;
+    }
+    const int64_t q8_1_bytes = sl_q8_1_row_bytes(k), q8_k_bytes = sl_q8_k_row_bytes(k);
+    uint8_t *q8_1 = (uint8_t *)scratch;
+    uint8_t *q8_k = q8_1 + m * q8_1_bytes;
+    if (threads < 1) threads = 1;
+
+#pragma omp parallel num_threads(threads)
+    {
+        /* Activations: each thread quantises a share of the rows. */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < m; i++) {
+            if (need_q8_1)
+                sl_quantize_activation_row(x, x_bf16, ldx, i, k, sl_quantize_q8_1[isa], SL_QK,
+                                           sizeof(sl_block_q8_1), q8_1 + i * q8_1_bytes);
+            if (need_q8_k)
+                sl_quantize_activation_row(x, x_bf16, ldx, i, k, sl_quantize_q8_k[isa], SL_QK_K,
+                                           sizeof(sl_block_q8_k), q8_k + i * q8_k_bytes);
+        }
+        /* (the implied barrier: every activation row is quantised before any dot) */
+
+        /* Outputs: tiles of SL_TILE_ROWS weight rows of one segment, each thread a contiguous
+         * run of them (tiles handed out one at a time made the threads write the same cache
+         * lines of a one-row output: a 49152-row LM head ran slower on two threads than on
+         * one). */
+#pragma omp for schedule(static)
+        for (int64_t tile = 0; tile < tiles; tile++) {
+            int s = 0;
+            int64_t first = tile, column = 0;
+            for (;; s++) { /* find the tile's segment */
+                const int64_t seg_tiles = (seg_rows[s] + SL_TILE_ROWS - 1) / SL_TILE_ROWS;
+                if (first < seg_tiles) break;
+                first -= seg_tiles;
+                column += seg_rows[s];
+            }
+            const sl_format *format = sl_format_of(qtypes[s]);
+            const sl_vec_dot_fn dot = format->dot[isa];
+            const sl_vec_dot_rows_fn dot_rows = format->dot_rows[isa];
+            const int64_t row_bytes = k / format->block_size * format->block_bytes;
+            const int64_t row0 = first * SL_TILE_ROWS;
+            const int64_t rows =
+                seg_rows[s] - row0 < SL_TILE_ROWS ? seg_rows[s] - row0 : SL_TILE_ROWS;
+            const uint8_t *w = (const uint8_t *)weights[s] + row0 * row_bytes;
+            const uint8_t *xq = format->q8k ? q8_k : q8_1;
+            const int64_t xq_bytes = format->q8k ? q8_k_bytes : q8_1_bytes;
+            column += row0;
+            for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
+                /* SL_ROWS activation rows per weight row decoded (each output computed as the
+                 * one-row function computes it: bit for bit the same), the rest one by one */
+                const int64_t group = m - i0 < SL_ROWS ? m - i0 : SL_ROWS;
+                float out[SL_ROWS][SL_TILE_ROWS];
+                for (int64_t r = 0; r < rows; r++) {
+                    if (group == SL_ROWS && dot_rows != NULL) {
+                        float four[SL_ROWS];
+                        dot_rows(k, w + r * row_bytes, xq + i0 * xq_bytes, xq_bytes, four);
+                        for (int g = 0; g < SL_ROWS; g++) out[g][r] = four[g];
+                    } else {
+                        for (int64_t g = 0; g < group; g++)
+                            out[g][r] = dot(k, w + r * row_bytes, xq + (i0 + g) * xq_bytes);
+                    }
+                }
+                for (int64_t g = 0; g < group; g++)
+                    sl_store_row(out[g], rows, i0 + g, column, bias, residual, ldr, y, y_bf16,
+                                 ldy);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Token lookups: rows ids[0..n_ids) of a matrix of k columns in `qtype` decoded into out
+ * (n_ids rows of k float32 or bfloat16 values). Returns 0, or -1 for a format not here. */
+int sl_quant_dequantize_rows(int qtype, const void *w, int64_t k, const int64_t *ids,
+                             int64_t n_ids, void *out, int out_bf16) {
+    const sl_format *format = sl_format_of(qtype);
+    const int64_t row_bytes = sl_quant_row_bytes(qtype, k);
+    if (format == NULL || row_bytes < 0) return -1;
+    float *row = out_bf16 ? (float *)malloc((size_t)k * sizeof(float)) : NULL;
+    if (out_bf16 && row == NULL) return -1;
+    for (int64_t i = 0; i < n_ids; i++) {
+        const uint8_t *source = (const uint8_t *)w + ids[i] * row_bytes;
+        if (!out_bf16) {
+            format->dequantize(k, source, (float *)out + i * k);
+            continue;
+        }
+        format->dequantize(k, source, row);
+        for (int64_t j = 0; j < k; j++) ((uint16_t *)out)[i * k + j] = sl_fp32_to_bf16(row[j]);
+    }
+    free(row);
+    return 0;
+}

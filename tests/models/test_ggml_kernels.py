@@ -1,0 +1,160 @@
+"""The GGUF-block kernels (app/models/kernels/ggml_quant*.c) against gguf's own decoder.
+
+For every format and every instruction set this CPU has: random blocks (random codes, sane
+fp16 scales) times random activations, against the float64 product of
+``gguf.quants.dequantize(W)`` with ``x``. The kernels quantise ``x`` to 8-bit blocks (one
+scale ``d = amax / 127`` per block of 32 or 256 values), so each activation is off by at most
+``d / 2``; the tolerance of an output is that bound summed with its weights,
+``sum_blocks d_b / 2 * sum_{j in b} |w_j|``, plus float32 rounding of the sum (1e-5 of
+``sum |w| |x|``). Rows 1, 2, 3, 7, 16, 33 and 64; odd output counts and widths where the
+format allows (32-weight formats at 96 and 608 columns).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from app.models.kernels.ggml_quant import KERNEL_TYPES, Isa, QuantSegment, load_ggml_quant
+from app.models.weights.ggml import GGMLEmbedding, GGMLLinear
+
+KERNELS, HOW = load_ggml_quant()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"GGUF-block kernels: {HOW}")
+
+ISAS = [isa for isa in Isa if KERNELS is not None and KERNELS.supports(isa)]
+ROWS = (1, 2, 3, 7, 16, 33, 64)
+# Byte offsets of the fp16 scale fields in each block: random bytes there could be NaN, inf
+# or huge; the tests put sane values in them.
+SCALE_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+WIDTHS = {kind: (256, 768) if kind.endswith("_K") else (96, 608) for kind in KERNEL_TYPES}
+
+
+def random_blocks(kind: str, rows: int, columns: int, seed: int) -> np.ndarray:
+    """uint8 ``[rows, bytes per row]`` of ``kind``: random codes, fp16 scales in 1e-3..2e-2."""
+    rng = np.random.default_rng(seed)
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    blocks = rng.integers(0, 256, (rows, columns // block_size, block_bytes), dtype=np.uint8)
+    for offset in SCALE_FIELDS[kind]:
+        scales = rng.uniform(1e-3, 2e-2, (rows, columns // block_size)).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(*scales.shape, 2)
+    return blocks.reshape(rows, -1)
+
+
+def dequantized(kind: str, blocks: np.ndarray, columns: int) -> np.ndarray:
+    values = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[kind])
+    return np.asarray(values, dtype=np.float64).reshape(blocks.shape[0], columns)
+
+
+def tolerance(kind: str, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``[M, N]``: the activation quantisation's bound plus float32 rounding (module doc)."""
+    block = 256 if kind.endswith("_K") else 32
+    rows, columns = x.shape
+    amax = np.abs(x).reshape(rows, columns // block, block).max(axis=-1)  # [M, blocks]
+    w_abs = np.abs(weights).reshape(weights.shape[0], columns // block, block).sum(-1)
+    bound = (amax / 127.0 / 2.0) @ w_abs.T  # [M, N]
+    return bound * 1.001 + 1e-5 * (np.abs(x) @ np.abs(weights).T) + 1e-6
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
+@pytest.mark.parametrize("kind", sorted(KERNEL_TYPES))
+def test_every_format_on_every_instruction_set_matches_gguf_dequantize(kind: str, isa: Isa) -> None:
+    assert KERNELS is not None
+    for width_index, columns in enumerate(WIDTHS[kind]):
+        n = 37 if width_index == 0 else 64
+        blocks = random_blocks(kind, n, columns, seed=width_index)
+        weights = dequantized(kind, blocks, columns)
+        segment = QuantSegment(kind, torch.from_numpy(blocks))
+        generator = torch.Generator().manual_seed(width_index)
+        x = torch.randn(max(ROWS), columns, generator=generator)
+        x[0, :32] = 0.0  # a block of zeros (d = 0)
+        x[1] *= 100.0  # a large row
+        expected = x.double().numpy() @ weights.T
+        bound = tolerance(kind, weights, x.double().numpy())
+        alone = torch.cat([KERNELS.matmul((segment,), x[i : i + 1], isa=isa) for i in range(64)])
+        for rows in ROWS:
+            got = KERNELS.matmul((segment,), x[:rows], isa=isa)
+            error = np.abs(got.double().numpy() - expected[:rows])
+            worst = (error / bound[:rows]).max()
+            assert worst <= 1.0, f"{kind} {isa.name} {rows}x{columns}: {worst:.3f} of the bound"
+            # batch invariance: every row as it comes out alone
+            assert torch.equal(got, alone[:rows]), f"{kind} {isa.name}: rows depend on the batch"
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
+def test_every_instruction_set_agrees_with_the_scalar_path(isa: Isa) -> None:
+    """The same products as the portable C, rows of magnitudes 1e-3 to 1e3: the SIMD paths
+    quantise the activations to the same bytes (the same rounding, in float32) and differ only
+    in the order of the float32 sum over blocks."""
+    assert KERNELS is not None
+    columns = 512
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(5, columns, generator=generator) * torch.logspace(-3, 3, 5)[:, None]
+    for kind in ("Q8_0", "Q4_K", "Q6_K", "Q5_1"):
+        segment = QuantSegment(kind, torch.from_numpy(random_blocks(kind, 24, columns, 4)))
+        scalar = KERNELS.matmul((segment,), x, isa=Isa.SCALAR).double()
+        simd = KERNELS.matmul((segment,), x, isa=isa).double()
+        scale = scalar.abs().amax(dim=1, keepdim=True)
+        assert ((simd - scalar).abs() <= 1e-5 * scale + 1e-30).all(), kind
+
+
+def test_segments_bias_residual_and_bfloat16_rounding() -> None:
+    """A Q4_K_M-style fused QKV (Q4_K, Q4_K, Q6_K rows), with a bias and a residual, in
+    bfloat16: the float32 result plus both, rounded once."""
+    assert KERNELS is not None
+    columns = 512
+    parts = [("Q4_K", 40), ("Q4_K", 24), ("Q6_K", 24)]
+    segments = tuple(
+        QuantSegment(kind, torch.from_numpy(random_blocks(kind, rows, columns, seed)))
+        for seed, (kind, rows) in enumerate(parts)
+    )
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(9, columns, generator=generator).to(torch.bfloat16)
+    residual = torch.randn(9, 88, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(88, generator=generator)
+    linear = GGMLLinear(KERNELS, segments, columns, bias)
+    assert linear.out_features == 88 and linear.tensor_types == ("Q4_K", "Q4_K", "Q6_K")
+    wide = torch.cat([KERNELS.matmul((s,), x.float()) for s in segments], dim=1)
+    expected = (wide + bias + residual.float()).to(torch.bfloat16)
+    assert torch.equal(linear.add_to(residual, x), expected)
+    assert torch.equal(linear(x), (wide + bias).to(torch.bfloat16))
+    assert torch.equal(KERNELS.matmul(segments, x[:0]), torch.empty(0, 88, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", sorted(KERNEL_TYPES))
+def test_token_lookups_decode_as_gguf_does(kind: str) -> None:
+    assert KERNELS is not None
+    columns = WIDTHS[kind][0]
+    blocks = random_blocks(kind, 50, columns, seed=3)
+    segment = QuantSegment(kind, torch.from_numpy(blocks))
+    ids = torch.tensor([7, 0, 49, 7])
+    expected = dequantized(kind, blocks, columns)[ids.numpy()]
+    lookup = GGMLEmbedding(KERNELS, segment, columns, torch.float32)
+    np.testing.assert_array_equal(lookup(ids).double().numpy(), expected)
+    bf16 = GGMLEmbedding(KERNELS, segment, columns, torch.bfloat16)(ids)
+    assert torch.equal(bf16, torch.from_numpy(expected).float().to(torch.bfloat16))
+
+
+def test_a_row_is_the_same_on_one_thread_and_on_all() -> None:
+    assert KERNELS is not None
+    columns = 768
+    segment = QuantSegment("Q5_K", torch.from_numpy(random_blocks("Q5_K", 100, columns, 5)))
+    x = torch.randn(20, columns, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    together = KERNELS.matmul((segment,), x)
+    torch.set_num_threads(1)
+    try:
+        alone = KERNELS.matmul((segment,), x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, alone)

@@ -1,0 +1,67 @@
+"""A K-quant file of a real model's layout (scripts/make_random_gguf.py, tiny): served on its
+own blocks, its resident weights are the file's bytes, and its logits follow the same file
+decoded to float32 up to the 8-bit activation rounding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from make_random_gguf import write_random_gguf
+
+from app.models.kernels.ggml_quant import load_ggml_quant
+from app.models.load.plan import load_checkpoint
+from app.models.weights.ggml import GGMLEmbedding, GGMLLinear
+from app.models.weights.record import Quantization
+from tests.models.stepping import decoder_of, sequence_logits
+
+pytestmark = pytest.mark.skipif(load_ggml_quant()[0] is None, reason=load_ggml_quant()[1])
+
+PROMPT_IDS = [1, 4093, 198, 504, 3575, 282, 4649, 314, 2, 216, 33, 34, 35]
+SHAPE = {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 512}
+
+
+@pytest.fixture(scope="module", params=["Q4_K,Q6_K,Q6_K", "Q5_K,Q5_K,Q8_0"])
+def random_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("random") / "model.gguf"
+    return write_random_gguf(out, types=request.param, **SHAPE)
+
+
+def test_the_blocks_are_the_weights_in_memory(random_file: Path) -> None:
+    runner = load_checkpoint(
+        random_file, max_num_seqs=2, max_model_len=64, dtype="bfloat16", quantization="auto"
+    )
+    weights = runner.model.weights
+    assert weights.quantization is Quantization.GGUF
+    assert isinstance(weights.embedding, GGMLEmbedding)
+    projections = [p for layer in weights.layers for p in (layer.qkv, layer.gate_up)]
+    projections += [p for layer in weights.layers for p in (layer.attn_output, layer.down)]
+    assert all(isinstance(p, GGMLLinear) for p in (*projections, weights.lm_head))
+    held = sum(p.nbytes for p in projections) + weights.lm_head.nbytes
+    source = runner.model.hparams
+    assert source.vocab_size == 49152
+    stored = sum(t.n_bytes for t in _file_tensors(random_file) if t.name.endswith("weight"))
+    norms = 4 * (SHAPE["hidden"] * (2 * SHAPE["layers"] + 1))  # F32 norms, kept apart
+    assert held == stored - norms  # each quantised byte once: the tied embedding is the head
+    assert "Q4_K" in runner.capabilities.weight_kernels or "Q5_K" in (
+        runner.capabilities.weight_kernels
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+def test_logits_follow_the_files_float32_decode(random_file: Path, dtype: torch.dtype) -> None:
+    blocks = decoder_of(random_file, dtype=dtype, quantization=Quantization.GGUF, max_model_len=32)
+    dense = decoder_of(random_file, max_model_len=32)
+    ours = sequence_logits(blocks, PROMPT_IDS, chunk=5)
+    reference = sequence_logits(dense, PROMPT_IDS, chunk=5)
+    spread = reference.abs().max().item()
+    assert (ours - reference).abs().max().item() <= 0.05 * spread
+    agreement = (ours.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    assert agreement >= 0.75
+
+
+def _file_tensors(path: Path):
+    import gguf
+
+    return gguf.GGUFReader(path).tensors
