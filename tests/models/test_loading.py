@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from app.models import architectures
 from app.models.architectures import HF_NAMES, Architecture, TensorNames
 from app.models.load import memory
-from app.models.load.plan import LoadOptions, load_runner, plan_load
+from app.models.load.plan import LoadOptions, auto_without_blocks, load_runner, plan_load
 from app.models.refusal import ModelRefused
 from app.models.weights.record import Quantization
 from tests.models.stepping import decoder_of, sequence_logits
@@ -26,27 +26,36 @@ def _plan(path, **options):
     return plan_load(str(path), LoadOptions(max_num_seqs=2, **options))
 
 
-@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1"])
-def test_auto_takes_a_4_bit_files_own_codes(tiny_checkpoints, tensor_type) -> None:
+@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_auto_computes_on_a_gguf_files_own_blocks(tiny_checkpoints, tensor_type) -> None:
     plan = _plan(tiny_checkpoints.gguf("qwen2", tensor_type), dtype="bfloat16", quantization="auto")
-    assert plan.quantization is Quantization.INT4
-    assert "own 4-bit codes" in plan.quantization_reason
+    assert plan.quantization is Quantization.GGUF
+    assert "own" in plan.quantization_reason and tensor_type in plan.quantization_reason
+    assert not plan.wide_copies
     runner = load_runner(plan)
-    assert runner.capabilities.backend == "torch-cpu-bfloat16-int4"
+    assert runner.capabilities.backend == "torch-cpu-bfloat16-gguf"
+    assert tensor_type in runner.capabilities.weight_kernels
 
 
 def test_auto_is_dense_for_everything_else(tiny_checkpoints) -> None:
-    for path in (
-        tiny_checkpoints.gguf("llama", "Q8_0"),
-        tiny_checkpoints.gguf("llama", "Q4_K"),  # Q4_K (and its Q5_0 fallbacks): dequantised
-        tiny_checkpoints.hf("llama"),
-    ):
+    for path in (tiny_checkpoints.gguf("llama", "F16"), tiny_checkpoints.hf("llama")):
         plan = _plan(path, dtype="bfloat16", quantization="auto")
         assert plan.quantization is Quantization.NONE, path
-        assert "not 4-bit" in plan.quantization_reason
+        assert "not 4-bit" not in plan.quantization_reason
     float32 = _plan(tiny_checkpoints.gguf("llama", "Q4_0"), dtype="float32", quantization="auto")
     assert float32.quantization is Quantization.NONE
     assert "bfloat16 only" in float32.quantization_reason
+
+
+def test_without_the_block_kernels_auto_is_todays_path(tiny_checkpoints) -> None:
+    """Where the kernels do not build, auto falls back as before: int4 for an all-Q4_0/Q4_1
+    file, else dense (load_runner logs the one line; test_random_gguf checks it)."""
+    source = _plan(tiny_checkpoints.gguf("qwen2", "Q4_1"), dtype="bfloat16").source
+    quantization, reason = auto_without_blocks(source, torch.bfloat16, torch.device("cpu"))
+    assert quantization is Quantization.INT4 and "own 4-bit codes" in reason
+    source = _plan(tiny_checkpoints.gguf("qwen2", "Q8_0"), dtype="bfloat16").source
+    quantization, reason = auto_without_blocks(source, torch.bfloat16, torch.device("cpu"))
+    assert quantization is Quantization.NONE and "Q8_0" in reason
 
 
 def test_explicit_formats_that_cannot_run_are_refused(tiny_checkpoints) -> None:
@@ -55,6 +64,8 @@ def test_explicit_formats_that_cannot_run_are_refused(tiny_checkpoints) -> None:
         _plan(path, dtype="float32", quantization="int8")
     with pytest.raises(ModelRefused, match="int4 runs on the CPU only"):
         _plan(path, dtype="bfloat16", quantization="int4", device="meta")
+    with pytest.raises(ModelRefused, match="gguf computes a GGUF file's blocks on the CPU only"):
+        _plan(tiny_checkpoints.hf("llama"), dtype="bfloat16", quantization="gguf")
 
 
 def test_served_names(tiny_checkpoints) -> None:

@@ -12,7 +12,7 @@ from make_random_gguf import write_random_gguf
 
 from app.models.kernels.ggml_quant import load_ggml_quant
 from app.models.load.plan import load_checkpoint
-from app.models.weights.ggml import GGMLEmbedding, GGMLLinear
+from app.models.weights.ggml import GGML_MAX_ROWS, GGMLEmbedding, GGMLLinear
 from app.models.weights.record import Quantization
 from tests.models.stepping import decoder_of, sequence_logits
 
@@ -65,3 +65,41 @@ def _file_tensors(path: Path):
     import gguf
 
     return gguf.GGUFReader(path).tensors
+
+
+def test_wide_copies_serve_steps_of_more_than_four_rows(random_file: Path) -> None:
+    runner = load_checkpoint(
+        random_file,
+        max_num_seqs=2,
+        max_model_len=64,
+        dtype="bfloat16",
+        quantization="auto",
+        wide_copies=True,
+    )
+    qkv = runner.model.weights.layers[0].qkv
+    assert isinstance(qkv, GGMLLinear) and qkv.wide is not None
+    assert qkv.exact_rows == GGML_MAX_ROWS
+    x = torch.randn(8, SHAPE["hidden"], generator=torch.Generator().manual_seed(0))
+    x = x.to(torch.bfloat16)
+    blocks = qkv.kernels.matmul(qkv.prepared, x)
+    wide = qkv(x)  # 8 rows: the dense copy
+    assert (wide.float() - blocks.float()).abs().max() <= 0.05 * blocks.float().abs().max()
+    assert torch.equal(qkv(x[:4]), blocks[:4])  # up to 4 rows: the blocks
+
+
+def test_a_failed_kernel_build_falls_back_with_one_line(
+    random_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    monkeypatch.setenv("SLOTSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that fails
+    load_ggml_quant.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="app.models.load.plan"):
+            runner = load_checkpoint(
+                random_file, max_num_seqs=1, max_model_len=32, dtype="bfloat16", quantization="auto"
+            )
+    finally:
+        load_ggml_quant.cache_clear()
+    assert runner.model.weights.quantization is Quantization.NONE
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "build failed" in warnings[0]
