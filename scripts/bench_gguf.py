@@ -30,7 +30,11 @@ from app.models.load.smollm2 import smollm2_gguf_path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="default: the bundled SmolLM2")
-    parser.add_argument("--modes", default="auto", help="our --quantization modes, e.g. auto,int4")
+    parser.add_argument(
+        "--modes",
+        default="auto",
+        help="our --quantization modes, e.g. auto,int4,auto+off (+on / +off: --wide-copies)",
+    )
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server binary")
     parser.add_argument("--sizes", default="1,16,64", help="streams per wave")
     parser.add_argument("--rounds", type=int, default=2)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from harness.server import Server, ServerSpec
 
+from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.tokenizers import load_gguf_tokenizer
 from scenarios.model_serving import (
     READY_TIMEOUT_S,
     HttpSystem,
@@ -48,8 +50,12 @@ class GGUFBench:
 
 
 def our_spec(bench: GGUFBench, mode: str) -> ServerSpec:
+    """``mode``: a ``--quantization`` value, ``+on`` / ``+off`` appended for
+    ``--wide-copies on`` / ``off``."""
+    quantization, _, wide = mode.partition("+")
     argv = (sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--model")
-    argv += (str(bench.model), "--quantization", mode, "--dtype", "bfloat16")
+    argv += (str(bench.model), "--quantization", quantization, "--dtype", "bfloat16")
+    argv += ("--wide-copies", wide) if wide else ()
     argv += ("--max-num-seqs", str(max(bench.sizes)), "--max-model-len", str(bench.max_model_len))
     argv += ("--torch-threads", str(bench.threads), "--log-level", "warning")
     return ServerSpec(f"slotserve-{mode}", argv, ready_timeout_s=READY_TIMEOUT_S)
@@ -64,10 +70,11 @@ def llama_spec(bench: GGUFBench) -> ServerSpec:
     return ServerSpec("llama.cpp", argv, has_metrics=False, ready_timeout_s=READY_TIMEOUT_S)
 
 
-def long_prompt(tokens: int) -> str:
-    """About ``tokens`` tokens of text (~8 tokens a line of the wave prompts)."""
-    lines = [make_prompt(i) for i in range(tokens // 8)]
-    return "\n".join(lines)
+def long_prompt(model: Path, tokens: int) -> str:
+    """Text of exactly ``tokens`` tokens of ``model``'s tokenizer (wave prompts, cut)."""
+    tokenizer = load_gguf_tokenizer(GGUFFile(model))
+    text = "\n".join(make_prompt(i) for i in range(tokens))
+    return tokenizer.decode_bytes(tokenizer.encode(text)[:tokens]).decode(errors="ignore")
 
 
 async def run_gguf_bench(bench: GGUFBench) -> dict:
@@ -84,7 +91,7 @@ async def run_gguf_bench(bench: GGUFBench) -> dict:
             server.start()
             stack.callback(server.stop)
             await server.wait_ready()
-            stats = server.stats()
+            stats = server.stats
             servers[name] = server
             report[name] = {
                 "load_s": round(time.perf_counter() - started, 2),
@@ -97,18 +104,19 @@ async def run_gguf_bench(bench: GGUFBench) -> dict:
             )
         systems = [HttpSystem(name, OpenAIEndpoint(s.url)) for name, s in servers.items()]
         waves = await measure_throughput(systems, bench.sizes, bench.rounds, bench.max_tokens)
-        prompt = long_prompt(bench.prefill_tokens)
+        prompt = long_prompt(bench.model, bench.prefill_tokens)
         for name, server in servers.items():
             entry = report[name]
             entry["tok_s"] = {
                 size: round(sorted(w.tokens_per_s for w in runs)[len(runs) // 2], 1)
                 for size, runs in waves[name].items()
             }
-            entry["peak_rss_mib"] = round(server.stats().peak_rss_bytes() / MIB, 1)
+            entry["peak_rss_mib"] = round(server.stats.peak_rss_bytes() / MIB, 1)
             endpoint = OpenAIEndpoint(server.url)
             best = None
-            for _ in range(2):
-                record = (await run_wave(endpoint, [prompt], 1)).streams[0]
+            for run in range(2):  # a new first line each time: no cached prefix to reuse
+                unique = f"Run {run} of {name}.\n{prompt}"
+                record = (await run_wave(endpoint, [unique], 1)).streams[0]
                 seconds = record.first_token_at - record.sent_at
                 rate = (record.prompt_tokens or 0) / seconds
                 best = rate if best is None else max(best, rate)

@@ -30,7 +30,12 @@ def random_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 def test_the_blocks_are_the_weights_in_memory(random_file: Path) -> None:
     runner = load_checkpoint(
-        random_file, max_num_seqs=2, max_model_len=64, dtype="bfloat16", quantization="auto"
+        random_file,
+        max_num_seqs=2,
+        max_model_len=64,
+        dtype="bfloat16",
+        quantization="auto",
+        wide_copies="off",
     )
     weights = runner.model.weights
     assert weights.quantization is Quantization.GGUF
@@ -74,7 +79,7 @@ def test_wide_copies_serve_steps_of_more_than_four_rows(random_file: Path) -> No
         max_model_len=64,
         dtype="bfloat16",
         quantization="auto",
-        wide_copies=True,
+        wide_copies="on",
     )
     qkv = runner.model.weights.layers[0].qkv
     assert isinstance(qkv, GGMLLinear) and qkv.wide is not None

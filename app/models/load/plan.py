@@ -37,6 +37,10 @@ from app.models.weights.record import DTYPES, ModelWeights, Quantization
 logger = logging.getLogger(__name__)
 
 INT4_FILE_TYPES = frozenset({"Q4_0", "Q4_1"})
+# --wide-copies auto keeps the dense copies when they come to at most this (docs/MODEL_PERF.md,
+# "GGUF files on their own blocks": SmolLM2's 270 MiB buy 2-2.6x the tok/s at 16-64 streams;
+# a 1B file's 2.4 GiB would break the point of computing on its blocks).
+WIDE_COPY_LIMIT = 512 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +56,8 @@ class LoadOptions:
             :func:`resolve_quantization`).
         fused_decode: use the fused CPU decode kernels where they apply and build.
         wide_copies: gguf also keeps dense copies of the projections for wide steps
-            (``--wide-copies``; :class:`app.models.weights.ggml.GGMLLinear`).
+            (``--wide-copies``: ``auto``, ``on``, ``off``; see :data:`WIDE_COPY_LIMIT` and
+            :class:`app.models.weights.ggml.GGMLLinear`).
         served_model_name: the name to serve under; None: the bundled model's name, the GGUF's
             ``general.name``, or the directory's name.
         prefill_chunk: most prompt tokens one row carries in a step.
@@ -67,7 +72,7 @@ class LoadOptions:
     device: str = "cpu"
     quantization: str = "none"
     fused_decode: bool = True
-    wide_copies: bool = False
+    wide_copies: str = "auto"
     served_model_name: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     kv_cache_memory: int | float | None = None
@@ -224,7 +229,10 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         raise ModelRefused(source.path, str(error)) from None
     stored = block_bytes(source) if quantization is Quantization.GGUF else None
     wide_bytes = wide_copy_bytes(source, dtype, device) if stored else 0
-    wide_copies = options.wide_copies and wide_bytes > 0
+    wide_copies = wide_bytes > 0 and (
+        options.wide_copies == "on"
+        or (options.wide_copies == "auto" and wide_bytes <= WIDE_COPY_LIMIT)
+    )
     if wide_copies:
         reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
     memory = estimate_memory(
@@ -375,7 +383,9 @@ def describe_weight_kernels(weights: ModelWeights, ggml_how: str) -> str:
     blocks = ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items()))
     dense = weights.dense_projections
     kept = f"; dense: {', '.join(dense[:4])}{' ...' if len(dense) > 4 else ''}" if dense else ""
-    return f"{ggml_how}; on the file's blocks: {blocks}{kept}"
+    wide = any(getattr(p, "wide", None) is not None for p in (*linears, weights.lm_head))
+    copies = "; dense copies for steps of more than 4 rows" if wide else ""
+    return f"{ggml_how}; on the file's blocks: {blocks}{kept}{copies}"
 
 
 def load_checkpoint(model: str | Path, **options: object) -> ModelRunner:

@@ -9,9 +9,9 @@ input columns (a block's scale is shared by 32 or 256 columns), so a model using
 
 Every row of a call is computed alone (see the kernels' module): ``exact_rows`` is unbounded.
 
-A model may also keep a dense copy for wide steps (``wide``, asked for with ``--wide-copies``;
-not by default: memory at the file's size is the point): the block kernels are a GEMV at heart,
-and from
+A model may also keep a dense copy for wide steps (``wide``; ``--wide-copies``, by default only
+where the copies come to at most 512 MiB: memory at the file's size is the point for real-sized
+files): the block kernels are a GEMV at heart, and from
 ``GGML_MAX_ROWS + 1`` rows on oneDNN's GEMM over dense weights is faster (measured on SmolLM2,
 2-core AVX-512 EPYC: a step's projections 7.1 against 9.6 ms at 1 row, equal at 2 and 4, 18.4
 against 10.3 at 8, 41 against 15.5 at 16). Then a row is batch-invariant up to
