@@ -264,34 +264,35 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     )
 
 
-def block_bytes(source: ModelSource) -> dict[str, int]:
-    """Bytes in the file of every matrix a gguf load keeps as blocks (layer matrices, the
-    LM head or tied embedding) whose type the kernels compute: part name -> bytes summed
-    over layers (``output`` / ``token_embedding`` for the head)."""
+def _block_matrices(source: ModelSource) -> list[tuple[str, str]]:
+    """``(part, file name)`` of every matrix a gguf load keeps as blocks: the layer matrices
+    and the LM head (or tied embedding) whose type the kernels compute."""
     tensors, hp = source.tensors, source.hparams
-    sizes: dict[str, int] = {}
     parts = [(part, i) for i in range(hp.block_count) for part in LAYER_MATRICES]
     parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
-    for part, i in parts:
-        if tensors.tensor_type(part, i) in KERNEL_TYPES:
-            raw = source.checkpoint.raw_blocks(tensors.name(part, i))
-            sizes[part] = sizes.get(part, 0) + (0 if raw is None else raw.nbytes)
+    return [
+        (part, tensors.name(part, i))
+        for part, i in parts
+        if tensors.tensor_type(part, i) in KERNEL_TYPES
+    ]
+
+
+def block_bytes(source: ModelSource) -> dict[str, int]:
+    """Bytes in the file of the matrices a gguf load keeps as blocks, by part, summed over
+    layers (``output`` / ``token_embedding`` for the head)."""
+    sizes: dict[str, int] = {}
+    for part, name in _block_matrices(source):
+        raw = source.checkpoint.raw_blocks(name)
+        sizes[part] = sizes.get(part, 0) + (0 if raw is None else raw.nbytes)
     return sizes
 
 
 def wide_copy_bytes(source: ModelSource, dtype: torch.dtype, device: torch.device) -> int:
-    """Bytes of dense copies, in the dense kernel's dtype, of every matrix a gguf load would
-    keep as blocks (what ``wide_copies`` costs)."""
+    """Bytes of dense copies, in the dense kernel's dtype, of the matrices a gguf load keeps
+    as blocks (what ``wide_copies`` costs)."""
     itemsize = 4 if widens_to_float32(device, dtype) else dtype.itemsize
-    tensors, hp = source.tensors, source.hparams
-    parts = [(part, i) for i in range(hp.block_count) for part in LAYER_MATRICES]
-    parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
-    count = 0
-    for part, i in parts:
-        if tensors.tensor_type(part, i) in KERNEL_TYPES:
-            rows, columns = source.checkpoint.tensor_shape(tensors.name(part, i))
-            count += rows * columns
-    return count * itemsize
+    shapes = [source.checkpoint.tensor_shape(name) for _, name in _block_matrices(source)]
+    return sum(rows * columns for rows, columns in shapes) * itemsize
 
 
 def load_runner(plan: LoadPlan) -> ModelRunner:
