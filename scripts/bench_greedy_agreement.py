@@ -83,7 +83,9 @@ async def run(args: argparse.Namespace) -> dict:
             (i for i, (x, y) in enumerate(zip(ours_ids, theirs_ids, strict=False)) if x != y),
             min(len(ours_ids), len(theirs_ids)),
         )
-        report["diverged"].append({"prompt": prompt, "first_divergent_token": first})
+        report["diverged"].append(
+            {"prompt": prompt, "first_divergent_token": first, "ours": a, "llama.cpp": b}
+        )
     return report
 
 
