@@ -11,7 +11,8 @@ import torch
 from make_random_gguf import write_random_gguf
 
 from app.models.kernels.ggml_quant import load_ggml_quant
-from app.models.load.plan import load_checkpoint
+from app.models.load.plan import LoadOptions, load_checkpoint, plan_load
+from app.models.refusal import ModelRefused
 from app.models.weights.ggml import GGML_MAX_ROWS, GGMLEmbedding, GGMLLinear
 from app.models.weights.record import Quantization
 from tests.models.stepping import decoder_of, sequence_logits
@@ -108,3 +109,17 @@ def test_a_failed_kernel_build_falls_back_with_one_line(
     assert runner.model.weights.quantization is Quantization.NONE
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "build failed" in warnings[0]
+
+
+def test_gguf_asked_for_without_its_kernels_is_refused_before_serving(
+    random_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An explicit ``--quantization gguf`` whose kernels cannot load is a refusal of the plan
+    (one line from the command line, before the port opens), not a failure of the lifespan."""
+    monkeypatch.setenv("SLOTSERVE_GGML_ISA", "bogus")
+    load_ggml_quant.cache_clear()
+    try:
+        with pytest.raises(ModelRefused, match="SLOTSERVE_GGML_ISA='bogus'"):
+            plan_load(str(random_file), LoadOptions(max_num_seqs=1, quantization="gguf"))
+    finally:
+        load_ggml_quant.cache_clear()

@@ -160,10 +160,10 @@ def resolve_quantization(
         return auto_without_blocks(source, dtype, device)
     quantization = Quantization(requested)
     if quantization is Quantization.GGUF:
-        if device.type != "cpu" or not blocks:
-            raise ModelRefused(
-                source.path, "--quantization gguf computes a GGUF file's blocks on the CPU only"
-            )
+        if not blocks:
+            raise ModelRefused(source.path, "--quantization gguf needs a GGUF file")
+        if device.type != "cpu":
+            raise ModelRefused(source.path, "--quantization gguf runs on the CPU only")
         return quantization, f"--quantization gguf ({', '.join(computed) or 'no'} blocks)"
     if quantization is not Quantization.NONE and dtype != torch.bfloat16:
         raise ModelRefused(source.path, f"--quantization {requested} needs --dtype bfloat16")
@@ -210,6 +210,13 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     source = open_model(model, served_model_name=options.served_model_name)
     dtype, device = DTYPES[options.dtype], torch.device(options.device)
     quantization, reason = resolve_quantization(options.quantization, source, dtype, device)
+    if quantization is Quantization.GGUF:  # built here, so a failure is refused before serving
+        ggml, how = load_ggml_quant()
+        if ggml is None and options.quantization != "auto":
+            raise ModelRefused(source.path, f"--quantization gguf: {how}")
+        if ggml is None:
+            quantization, reason = auto_without_blocks(source, dtype, device)
+            logger.warning("GGUF-block kernels unavailable (%s): %s", how, reason)
     max_model_len = min(options.max_model_len, source.hparams.context_length)
     if max_model_len < options.max_model_len:
         logger.info(
@@ -301,13 +308,10 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
     source, options = plan.source, plan.options
     quantization, reason = plan.quantization, plan.quantization_reason
     ggml, ggml_how = (None, "")
-    if quantization is Quantization.GGUF:
+    if quantization is Quantization.GGUF:  # planned with the kernels loaded (cached)
         ggml, ggml_how = load_ggml_quant()
         if ggml is None:
-            if options.quantization != "auto":
-                raise ModelRefused(source.path, f"--quantization gguf: {ggml_how}")
-            quantization, reason = auto_without_blocks(source, plan.dtype, plan.device)
-            logger.warning("GGUF-block kernels unavailable (%s): %s", ggml_how, reason)
+            raise ModelRefused(source.path, f"GGUF-block kernels: {ggml_how}")
     if quantization is Quantization.INT4 and options.quantization == "auto":
         available, why = int4_kernel_status()
         if not available:
