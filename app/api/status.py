@@ -57,7 +57,9 @@ async def info(request: Request) -> InfoResponse:
 
 @router.get("/metrics", response_class=Response, responses={503: {"model": ErrorResponse}})
 async def metrics(request: Request) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format: the ``slotserve_*`` names, then the same values under vLLM's
+    names with a ``model_name`` label (API.md "Metrics under vLLM's names")."""
     resources = resources_of(request)
     resources.guard.owner_of(request)
-    return Response(resources.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    text = resources.engine.metrics.render(model_name=resources.engine.capabilities.name)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

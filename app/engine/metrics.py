@@ -2,13 +2,19 @@
 
 Names follow ``../shared/API.md``. Gauges are derived from the scheduler when scraped (rule:
 derive, don't store), so they can never drift from the real queue and slot state.
+
+The same engine metrics are also rendered under vLLM's names (API.md "Metrics under vLLM's
+names"), so that routers, the Gateway API Inference Extension's endpoint picker and autoscalers
+read a replica as they read a vLLM pod: ``VllmNamedMetrics`` renames at scrape time what the
+engine's registry holds, so the two sets of names always agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 # Buckets in seconds, chosen to resolve both the mock (sub-ms steps) and a CPU model (tens of ms).
 _LATENCY_BUCKETS_S = (
@@ -36,6 +42,21 @@ _LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25,
 # How often the event loop's lag is sampled (app.api.server.watch_event_loop_lag), in seconds.
 EVENT_LOOP_LAG_INTERVAL_S = 0.01
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+
+# vLLM's family name for each of ours that has the same meaning (kind and unit included).
+# A counter's family name has no ``_total``; its sample is ``<family>_total``.
+VLLM_FAMILY_NAMES = {
+    "slotserve_requests_running": "vllm:num_requests_running",
+    "slotserve_requests_waiting": "vllm:num_requests_waiting",
+    "slotserve_kv_cache_usage_ratio": "vllm:kv_cache_usage_perc",
+    "slotserve_prefix_cache_queries": "vllm:prefix_cache_queries",
+    "slotserve_prefix_cache_hits": "vllm:prefix_cache_hits",
+    "slotserve_prompt_tokens": "vllm:prompt_tokens",
+    "slotserve_generated_tokens": "vllm:generation_tokens",
+    "slotserve_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    "slotserve_inter_token_latency_seconds": "vllm:inter_token_latency_seconds",
+    "slotserve_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+}
 
 
 class EngineMetrics:
@@ -143,5 +164,40 @@ class EngineMetrics:
         self.requests_waiting.set_function(waiting)
         self.requests_running.set_function(running)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, model_name: str | None = None) -> bytes:
+        """The Prometheus text of ``registry``; with ``model_name``, followed by the vLLM-named
+        families of ``VllmNamedMetrics`` labelled with it."""
+        text = generate_latest(self.registry)
+        if model_name is None:
+            return text
+        return text + generate_latest(VllmNamedMetrics(self.registry, model_name))
+
+
+class VllmNamedMetrics:
+    """The families of ``VLLM_FAMILY_NAMES`` read from ``source`` when collected, renamed, each
+    sample with a ``model_name`` label added (vLLM labels every metric with it).
+
+    A collector for ``generate_latest`` (anything with ``collect()``), built per scrape: it holds
+    no values of its own.
+    """
+
+    def __init__(self, source: CollectorRegistry, model_name: str) -> None:
+        self._source = source
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            vllm_name = VLLM_FAMILY_NAMES.get(family.name)
+            if vllm_name is not None:
+                yield self._renamed(family, vllm_name)
+
+    def _renamed(self, family: Metric, vllm_name: str) -> Metric:
+        renamed = Metric(vllm_name, family.documentation, family.type)
+        renamed.samples = [
+            sample._replace(
+                name=vllm_name + sample.name.removeprefix(family.name),
+                labels={**sample.labels, "model_name": self._model_name},
+            )
+            for sample in family.samples
+        ]
+        return renamed
