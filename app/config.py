@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliImplicitFlag, SettingsConfigDict
 
+from app.engine.chat_template import read_template_file
+
 
 class ServerConfig(BaseSettings):
     """Everything the server can be told at start-up."""
@@ -148,12 +150,29 @@ class ServerConfig(BaseSettings):
         description="serve the chat page at / and /ui (--no-ui: 404 there; /docs is not affected)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template FILE that replaces the model's own (for models whose "
+        "template is missing or wrong); run in the same sandbox as the model file's",
+    )
+    reasoning_parser: Literal["auto", "none", "think"] = Field(
+        "auto",
+        description="split <think>...</think> out of answers as reasoning content: auto: when "
+        "the chat template opens a <think> block; think: always; none: never",
+    )
 
     @field_validator("kv_cache_memory")
     @classmethod
     def _check_kv_cache_memory(cls, value: str | None) -> str | None:
         if value is not None:
             parse_memory_size(value)
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _check_chat_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            read_template_file(value)
         return value
 
     @model_validator(mode="after")

@@ -6,12 +6,12 @@ about 0.4 ms of event loop each; under a burst of many times the capacity that q
 made 429s slow. The gate answers exactly what the route would: it runs the route's own checks
 (``ApiKeyGuard``, ``read_body``, ``generate.parse_body``, ``admission_refusal``: the engine's
 ``check_admission``) in the route's order, and words the refusal with the route family's error
-renderer, the native shape or OpenAI's under ``/v1``:
+renderer, the native shape, OpenAI's under ``/v1``, Anthropic's under ``/v1/messages``:
 
 - ``POST /generate``: key (401), body (413), fields (422), then refusal: its ``max_tokens`` is
   read first, since a request with ``max_tokens`` 0 is never refused as overloaded;
-- ``POST /v1/completions``, ``POST /v1/chat/completions``: key (401), then refusal, before the
-  body is read.
+- ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/messages``: key (401),
+  then refusal, before the body is read.
 
 When an earlier check fails, or the request would be taken, the gate passes it on, replaying
 the body messages it read, and the route gives its answer. The gate looks at nothing while the
@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import generate
 from app.api.admission import admission_refusal, read_body, refusal_error
+from app.api.anthropic.errors import MESSAGES_PATH, anthropic_error_response
 from app.api.errors import APIError, error_response
 from app.api.openai.errors import V1_PREFIX, openai_error_response
 from app.api.resources import ServerResources, loaded_resources
@@ -62,6 +63,7 @@ GATED_ROUTES: dict[str, GatedRoute] = {
     "/generate": GatedRoute(error_response, max_tokens_of=_generate_max_tokens),
     V1_PREFIX + "/completions": GatedRoute(openai_error_response),
     V1_PREFIX + "/chat/completions": GatedRoute(openai_error_response),
+    MESSAGES_PATH: GatedRoute(anthropic_error_response),
 }
 
 

@@ -1,4 +1,5 @@
-"""API keys: ``Authorization: Bearer KEY`` on every endpoint but ``/health`` when keys are set.
+"""API keys: ``Authorization: Bearer KEY`` (or Anthropic's ``x-api-key: KEY``) on every endpoint
+but ``/health`` when keys are set.
 
 Keys are compared in constant time (``hmac.compare_digest``) against every configured key.
 A request's *owner* is a digest of the key it used, so that a DELETE can only cancel requests
@@ -44,14 +45,13 @@ class ApiKeyGuard:
         """
         if not self._keys:
             return None
-        header = request.headers.get("authorization", "")
-        scheme, _, presented = header.partition(" ")
-        presented_bytes = presented.strip().encode("utf-8")
+        presented = _presented_key(request)
+        presented_bytes = (presented or "").encode("utf-8")
         matched = False
         for key in self._keys:
             # no early exit: every key is compared, so timing does not tell which one matched
             matched |= hmac.compare_digest(presented_bytes, key)
-        if scheme.lower() != "bearer" or not matched:
+        if presented is None or not matched:
             raise APIError(
                 401,
                 "unauthorized",
@@ -59,3 +59,13 @@ class ApiKeyGuard:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         return hashlib.sha256(presented_bytes).hexdigest()[:32]
+
+
+def _presented_key(request: Request) -> str | None:
+    """The key a request sent: ``Authorization: Bearer KEY``, else Anthropic's
+    ``x-api-key: KEY`` (its SDKs send that); None when it sent neither."""
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return presented.strip()
+    api_key = request.headers.get("x-api-key")
+    return None if api_key is None else api_key.strip()

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,11 +66,13 @@ class TokenPrompt:
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
     """A conversation, rendered with the model's chat template up to the assistant's turn;
-    ``tools`` are the functions (OpenAI's tool entries) the template is given."""
+    ``tools`` are the functions (OpenAI's tool entries) the template is given, and
+    ``template_kwargs`` more variables for it (``chat_template_kwargs``)."""
 
     messages: tuple[ChatMessage, ...]
     param: str = "messages"
     tools: tuple[dict[str, Any], ...] = ()
+    template_kwargs: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,11 @@ class PromptTokenizingEngine(Protocol):
     def encode_text(self, text: str) -> tuple[int, ...]: ...
 
     def encode_chat(
-        self, messages: tuple[ChatMessage, ...], tools: tuple[dict[str, Any], ...] = ()
+        self,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[dict[str, Any], ...] = (),
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[int, ...]: ...
 
     def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint: ...
@@ -327,7 +334,9 @@ class RequestBuilder:
             elif isinstance(prompt, TextPrompt):
                 prompt_ids = self._engine.encode_text(prompt.text)
             else:
-                prompt_ids = self._engine.encode_chat(prompt.messages, prompt.tools)
+                prompt_ids = self._engine.encode_chat(
+                    prompt.messages, prompt.tools, template_kwargs=prompt.template_kwargs
+                )
         except ChatTemplateError as exc:
             message = f"{prompt.param}: {exc}"
             raise APIError(422, "invalid_request", message, param=prompt.param) from None

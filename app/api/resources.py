@@ -10,6 +10,7 @@ from starlette.datastructures import State
 
 from app.api.auth import ApiKeyGuard
 from app.api.errors import APIError
+from app.api.reasoning import ReasoningParser
 from app.api.request_builder import RequestBuilder, RequestLimits
 from app.config import ServerConfig
 from app.engine.engine import AsyncEngine
@@ -22,12 +23,15 @@ class ServerResources:
     config: the server's settings.
     guard: API key checks.
     builder: turns what a client asked for into the engine's requests (with the limits).
+    reasoning: whether answers split ``<think>`` blocks out as reasoning (``--reasoning-parser``
+        and the chat template in use).
     """
 
     engine: AsyncEngine
     config: ServerConfig
     guard: ApiKeyGuard
     builder: RequestBuilder
+    reasoning: ReasoningParser
 
     @classmethod
     def build(cls, engine: AsyncEngine, config: ServerConfig) -> ServerResources:
@@ -38,6 +42,7 @@ class ServerResources:
             config=config,
             guard=ApiKeyGuard.from_setting(config.api_key),
             builder=RequestBuilder(engine, limits),
+            reasoning=ReasoningParser.of(config.reasoning_parser, engine.chat_template.source),
         )
 
 

@@ -14,6 +14,8 @@ from prometheus_client import Histogram
 from app import __version__
 from app.api import generate, status, tokenize, ui
 from app.api.admission_gate import AdmissionGate
+from app.api.anthropic import errors as anthropic_errors
+from app.api.anthropic import routes as anthropic_routes
 from app.api.auth import ApiKeyGuard
 from app.api.errors import install_error_handlers
 from app.api.openai import errors as openai_errors
@@ -21,6 +23,7 @@ from app.api.openai import routes as openai_routes
 from app.api.request_id import RequestIdMiddleware
 from app.api.resources import ServerResources
 from app.config import ServerConfig
+from app.engine.chat_template import read_template_file
 from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.metrics import EVENT_LOOP_LAG_INTERVAL_S
 from app.engine.model_thread import ModelThread
@@ -98,6 +101,9 @@ def create_app(
             ),
             prefix_caching=config.prefix_caching,
             model_thread=model_thread,
+            chat_template=read_template_file(config.chat_template)
+            if config.chat_template
+            else None,
         )
         await engine.start()
         app.state.resources = ServerResources.build(engine, config)
@@ -134,8 +140,10 @@ def create_app(
     app.add_middleware(RequestIdMiddleware, replica_id=config.replica_id)
     install_error_handlers(app)
     openai_errors.install_error_handlers(app)  # under /v1: OpenAI's error shape
+    anthropic_errors.install_error_handlers(app)  # under /v1/messages: Anthropic's
     app.include_router(generate.router)
     app.include_router(openai_routes.router)
+    app.include_router(anthropic_routes.router)
     app.include_router(status.router)
     app.include_router(tokenize.router)
     if config.ui:

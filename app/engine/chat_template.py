@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -102,9 +102,10 @@ class ChatTemplate:
     from_model: bool = True
 
     @classmethod
-    def of(cls, tokenizer: object) -> ChatTemplate:
-        """The template of a model's tokenizer, or ChatML when it has none."""
-        source: str | None = getattr(tokenizer, "chat_template", None)
+    def of(cls, tokenizer: object, *, override: str | None = None) -> ChatTemplate:
+        """The template of a model's tokenizer, or ChatML when it has none; ``override`` (the
+        source of ``--chat-template FILE``) replaces the model's own."""
+        source: str | None = override or getattr(tokenizer, "chat_template", None)
         return cls(
             source=source or CHATML_TEMPLATE,
             bos_token=getattr(tokenizer, "bos_token", None) or "",
@@ -123,9 +124,14 @@ class ChatTemplate:
         tools: Sequence[dict[str, Any]] = (),
         *,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt for ``messages``, ending where the assistant's answer begins (or after
         the last message with ``add_generation_prompt=False``: ``/tokenize``).
+
+        ``template_kwargs`` (a request's ``chat_template_kwargs``, e.g. ``enable_thinking``)
+        are more variables for the template; they cannot replace ``messages``, ``tools``,
+        ``add_generation_prompt`` or the special tokens.
 
         ``tools`` (OpenAI's ``{"type": "function", "function": {...}}`` entries) are passed to
         a template that renders them (``renders_tools``); for any other template they are
@@ -145,13 +151,37 @@ class ChatTemplate:
                 turns[0] = {**turns[0], "content": f"{turns[0]['content']}\n\n{described}"}
             else:
                 turns.insert(0, {"role": "system", "content": described})
-        return _compile(self.source).render(
+        variables: dict[str, Any] = dict(template_kwargs or {})
+        variables.update(
             messages=turns,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
             **extra,
         )
+        return _compile(self.source).render(**variables)
+
+
+def read_template_file(path: str) -> str:
+    """The Jinja source of ``--chat-template FILE``, checked to compile in the sandbox the
+    model files' templates run in.
+
+    Raises:
+        ValueError: the file cannot be read, is not UTF-8, or is not a valid template (the
+            message names the path and the reason).
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            source = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if not source.strip():
+        raise ValueError(f"{path} is empty")
+    try:
+        _compile(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"{path} is not a valid Jinja template: {exc}") from None
+    return source
 
 
 def tools_system_prompt(tools: Sequence[dict[str, Any]]) -> str:

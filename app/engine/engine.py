@@ -95,6 +95,7 @@ class AsyncEngine(PromptOperations):
         model_thread: where ``model.step`` runs; pass the thread the model was loaded on
             (see :mod:`app.engine.model_thread`). A new one by default. The engine shuts it
             down in :meth:`stop`.
+        chat_template: a chat template source that replaces the model's (``--chat-template``).
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class AsyncEngine(PromptOperations):
         prefix_caching: bool = True,
         limits: AdmissionLimits | None = None,
         model_thread: ModelThread | None = None,
+        chat_template: str | None = None,
     ) -> None:
         caps = model.capabilities
         self.limits = limits or AdmissionLimits()
@@ -127,7 +129,7 @@ class AsyncEngine(PromptOperations):
         self.state = EngineState.CREATED
         self._inbox = Inbox()
         self._in_flight = InFlightRequests()
-        self._prompts = PromptEncoder(model.tokenizer, caps.name)
+        self._prompts = PromptEncoder(model.tokenizer, caps.name, chat_template=chat_template)
         self._constraints = ConstraintCompiler(model.tokenizer, caps)
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None

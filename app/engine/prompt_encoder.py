@@ -8,6 +8,7 @@ engine (rule R11) and the request builder works on either.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from app.engine.chat_template import ChatMessage, ChatTemplate
@@ -26,11 +27,14 @@ class PromptEncoder:
     Args:
         tokenizer: the model's tokenizer (its ``chat_template``, when it has one, renders chats).
         model_name: names the model in the log line about a missing chat template.
+        chat_template: a template source that replaces the model's (``--chat-template``).
     """
 
-    def __init__(self, tokenizer: Tokenizer, model_name: str) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, model_name: str, *, chat_template: str | None = None
+    ) -> None:
         self._tokenizer = tokenizer
-        self.chat_template = ChatTemplate.of(tokenizer)
+        self.chat_template = ChatTemplate.of(tokenizer, override=chat_template)
         if not self.chat_template.from_model:
             logger.info("%s has no chat template: chats are rendered as ChatML", model_name)
 
@@ -52,18 +56,22 @@ class PromptEncoder:
         tools: tuple[dict[str, Any], ...] = (),
         *,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[int, ...]:
         """The token ids of a conversation rendered by :attr:`chat_template`, ending where the
         assistant's answer begins (after the last message with
-        ``add_generation_prompt=False``); ``tools`` are the functions the model may call (see
-        ``ChatTemplate.render``).
+        ``add_generation_prompt=False``); ``tools`` are the functions the model may call and
+        ``template_kwargs`` more template variables (see ``ChatTemplate.render``).
 
         Raises:
             ChatTemplateError: the template refused the conversation (roles out of order...).
             TokenizationError: the tokenizer failed on the rendered text.
         """
         text = self.chat_template.render(
-            messages, tools, add_generation_prompt=add_generation_prompt
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_kwargs,
         )
         # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
         # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's

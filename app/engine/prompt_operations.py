@@ -7,6 +7,7 @@ template and compiled constraints, for the request builder (``app.api.request_bu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from app.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec
@@ -53,6 +54,7 @@ class PromptOperations:
         tools: tuple[dict[str, Any], ...] = (),
         *,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
@@ -61,7 +63,10 @@ class PromptOperations:
             TokenizationError: the tokenizer failed on the rendered text.
         """
         return self._prompts.encode_chat(
-            messages, tools, add_generation_prompt=add_generation_prompt
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_kwargs,
         )
 
     def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sse_starlette import ServerSentEvent
 
@@ -36,7 +36,9 @@ from app.api.openai.responses import (
     Usage,
 )
 from app.api.openai.tools import ToolCall, ToolMode, ToolPlan
-from app.engine.request import FinalEvent, FinishReason, TokenEvent
+from app.api.output_reader import CallPiece, OutputPiece, OutputReader, ReasoningPiece, TextPiece
+from app.api.reasoning import ReasoningSplitter
+from app.engine.request import FinalEvent, TokenEvent
 
 SSE_LINE_END = "\n"  # chunks are written "data: {json}\n\n", as OpenAI writes them
 
@@ -151,16 +153,32 @@ class ChatAnswer(_OpenAIAnswer):
     """``/v1/chat/completions``: a ``chat.completion``, or ``chat.completion.chunk`` events whose
     first delta carries the role and whose last is empty.
 
-    With tools (``tools``, a ``ToolPlan``) the calls are read from the output: a named function's
-    arguments stream as ``delta.tool_calls`` pieces as they are generated (its id and name in a
-    chunk of their own after the role's); ``required`` and ``auto`` answers are read whole, so
-    their stream holds the text back and sends the calls (or the content) at the end.
+    The output is read by an ``OutputReader`` (``app.api.output_reader``): reasoning (when the
+    server's parser is on: ``reasoning``) is ``reasoning_content``, tool calls (``tools``, a
+    ``ToolPlan``) are ``tool_calls``, the rest ``content``; a stream sends each as it is
+    decided. A named function's arguments stream as ``delta.tool_calls`` pieces as they are
+    generated (its id and name in a chunk of their own after the role's); a ``required``
+    answer's calls go out one by one as each is complete. An answer cut by ``max_tokens``
+    keeps the calls completed before the cut and drops the partial one, never as content.
     """
 
     tools: ToolPlan | None = None
+    reasoning: ReasoningSplitter | None = None
+    _reader: OutputReader = field(init=False)
+    _unsent_logprobs: list = field(init=False)
+
+    def __post_init__(self) -> None:
+        reader = OutputReader(self.tools, self.reasoning, self._call_id_prefix)
+        object.__setattr__(self, "_reader", reader)
+        object.__setattr__(self, "_unsent_logprobs", [])
 
     def response(self, final: FinalEvent) -> dict[str, object]:
-        calls, content = self._read(final)
+        pieces = self._reader.read_whole(final.text)
+        calls = [piece.call for piece in pieces if isinstance(piece, CallPiece)]
+        reasoning = "".join(p.text for p in pieces if isinstance(p, ReasoningPiece)) or None
+        content: str | None = "".join(p.text for p in pieces if isinstance(p, TextPiece))
+        if not content and (calls or reasoning or self._constrained_to_calls):
+            content = None
         return ChatCompletionResponse(
             id=self.id,
             created=self.created,
@@ -169,10 +187,12 @@ class ChatAnswer(_OpenAIAnswer):
                 ChatChoice(
                     index=self.index,
                     message=ChatMessageOut(
-                        content=content, tool_calls=[_call(call) for call in calls] or None
+                        content=content,
+                        reasoning_content=reasoning,
+                        tool_calls=[_call(call) for call in calls] or None,
                     ),
                     logprobs=self.logprobs.chat(final.logprobs) if self.logprobs else None,
-                    finish_reason=_chat_finish_reason(final, calls),
+                    finish_reason=_chat_finish_reason(final, bool(calls)),
                 )
             ],
             usage=usage(final),
@@ -193,29 +213,27 @@ class ChatAnswer(_OpenAIAnswer):
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
         if not event.text:  # text held back (a partial character or stop string) waits
             return
+        logprobs = list(event.logprobs)
         if self._streams_arguments:
             piece = ToolCallOut(index=0, function=FunctionCallOut(arguments=event.text))
-            delta = ChatDelta(tool_calls=[piece])
-        elif self.tools is not None and self.tools.mode is not ToolMode.NONE:
-            return  # read whole at the end
-        else:
-            delta = ChatDelta(content=event.text)
-        logprobs = self.logprobs.chat(event.logprobs) if self.logprobs else None
-        yield data_event(self._chunk([self._choice(delta, logprobs)]))
+            yield self._delta_event(ChatDelta(tool_calls=[piece]), logprobs)
+            return
+        for piece in self._reader.feed(event.text):
+            yield self._delta_event(_delta(piece), logprobs)
+            logprobs = []
+        self._unsent_logprobs.extend(logprobs)  # nothing decided yet: with the next chunk
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
-        calls, content = self._read(final)
-        if self.tools is not None and not self._streams_arguments:
-            if calls:
-                pieces = [_call(call, index) for index, call in enumerate(calls)]
-                delta = ChatDelta(tool_calls=pieces)
-            else:
-                delta = ChatDelta(content=content)
-            if calls or content:
-                logprobs = self.logprobs.chat(final.logprobs) if self.logprobs else None
-                yield data_event(self._chunk([self._choice(delta, logprobs)]))
+        if self._streams_arguments:
+            made_calls = _parses(final.text)
+        else:
+            for piece in self._reader.finish():
+                yield self._delta_event(_delta(piece), [])
+            made_calls = self._reader.calls_made > 0
         last = ChatChunkChoice(
-            index=self.index, delta=ChatDelta(), finish_reason=_chat_finish_reason(final, calls)
+            index=self.index,
+            delta=ChatDelta(),
+            finish_reason=_chat_finish_reason(final, made_calls),
         )
         yield data_event(self._chunk([last]))
         if self.include_usage:
@@ -226,18 +244,22 @@ class ChatAnswer(_OpenAIAnswer):
         return self.tools is not None and self.tools.mode is ToolMode.NAMED
 
     @property
+    def _constrained_to_calls(self) -> bool:
+        return self.tools is not None and self.tools.mode in (ToolMode.NAMED, ToolMode.REQUIRED)
+
+    @property
     def _call_id_prefix(self) -> str:
         return f"call_{self.id}_{self.index}_"
 
+    def _delta_event(self, delta: ChatDelta, logprobs: list) -> ServerSentEvent:
+        """One chunk of ``delta``, with the logprobs of the tokens it is the first news of."""
+        pending = self._unsent_logprobs + logprobs
+        self._unsent_logprobs.clear()
+        chat_logprobs = self.logprobs.chat(tuple(pending)) if self.logprobs else None
+        return data_event(self._chunk([self._choice(delta, chat_logprobs)]))
+
     def _choice(self, delta: ChatDelta, logprobs: object = None) -> ChatChunkChoice:
         return ChatChunkChoice(index=self.index, delta=delta, logprobs=logprobs, finish_reason=None)
-
-    def _read(self, final: FinalEvent) -> tuple[list[ToolCall], str | None]:
-        if self.tools is None:
-            return [], final.text
-        if final.finish_reason is not FinishReason.STOP and self.tools.mode is ToolMode.REQUIRED:
-            return [], final.text  # cut short: not a whole array of calls
-        return self.tools.read_calls(final.text, self._call_id_prefix)
 
     def _last_choice(self, finish_reason: str) -> ChatChunkChoice:
         return ChatChunkChoice(index=self.index, delta=ChatDelta(), finish_reason=finish_reason)
@@ -246,6 +268,22 @@ class ChatAnswer(_OpenAIAnswer):
         return ChatCompletionChunk(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         ).model_dump()
+
+
+def _delta(piece: OutputPiece) -> ChatDelta:
+    if isinstance(piece, ReasoningPiece):
+        return ChatDelta(reasoning_content=piece.text)
+    if isinstance(piece, TextPiece):
+        return ChatDelta(content=piece.text)
+    return ChatDelta(tool_calls=[_call(piece.call, piece.index)])
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _call(call: ToolCall, index: int | None = None) -> ToolCallOut:
@@ -257,7 +295,7 @@ def _call(call: ToolCall, index: int | None = None) -> ToolCallOut:
     )
 
 
-def _chat_finish_reason(final: FinalEvent, calls: list[ToolCall]) -> str:
+def _chat_finish_reason(final: FinalEvent, made_calls: bool) -> str:
     """``tool_calls`` for a complete answer that made calls, else the native reason."""
     reason = finish_reason_name(final.finish_reason)
-    return "tool_calls" if calls and reason == "stop" else reason
+    return "tool_calls" if made_calls and reason == "stop" else reason

@@ -70,18 +70,20 @@ ChatFinishReasonName = Literal["stop", "length", "cancelled", "tool_calls"]
 
 
 class ChatMessageOut(BaseModel):
-    """The answer; ``content`` is null when it is only tool calls; ``tool_calls`` is left out
-    when there are none."""
+    """The answer; ``content`` is null when it is only tool calls or reasoning; ``tool_calls``
+    and ``reasoning_content`` are left out when there are none."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
     @model_serializer(mode="wrap")
     def _without_absent_calls(self, handler) -> dict[str, object]:
         value = handler(self)
-        if value.get("tool_calls") is None:
-            value.pop("tool_calls", None)
+        for absent in ("tool_calls", "reasoning_content"):
+            if value.get(absent) is None:
+                value.pop(absent, None)
         return value
 
 
@@ -120,6 +122,7 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
 

@@ -180,7 +180,8 @@ def openai_answer_format(
     """How the answer to ``body`` (choice ``index``) is written (also by the batch runner, so
     that its answers are these routes' own): the request id as the object's id, created now,
     the model's name; logprobs and the echoed prompt when asked. In a group (``n`` > 1) the
-    usage chunk is the group's, not the choice's."""
+    usage chunk is the group's, not the choice's. A chat's reasoning is split out when the
+    server's parser is on (``resources.reasoning``)."""
     engine = resources.engine
     writer = None
     echo = ""
@@ -205,7 +206,12 @@ def openai_answer_format(
     if answer_format is CompletionAnswer:
         fields = {"echo": echo, "echo_first_token": generation.prompt_token_ids[0]}
     elif isinstance(body, ChatCompletionRequestBody):
-        fields = {"tools": body.tool_plan}
+        reasoning = resources.reasoning.for_prompt(
+            generation.prompt_token_ids,
+            engine.decode,
+            constrained=generation.constraint is not None,
+        )
+        fields = {"tools": body.tool_plan, "reasoning": reasoning}
     return answer_format(
         id=generation.request_id if not group else generation.group_id or generation.request_id,
         created=int(time.time()),

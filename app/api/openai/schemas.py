@@ -298,6 +298,9 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
     tools: list[ToolBody] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoiceBody | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extension: more variables for the chat template (enable_thinking)"
+    )
 
     def generation_params(self) -> GenerationParams:
         """``max_completion_tokens``, else ``max_tokens``, else the context left after the
@@ -312,7 +315,8 @@ class ChatCompletionRequestBody(OpenAIRequestBody):
         plan = self.tool_plan
         tools = () if plan is None else plan.template_tools()
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        params = self._params(ChatPrompt(turns, tools=tools), budget, logprobs)
+        prompt = ChatPrompt(turns, tools=tools, template_kwargs=self.chat_template_kwargs)
+        params = self._params(prompt, budget, logprobs)
         constraint = None if plan is None else plan.constraint()
         if constraint is None:
             return params
