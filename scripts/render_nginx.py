@@ -1,10 +1,13 @@
 """Renders docker/nginx.conf.template (the routing rules) for one environment.
 
     python scripts/render_nginx.py compose -o docker/nginx.conf
+    python scripts/render_nginx.py edge-compose -o docker/nginx-edge.conf
+    python scripts/render_nginx.py edge-k8s -o deploy/k8s/edge-nginx.conf
     python scripts/render_nginx.py local --listen 127.0.0.1:8080 --workdir /tmp/lb \\
         --replica rA=127.0.0.1:8001 --replica rB=127.0.0.1:8002 -o /tmp/lb/nginx.conf
 
-The rendering itself, and what each environment fills in, is ``harness/nginx_conf.py``.
+The rendering itself, and what each environment fills in, is ``harness/nginx_conf.py`` (the
+edge in front of the cache-aware router: ``harness/edge_conf.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.edge_conf import render_compose_edge, render_k8s_edge
 from harness.nginx_conf import render_compose, render_local
 
 
@@ -25,7 +29,7 @@ def _replica_arg(text: str) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("env", choices=["compose", "local"])
+    parser.add_argument("env", choices=["compose", "local", "edge-compose", "edge-k8s"])
     parser.add_argument("-o", "--output", type=Path, help="write here (default: stdout)")
     parser.add_argument("--listen", default="127.0.0.1:8080", help="local: nginx's address")
     parser.add_argument("--workdir", type=Path, help="local: nginx's prefix (-p) folder")
@@ -35,6 +39,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.env == "compose":
         text = render_compose()
+    elif args.env == "edge-compose":
+        text = render_compose_edge()
+    elif args.env == "edge-k8s":
+        text = render_k8s_edge()
     else:
         if not args.replica or args.workdir is None:
             parser.error("local needs --workdir and at least one --replica")

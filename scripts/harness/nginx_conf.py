@@ -88,6 +88,20 @@ def local_values(listen: str, replicas: Mapping[str, str], workdir: Path) -> dic
     for replica_id in replicas:
         if not REPLICA_ID.fullmatch(replica_id):
             raise ValueError(f"replica id {replica_id!r} is not [A-Za-z0-9]{{1,16}}")
+    return {
+        **local_process_values(workdir),
+        "RESOLVER": "127.0.0.1",  # never asked: every address here is an IP literal
+        "REPLICA_SERVERS": [f"server {address};" for address in replicas.values()],
+        "REPLICA_ADDRESS_MAP": [f"{rid} {address};" for rid, address in replicas.items()]
+        # Not a replica of ours: a closed port, so nginx answers as for a replica that is gone.
+        + ["default 127.0.0.1:1;"],
+        "LISTEN": listen,
+    }
+
+
+def local_process_values(workdir: Path) -> dict[str, Value]:
+    """An nginx of this machine run with ``-p workdir`` in the foreground: its pid file, logs
+    and temp folders in ``workdir`` (``MAIN_CONTEXT``, ``HTTP_CONTEXT``, ``ACCESS_LOG``)."""
     workdir = workdir.resolve()
     temp_paths = [
         f"{kind}_temp_path {workdir / 'tmp' / kind};"
@@ -104,13 +118,13 @@ def local_values(listen: str, replicas: Mapping[str, str], workdir: Path) -> dic
         "MAIN_CONTEXT": main,
         "HTTP_CONTEXT": temp_paths,
         "ACCESS_LOG": str(workdir / "access.log"),
-        "RESOLVER": "127.0.0.1",  # never asked: every address here is an IP literal
-        "REPLICA_SERVERS": [f"server {address};" for address in replicas.values()],
-        "REPLICA_ADDRESS_MAP": [f"{rid} {address};" for rid, address in replicas.items()]
-        # Not a replica of ours: a closed port, so nginx answers as for a replica that is gone.
-        + ["default 127.0.0.1:1;"],
-        "LISTEN": listen,
     }
+
+
+def make_temp_folders(workdir: Path) -> None:
+    """The temp folders ``local_process_values`` names (``nginx -t`` checks they exist)."""
+    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (workdir / "tmp" / kind).mkdir(parents=True, exist_ok=True)
 
 
 def render_compose() -> str:
@@ -119,6 +133,5 @@ def render_compose() -> str:
 
 def render_local(listen: str, replicas: Mapping[str, str], workdir: Path) -> str:
     """The local config; creates ``workdir``'s temp folders so that ``nginx -t`` passes too."""
-    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (workdir / "tmp" / kind).mkdir(parents=True, exist_ok=True)
+    make_temp_folders(workdir)
     return render(TEMPLATE.read_text(), local_values(listen, replicas, workdir))
