@@ -55,7 +55,8 @@ def resource(kind: str, name: str) -> dict:
 
 
 def container(deployment: dict, name: str) -> dict:
-    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == name)
 
 
 def env(container_spec: dict) -> dict[str, str]:
@@ -109,7 +110,8 @@ def test_the_hpa_scales_the_replicas_on_the_served_queue_depth():
     hpa = resource("HorizontalPodAutoscaler", "slotserve")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "slotserve"
     [metric] = hpa["spec"]["metrics"]
-    adapter = yaml.safe_load(resource("ConfigMap", "slotserve-adapter-rules")["data"]["config.yaml"])
+    rules = resource("ConfigMap", "slotserve-adapter-rules")["data"]["config.yaml"]
+    adapter = yaml.safe_load(rules)
     [rule] = adapter["rules"]
     assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
     # The series the adapter reads is one /metrics serves under vLLM's names.
