@@ -1,0 +1,119 @@
+"""Tool calls cut by ``max_tokens``: the calls completed before the cut come back as
+``tool_calls`` (each with arguments that parse), the partial one is dropped, never raw JSON as
+``content``; streamed and not. ``OutputReader`` on its own (pieces in any split), then the
+issue's case on SmolLM2 through the ``openai`` SDK."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from app.api.openai.tools import FunctionBody, NamedToolChoice, ToolBody, tool_plan
+from app.api.output_reader import CallPiece, JsonArrayItems, OutputReader, TextPiece
+from tests.constraints.test_tools import ASK, PARAMETERS, TIME, WEATHER
+
+TOOLS = [
+    ToolBody(type="function", function=FunctionBody(name="add", parameters={"type": "object"})),
+    ToolBody(type="function", function=FunctionBody(name="now")),
+]
+TWO_CALLS = '[{"name": "add", "arguments": {"a": "]}"}}, {"name": "now", "arguments": {}}]'
+
+
+def read_in_pieces(reader: OutputReader, text: str, size: int) -> list:
+    pieces = []
+    for start in range(0, len(text), size):
+        pieces += reader.feed(text[start : start + size])
+    return pieces + reader.finish()
+
+
+def calls_of(pieces: list) -> list[tuple[str, str, object]]:
+    return [
+        (p.call.id, p.call.name, json.loads(p.call.arguments))
+        for p in pieces
+        if isinstance(p, CallPiece)
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_required_calls_come_out_as_each_completes(size):
+    reader = OutputReader(tool_plan(TOOLS, "required", None), None, "c_")
+    pieces = read_in_pieces(reader, TWO_CALLS, size)
+    assert calls_of(pieces) == [("c_0", "add", {"a": "]}"}), ("c_1", "now", {})]
+    assert not [p for p in pieces if isinstance(p, TextPiece)]
+
+
+@pytest.mark.parametrize("cut", range(1, len(TWO_CALLS)))
+def test_a_cut_keeps_the_completed_calls_and_drops_the_partial_one(cut):
+    plan = tool_plan(TOOLS, "required", None)
+    pieces = OutputReader(plan, None, "c_").read_whole(TWO_CALLS[:cut])
+    assert all(isinstance(piece, CallPiece) for piece in pieces)  # never text
+    first_done = TWO_CALLS.index("}}") + 2
+    assert len(pieces) == (cut >= first_done) + (cut >= len(TWO_CALLS) - 1)
+
+
+def test_named_and_auto_cuts_drop_the_partial_call():
+    named = tool_plan(
+        TOOLS,
+        NamedToolChoice.model_validate({"type": "function", "function": {"name": "add"}}),
+        None,
+    )
+    assert OutputReader(named, None, "c_").read_whole('{"a": 1') == []
+    assert calls_of(OutputReader(named, None, "c_").read_whole('{"a": 1}')) == [
+        ("c_0", "add", {"a": 1})
+    ]
+    auto = tool_plan(TOOLS, "auto", None)
+    text = 'Sure. <tool_call>{"name": "now", "arguments": {}}</tool_call> <tool_call>{"name": "a'
+    pieces = OutputReader(auto, None, "c_").read_whole(text)
+    assert pieces[0] == TextPiece("Sure.") and calls_of(pieces[1:]) == [("c_0", "now", {})]
+    assert OutputReader(auto, None, "c_").read_whole("Plain <tool_ca") == [
+        TextPiece("Plain <tool_ca")
+    ]
+
+
+def test_json_array_items_follow_strings_and_escapes():
+    items = JsonArrayItems()
+    assert items.feed('[{"s": "a\\"}, {') == []
+    done = items.feed('"}, {"t": [1, {"u": 2}]}')
+    assert [json.loads(item) for item in done] == [{"s": 'a"}, {'}, {"t": [1, {"u": 2}]}]
+
+
+# --------------------------------------------------------------------------- SmolLM2
+
+
+def _sdk(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.mark.slow
+async def test_required_calls_cut_by_max_tokens_on_smollm2(smollm2_server):
+    """The issue's case: parallel calls cut by the length limit came back as content JSON."""
+    client = _sdk(smollm2_server.url)
+    request = {
+        "model": "smollm2",
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "tool_choice": "required",
+        "max_tokens": 80,
+        "temperature": 0,
+    }
+    whole = await client.chat.completions.create(**request)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    for call in choice.message.tool_calls or ():
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+    calls: dict[int, tuple[str, str]] = {}
+    content = ""
+    async with await client.chat.completions.create(**request, stream=True) as stream:
+        async for chunk in stream:
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            for piece in delta.tool_calls or ():
+                calls[piece.index] = (piece.function.name, piece.function.arguments)
+            finish = chunk.choices[0].finish_reason
+    assert finish == "length" and content == ""
+    expected = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]
+    assert [calls[index] for index in sorted(calls)] == expected
