@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import anthropic
 import httpx
@@ -19,9 +18,9 @@ from app.api.anthropic.errors import anthropic_error_type
 from app.api.errors import APIError
 from app.api.server import create_app
 from app.engine.chat_template import ChatMessage, ChatTemplate
-from app.models.base import StepBatch, StepOutput
-from app.models.mock import MOCK_EOS_TOKEN_ID, ByteTokenizer, MockModelRunner
+from app.models.mock import ByteTokenizer
 from tests.http.conftest import app_client, mock_config, wait_for_queue
+from tests.http.scripted_model import ScriptedModel
 
 MODEL = "mock-bytes"
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
@@ -75,40 +74,6 @@ CALL_SCRIPT = (
     'Let me check. <tool_call>{"name": "get_weather", "arguments": '
     '{"city": "Paris", "unit": "celsius"}}</tool_call>'
 )
-
-
-class ScriptedModel(MockModelRunner):
-    """Answers every prompt with ``script`` one byte a token (then EOS), with the tokenizer's
-    ``chat_template``, taking ``step_s`` seconds a step; keeps the prompts it was given."""
-
-    def __init__(
-        self, script: str, chat_template: str | None = None, step_s: float = 0.0, **kwargs
-    ) -> None:
-        super().__init__(**kwargs)
-        self.step_s = step_s
-        tokenizer = ByteTokenizer()
-        tokenizer.chat_template = chat_template  # type: ignore[attr-defined]
-        self.tokenizer = tokenizer
-        self.script = script.encode()
-        self.prompts: list[str] = []
-        self._written = [0] * self.capabilities.max_num_seqs
-
-    def step(self, batch: StepBatch) -> StepOutput:
-        if self.step_s:
-            time.sleep(self.step_s)  # the model's time, on the model thread
-        tokens: list[int | None] = []
-        for row in batch.rows:
-            if row.position == 0:
-                self._written[row.slot] = 0
-                self.prompts.append(bytes(t for t in row.token_ids if t < 256).decode())
-            if not row.sample:
-                tokens.append(None)
-                continue
-            written = self._written[row.slot]
-            script = self.script
-            tokens.append(script[written] if written < len(script) else MOCK_EOS_TOKEN_ID)
-            self._written[row.slot] = written + 1
-        return StepOutput(tuple(tokens))
 
 
 def scripted_server(script: str, chat_template: str | None = None, **overrides):

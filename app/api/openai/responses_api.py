@@ -9,6 +9,8 @@ increasing ``sequence_number``::
     a text answer: response.output_item.added (message), response.content_part.added,
         response.output_text.delta ..., response.output_text.done, response.content_part.done,
         response.output_item.done
+    with the reasoning parser on, the reasoning first (read whole, at the end):
+        response.output_item.added (reasoning), response.output_item.done, then the message
     tool calls (read whole, at the end): per call response.output_item.added (function_call),
         response.function_call_arguments.delta, response.function_call_arguments.done,
         response.output_item.done
@@ -31,10 +33,9 @@ from app.api.answers import finish_reason_name
 from app.api.errors import APIError
 from app.api.openai.answers import SSE_LINE_END
 from app.api.openai.responses_request import FunctionChoice, ResponsesRequestBody
-from app.api.openai.tools import (
-    ToolCall,
-    ToolMode,
-)
+from app.api.openai.tools import ToolCall, ToolMode
+from app.api.output_reader import CallPiece, OutputReader, ReasoningPiece, TextPiece
+from app.api.reasoning import ReasoningSplitter
 from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
 
@@ -50,7 +51,13 @@ class ResponsesAnswer:
     sse_separator: str | None = SSE_LINE_END
 
     def __init__(
-        self, *, request_id: str, created: int, model: str, body: ResponsesRequestBody
+        self,
+        *,
+        request_id: str,
+        created: int,
+        model: str,
+        body: ResponsesRequestBody,
+        reasoning: ReasoningSplitter | None = None,
     ) -> None:
         self.id = f"resp_{request_id}"
         self._request_id = request_id
@@ -58,6 +65,10 @@ class ResponsesAnswer:
         self._model = model
         self._body = body
         self._plan = body.tool_plan
+        self._reader = OutputReader(self._plan, reasoning, f"call_{request_id}_")
+        self._streams_text = reasoning is None and (
+            self._plan is None or self._plan.mode is ToolMode.NONE
+        )
         self._sequence = itertools.count()
 
     # ----------------------------------------------------------------- AnswerFormat
@@ -110,11 +121,6 @@ class ResponsesAnswer:
     # ----------------------------------------------------------------- the pieces
 
     @property
-    def _streams_text(self) -> bool:
-        """Text goes out as it is made; tool answers are read whole at the end."""
-        return self._plan is None or self._plan.mode is ToolMode.NONE
-
-    @property
     def _message_id(self) -> str:
         return f"msg_{self._request_id}"
 
@@ -128,7 +134,13 @@ class ResponsesAnswer:
         )
 
     def _item_whole(self, index: int, item: dict[str, Any]) -> Iterator[ServerSentEvent]:
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            yield self._event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "content": [], "status": "in_progress"},
+            )
+        elif item["type"] == "message":
             text = item["content"][0]["text"]
             yield self._event(
                 "response.output_item.added",
@@ -159,16 +171,26 @@ class ResponsesAnswer:
         yield self._event("response.output_item.done", output_index=index, item=item)
 
     def _output(self, final: FinalEvent) -> tuple[list[dict[str, Any]], list[ToolCall], str]:
-        """The output items of a finished request, its calls and its text."""
-        calls: list[ToolCall] = []
-        text: str | None = final.text
-        cut = final.finish_reason is not FinishReason.STOP
-        if self._plan is not None and not (cut and self._plan.mode is ToolMode.REQUIRED):
-            calls, text = self._plan.read_calls(final.text, f"call_{self._request_id}_")
+        """The output items of a finished request (its reasoning, its message, its calls),
+        its calls and its text."""
+        pieces = self._reader.read_whole(final.text)
+        calls = [piece.call for piece in pieces if isinstance(piece, CallPiece)]
+        reasoning = "".join(p.text for p in pieces if isinstance(p, ReasoningPiece))
+        text = "".join(p.text for p in pieces if isinstance(p, TextPiece))
         status = "completed" if self._status(final) == "completed" else "incomplete"
         items: list[dict[str, Any]] = []
+        if reasoning:
+            items.append(
+                {
+                    "id": f"rs_{self._request_id}",
+                    "type": "reasoning",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": reasoning}],
+                    "status": status,
+                }
+            )
         if text or not calls:
-            items.append(self._message(text or "", status))
+            items.append(self._message(text, status))
         for index, call in enumerate(calls):
             items.append(
                 {
@@ -180,7 +202,7 @@ class ResponsesAnswer:
                     "status": "completed",
                 }
             )
-        return items, calls, text or ""
+        return items, calls, text
 
     def _message(self, text: str, status: str) -> dict[str, Any]:
         return {

@@ -115,6 +115,11 @@ async def create_response(request: Request) -> Response:
         created=int(time.time()),
         model=resources.engine.capabilities.name,
         body=body,
+        reasoning=resources.reasoning.for_prompt(
+            generation.prompt_token_ids,
+            resources.engine.decode,
+            constrained=generation.constraint is not None,
+        ),
     )
     return await answer(request, resources, generation, writer, stream=body.streamed)
 
