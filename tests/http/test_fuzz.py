@@ -39,13 +39,16 @@ CASES = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + [
 ]
 
 
-def _check(response) -> None:
+def _check(response, path: str) -> None:
     assert response.status_code < 500, response.text
     assert "Traceback" not in response.text and 'File "' not in response.text
     assert response.headers.get("x-request-id")
     if response.status_code >= 400:
-        error = response.json()["error"]
-        assert {"type", "message", "param"} <= set(error)
+        body = response.json()
+        if path.startswith("/v1/messages"):  # Anthropic's shape
+            assert body["type"] == "error" and {"type", "message"} <= set(body["error"])
+        else:
+            assert {"type", "message", "param"} <= set(body["error"])
 
 
 def _cheap(body):
@@ -65,7 +68,7 @@ async def _send(client, method: str, path: str, raw: bytes | None) -> None:
     response = await client.request(
         method, path, content=raw, headers={"Content-Type": "application/json"}
     )
-    _check(response)
+    _check(response, path)
     assert (await client.get("/health")).status_code == 200
 
 
