@@ -1,0 +1,116 @@
+"""Mock replicas behind vllm-router (harness.router): the router sends requests that share a
+prefix to the replica that holds it (the replicas' own vLLM-named metrics say so), and a cancel
+through the edge nginx reaches whichever replica holds the request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from harness.cluster import find_nginx
+from harness.metrics import Metrics
+from harness.router import RoutedCluster, find_router, routed_cluster
+from harness.wait import wait_for
+
+SERVER_ARGS = ("--model", "mock", "--mock-step-ms", "10", "--max-num-seqs", "8", "--no-warmup")
+# Several full 16-token KV blocks of the byte-level mock.
+SYSTEM = "You are the support assistant of a small bakery. Answer briefly and politely. " * 3
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoutedCluster]:
+    """Two mock replicas behind the cache-aware router, and the edge nginx where nginx is
+    installed; shared by the tests of this module, which leave nothing running."""
+    if find_router() is None:
+        pytest.skip("vllm-router is not installed (pip install -e .[test])")
+    workdir = tmp_path_factory.mktemp("routed")
+    edge = find_nginx() is not None
+    with routed_cluster(("rA", "rB"), workdir, server_args=SERVER_ARGS, edge=edge) as running:
+        yield running
+
+
+def served_by(metrics: dict[str, Metrics]) -> dict[str, float]:
+    return {rid: m.value("vllm:e2e_request_latency_seconds_count") for rid, m in metrics.items()}
+
+
+async def scrape_all(http: httpx.AsyncClient, cluster: RoutedCluster) -> dict[str, Metrics]:
+    return {
+        rid: Metrics.parse((await http.get(url + "/metrics")).text)
+        for rid, url in cluster.replicas.items()
+    }
+
+
+async def test_requests_sharing_a_prefix_go_to_the_replica_that_cached_it(cluster) -> None:
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+        before = await scrape_all(http, cluster)
+        for question in ("Do you sell rye bread?", "When do you open?", "Is there parking?"):
+            body = {"model": "mock-bytes", "prompt": SYSTEM + question, "max_tokens": 4}
+            response = await http.post(cluster.url + "/v1/completions", json=body)
+            assert response.status_code == 200, response.text
+        after = await scrape_all(http, cluster)
+    served = {rid: served_by(after)[rid] - served_by(before)[rid] for rid in after}
+    assert sorted(served.values()) == [0, 3], served  # all three on one replica
+    holder = max(served, key=served.get)
+    hits = after[holder].value("vllm:prefix_cache_hits_total")
+    hits -= before[holder].value("vllm:prefix_cache_hits_total")
+    assert hits >= 2 * (len(SYSTEM.encode()) // 16 * 16)
+
+
+async def test_a_cancel_through_the_edge_reaches_the_replica_holding_it(cluster) -> None:
+    if cluster.edge_url is None:
+        pytest.skip("nginx is not installed (.ci/run installs it with apt-get)")
+    # Prompts with nothing in common: the router sends the second to the replica whose prefix
+    # tree is smaller, so that each replica holds one stream.
+    prompts = {"job-a": "Tell me a long story about ships. " * 4, "job-b": "List primes. " * 8}
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+
+        async def stream(request_id: str) -> str:
+            body = {"model": "mock-bytes", "prompt": prompts[request_id], "max_tokens": 4000}
+            body["stream"] = True
+            body["ignore_eos"] = True
+            headers = {"X-Request-Id": request_id}
+            url = cluster.url + "/v1/completions"
+            async with http.stream("POST", url, json=body, headers=headers) as response:
+                assert response.status_code == 200
+                return "".join([chunk async for chunk in response.aiter_text()])
+
+        async def one_running_on_each() -> bool:
+            metrics = await scrape_all(http, cluster)
+            return all(m.value("vllm:num_requests_running") == 1 for m in metrics.values())
+
+        streams: list[asyncio.Task[str]] = []
+        try:
+            for request_id in prompts:  # one after the other, so the router sees the first
+                streams.append(asyncio.create_task(stream(request_id)))
+                await wait_for(
+                    _running_count(http, cluster, len(streams)), 15.0, what="the stream running"
+                )
+            await wait_for(one_running_on_each, 15.0, what="one stream on each replica")
+            for request_id in prompts:  # one of them is on the replica the edge asks second
+                response = await http.delete(f"{cluster.url}/generate/{request_id}")
+                assert response.status_code == 200, response.text
+            texts = await asyncio.wait_for(asyncio.gather(*streams), 15.0)
+        finally:
+            for task in streams:
+                task.cancel()
+        again = await http.delete(f"{cluster.url}/generate/job-a")
+        metrics = await scrape_all(http, cluster)
+    assert again.status_code == 404 and again.json()["error"]["type"] == "not_found"
+    for text in texts:
+        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        finish = [c["finish_reason"] for chunk in chunks for c in chunk["choices"]]
+        assert finish[-1] == "cancelled", finish[-3:]
+    assert all(m.value("vllm:num_requests_running") == 0 for m in metrics.values())
+
+
+def _running_count(http: httpx.AsyncClient, cluster: RoutedCluster, count: int):
+    """A condition for ``wait_for``: ``count`` requests running over all replicas."""
+
+    async def reached() -> bool:
+        metrics = await scrape_all(http, cluster)
+        return sum(m.value("vllm:num_requests_running") for m in metrics.values()) == count
+
+    return reached
