@@ -238,3 +238,20 @@ def test_settings_reach_the_server_as_typed(live_server, open_page):
     assert page.find("#setting-temperature").get_attribute("value") == "0.33"
     page.click("#defaults")
     assert page.find("#setting-temperature").get_attribute("value") == "0.7"
+
+
+def test_reasoning_is_folded_above_the_answer(live_server, open_page):
+    server = live_server(model=ScriptedChatModel(step_ms=1), reasoning_parser="think")
+    page = open_page(server)
+    answer = page.ask("say <think>Pondering the slots.</think>The answer.")
+
+    assert page.answer_text(answer) == "The answer."
+    folded = page.js(
+        "const d = arguments[0].querySelector('details.reasoning');"
+        "return [d.hidden, d.open, d.querySelector('summary').textContent,"
+        " d.querySelector('.thought').textContent]",
+        answer,
+    )
+    assert folded == [False, False, "Reasoning", "Pondering the slots."]
+    plain = page.ask("say no reasoning here")
+    assert page.js("return arguments[0].querySelector('details.reasoning').hidden", plain)
