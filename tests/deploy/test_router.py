@@ -5,15 +5,24 @@ through the edge nginx reaches whichever replica holds the request."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from harness.cluster import find_nginx
+from harness.edge_conf import COMPOSE_ROUTER_SERVICE, ROUTER_PORT
 from harness.metrics import Metrics
-from harness.router import RoutedCluster, find_router, routed_cluster
+from harness.router import RoutedCluster, find_router, routed_cluster, router_spec
+from harness.server import free_port, running
 from harness.wait import wait_for
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+_spec = importlib.util.spec_from_file_location("router_workers", DOCKER / "router_workers.py")
+router_workers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(router_workers)
 
 SERVER_ARGS = ("--model", "mock", "--mock-step-ms", "10", "--max-num-seqs", "8", "--no-warmup")
 # Several full 16-token KV blocks of the byte-level mock.
@@ -114,3 +123,28 @@ def _running_count(http: httpx.AsyncClient, cluster: RoutedCluster, count: int):
         return sum(m.value("vllm:num_requests_running") for m in metrics.values()) == count
 
     return reached
+
+
+def test_compose_router_profile_wires_router_workers_and_edge(tmp_path, cluster) -> None:
+    """compose.yaml's `router` profile: the edge's config and the registration script are the
+    committed ones, the router listens where the edge sends; and the script, run against a
+    router started without workers, registers a replica by its DNS name."""
+    yaml = pytest.importorskip("yaml")
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    router, workers, edge = services["router"], services["router-workers"], services["edge"]
+    assert (
+        {"router"} == set(router["profiles"]) == set(workers["profiles"]) == set(edge["profiles"])
+    )
+    assert f"{ROUTER_PORT}" in router["command"] and "cache_aware" in router["command"]
+    assert "./nginx-edge.conf:/etc/nginx/nginx.conf:ro" in edge["volumes"]
+    assert (DOCKER / "nginx-edge.conf").is_file()
+    assert workers["volumes"] == ["./router_workers.py:/opt/router_workers.py:ro"]
+    assert f"http://{COMPOSE_ROUTER_SERVICE}:{ROUTER_PORT}" in workers["command"]
+
+    replica_port = cluster.servers["rA"].port
+    spec = router_spec(find_router(), [], policy="cache_aware", metrics_port=free_port())
+    with running(spec, tmp_path) as bare_router:
+        argv = ["--router", bare_router.url, "--service", "localhost"]
+        assert router_workers.main([*argv, "--port", str(replica_port), "--wait-s", "20"]) == 0
+        listed = httpx.get(bare_router.url + "/list_workers", timeout=5).json()["urls"]
+    assert listed == [f"http://127.0.0.1:{replica_port}"]
