@@ -23,7 +23,7 @@ from app.api.openai import routes as openai_routes
 from app.api.request_id import RequestIdMiddleware
 from app.api.resources import ServerResources
 from app.config import ServerConfig
-from app.engine.chat_template import read_template_file
+from app.engine.chat_template import template_override
 from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.metrics import EVENT_LOOP_LAG_INTERVAL_S
 from app.engine.model_thread import ModelThread
@@ -101,9 +101,7 @@ def create_app(
             ),
             prefix_caching=config.prefix_caching,
             model_thread=model_thread,
-            chat_template=read_template_file(config.chat_template)
-            if config.chat_template
-            else None,
+            chat_template=template_override(config.chat_template),
         )
         await engine.start()
         app.state.resources = ServerResources.build(engine, config)

@@ -41,6 +41,7 @@ from app.batch.reader import InputError, InputLine, LineReader
 from app.batch.requests import BatchRequest, LineError, LineParser, max_line_bytes
 from app.batch.results import Answered, ReorderBuffer, encode_line
 from app.config import ServerConfig
+from app.engine.chat_template import template_override
 from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.model_thread import ModelThread
 from app.engine.policy import make_policy
@@ -219,6 +220,7 @@ async def _start_engine(
         ),
         prefix_caching=config.prefix_caching,
         model_thread=model_thread,
+        chat_template=template_override(config.chat_template),
     )
     await engine.start()
     return engine

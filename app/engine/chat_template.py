@@ -162,6 +162,15 @@ class ChatTemplate:
         return _compile(self.source).render(**variables)
 
 
+def template_override(path: str | None) -> str | None:
+    """The source of ``--chat-template`` (None when unset: the model's own template).
+
+    Raises:
+        ValueError: as ``read_template_file``.
+    """
+    return None if path is None else read_template_file(path)
+
+
 def read_template_file(path: str) -> str:
     """The Jinja source of ``--chat-template FILE``, checked to compile in the sandbox the
     model files' templates run in.
