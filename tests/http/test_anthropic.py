@@ -280,19 +280,29 @@ async def test_errors_in_anthropics_shape(live_server_factory):
 async def test_overload_is_a_rate_limit_error_and_unavailable_is_overloaded():
     config = mock_config(max_num_seqs=1, max_queue=0, mock_step_ms=10)
     async with app_client(config) as client:
+        in_process = anthropic.AsyncAnthropic(
+            base_url="http://test",
+            api_key="none",
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=client.app)),
+        )
         holding = {"prompt": "holds the slot", "max_tokens": 2000, "ignore_eos": True}
         running = asyncio.create_task(client.post("/generate", json=holding))
         await wait_for_queue(client, running=1)
         try:
-            body = {"model": MODEL, "max_tokens": 5, "messages": ASK}
-            refused = await client.post("/v1/messages", json=body)
+            with pytest.raises(anthropic.RateLimitError) as refused:
+                await in_process.messages.create(model=MODEL, max_tokens=5, messages=ASK)
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
-    assert refused.status_code == 429 and refused.headers["retry-after"]
-    assert refused.json()["type"] == "error"
-    assert refused.json()["error"]["type"] == "rate_limit_error"
-    assert anthropic_error_type(APIError(503, "unavailable", "x")) == ("overloaded_error", 529)
+        await client.app.state.resources.engine.drain(0)  # not taking requests: /v1 says 503
+        with pytest.raises(anthropic.OverloadedError) as draining:
+            await in_process.messages.create(model=MODEL, max_tokens=5, messages=ASK)
+    assert draining.value.status_code == 529
+    assert draining.value.body["error"]["type"] == "overloaded_error"
+    assert refused.value.response.headers["retry-after"]
+    assert refused.value.body["type"] == "error"
+    assert refused.value.body["error"]["type"] == "rate_limit_error"
     assert anthropic_error_type(APIError(500, "internal", "x")) == ("api_error", 500)
 
 
