@@ -66,8 +66,7 @@ class TokenPrompt:
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
     """A conversation, rendered with the model's chat template up to the assistant's turn;
-    ``tools`` are the functions (OpenAI's tool entries) the template is given, and
-    ``template_kwargs`` more variables for it (``chat_template_kwargs``)."""
+    ``tools`` (OpenAI's tool entries) and ``template_kwargs`` (more variables) go to it."""
 
     messages: tuple[ChatMessage, ...]
     param: str = "messages"
