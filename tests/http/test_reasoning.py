@@ -117,6 +117,19 @@ async def test_chat_answers_with_a_template_that_opens_the_block():
             "length",
         )
 
+        events = [
+            event
+            async for event in await client.responses.create(
+                model="m", input="6x7?", max_output_tokens=8, stream=True
+            )
+        ]
+        incomplete = events[-1].response
+        assert events[-1].type == "response.incomplete" and incomplete.output_text == ""
+        assert [item.type for item in incomplete.output] == ["reasoning", "message"]
+        assert incomplete.output[0].content[0].text == "Six seve"
+        added = [e.item.type for e in events if e.type == "response.output_item.added"]
+        assert added == ["reasoning", "message"]
+
         stopped = await client.chat.completions.create(**request, stop=["42"])
         assert stopped.choices[0].message.model_extra["reasoning_content"] == (
             "Six sevens.\nThat is "
@@ -144,6 +157,15 @@ async def test_a_model_that_writes_the_block_and_every_wire_format():
         reasoning, text = response.output
         assert reasoning.type == "reasoning" and reasoning.content[0].text == "\nSix sevens.\n"
         assert response.output_text == "It is 42."
+        deltas = []
+        async with client.responses.stream(model="m", input="What is 6 times 7?") as stream:
+            async for event in stream:
+                if event.type == "response.output_text.delta":
+                    deltas.append(event.delta)
+            streamed = await stream.get_final_response()
+        assert "".join(deltas) == "It is 42." and streamed.output_text == "It is 42."
+        assert [item.type for item in streamed.output] == ["reasoning", "message"]
+        assert streamed.output[0].content[0].text == "\nSix sevens.\n"
 
         messages = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", max_retries=0)
         whole = await messages.messages.create(model="m", max_tokens=200, messages=ASK)

@@ -9,7 +9,7 @@ increasing ``sequence_number``::
     a text answer: response.output_item.added (message), response.content_part.added,
         response.output_text.delta ..., response.output_text.done, response.content_part.done,
         response.output_item.done
-    with the reasoning parser on, the reasoning first (read whole, at the end):
+    with the reasoning parser on, the reasoning first, as one item once the text begins:
         response.output_item.added (reasoning), response.output_item.done, then the message
     tool calls (read whole, at the end): per call response.output_item.added (function_call),
         response.function_call_arguments.delta, response.function_call_arguments.done,
@@ -34,7 +34,13 @@ from app.api.errors import APIError
 from app.api.openai.answers import SSE_LINE_END
 from app.api.openai.responses_request import FunctionChoice, ResponsesRequestBody
 from app.api.openai.tools import ToolCall, ToolMode
-from app.api.output_reader import CallPiece, OutputReader, ReasoningPiece, TextPiece
+from app.api.output_reader import (
+    CallPiece,
+    OutputPiece,
+    OutputReader,
+    ReasoningPiece,
+    TextPiece,
+)
 from app.api.reasoning import ReasoningSplitter
 from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
@@ -66,9 +72,12 @@ class ResponsesAnswer:
         self._body = body
         self._plan = body.tool_plan
         self._reader = OutputReader(self._plan, reasoning, f"call_{request_id}_")
-        self._streams_text = reasoning is None and (
-            self._plan is None or self._plan.mode is ToolMode.NONE
-        )
+        self._streams_text = self._plan is None or self._plan.mode is ToolMode.NONE
+        self._splits_reasoning = reasoning is not None
+        # a stream's reasoning so far (sent as one item when the text begins) and the output
+        # index of its message once it is open
+        self._streamed_reasoning = ""
+        self._message_index: int | None = None
         self._sequence = itertools.count()
 
     # ----------------------------------------------------------------- AnswerFormat
@@ -79,32 +88,20 @@ class ResponsesAnswer:
     def opening(self) -> Iterable[ServerSentEvent]:
         yield self._event("response.created", response=self._response(None))
         yield self._event("response.in_progress", response=self._response(None))
-        if self._streams_text:
-            yield self._event(
-                "response.output_item.added", output_index=0, item=self._message("", "in_progress")
-            )
-            yield self._event(
-                "response.content_part.added",
-                item_id=self._message_id,
-                output_index=0,
-                content_index=0,
-                part=_output_text(""),
-            )
+        if self._streams_text and not self._splits_reasoning:
+            yield from self._open_message()
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
         if event.text and self._streams_text:
-            yield self._event(
-                "response.output_text.delta",
-                item_id=self._message_id,
-                output_index=0,
-                content_index=0,
-                delta=event.text,
-                logprobs=[],
-            )
+            for piece in self._reader.feed(event.text):
+                yield from self._streamed_piece(piece)
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
         items, calls, text = self._output(final)
         if self._streams_text:
+            for piece in self._reader.finish():
+                yield from self._streamed_piece(piece)
+            yield from self._open_message(reasoning_status=self._item_status(final))
             yield from self._text_done(final, text)
         else:
             for index, item in enumerate(items):
@@ -124,13 +121,51 @@ class ResponsesAnswer:
     def _message_id(self) -> str:
         return f"msg_{self._request_id}"
 
+    def _streamed_piece(self, piece: OutputPiece) -> Iterator[ServerSentEvent]:
+        """A streamed answer's piece: reasoning is kept until the text begins, text is a
+        delta of the message (opened first)."""
+        if isinstance(piece, ReasoningPiece):
+            self._streamed_reasoning += piece.text
+        elif isinstance(piece, TextPiece) and piece.text:
+            yield from self._open_message()
+            yield self._event(
+                "response.output_text.delta",
+                item_id=self._message_id,
+                output_index=self._message_index,
+                content_index=0,
+                delta=piece.text,
+                logprobs=[],
+            )
+
+    def _open_message(self, reasoning_status: str = "completed") -> Iterator[ServerSentEvent]:
+        """A stream's message item opened (once), after the reasoning item when there is one."""
+        if self._message_index is not None:
+            return
+        index = 0
+        if self._streamed_reasoning:
+            reasoning = self._reasoning_item(self._streamed_reasoning, reasoning_status)
+            yield from self._item_whole(0, reasoning)
+            index = 1
+        self._message_index = index
+        yield self._event(
+            "response.output_item.added", output_index=index, item=self._message("", "in_progress")
+        )
+        yield self._event(
+            "response.content_part.added",
+            item_id=self._message_id,
+            output_index=index,
+            content_index=0,
+            part=_output_text(""),
+        )
+
     def _text_done(self, final: FinalEvent, text: str) -> Iterator[ServerSentEvent]:
-        status = "completed" if self._status(final) == "completed" else "incomplete"
-        common = {"item_id": self._message_id, "output_index": 0, "content_index": 0}
+        status = self._item_status(final)
+        index = self._message_index
+        common = {"item_id": self._message_id, "output_index": index, "content_index": 0}
         yield self._event("response.output_text.done", **common, text=text, logprobs=[])
         yield self._event("response.content_part.done", **common, part=_output_text(text))
         yield self._event(
-            "response.output_item.done", output_index=0, item=self._message(text, status)
+            "response.output_item.done", output_index=index, item=self._message(text, status)
         )
 
     def _item_whole(self, index: int, item: dict[str, Any]) -> Iterator[ServerSentEvent]:
@@ -177,18 +212,10 @@ class ResponsesAnswer:
         calls = [piece.call for piece in pieces if isinstance(piece, CallPiece)]
         reasoning = "".join(p.text for p in pieces if isinstance(p, ReasoningPiece))
         text = "".join(p.text for p in pieces if isinstance(p, TextPiece))
-        status = "completed" if self._status(final) == "completed" else "incomplete"
+        status = self._item_status(final)
         items: list[dict[str, Any]] = []
-        if reasoning:
-            items.append(
-                {
-                    "id": f"rs_{self._request_id}",
-                    "type": "reasoning",
-                    "summary": [],
-                    "content": [{"type": "reasoning_text", "text": reasoning}],
-                    "status": status,
-                }
-            )
+        if reasoning:  # a block closed before text or calls is complete, whatever the end
+            items.append(self._reasoning_item(reasoning, "completed" if text or calls else status))
         if text or not calls:
             items.append(self._message(text, status))
         for index, call in enumerate(calls):
@@ -203,6 +230,18 @@ class ResponsesAnswer:
                 }
             )
         return items, calls, text
+
+    def _reasoning_item(self, text: str, status: str) -> dict[str, Any]:
+        return {
+            "id": f"rs_{self._request_id}",
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+            "status": status,
+        }
+
+    def _item_status(self, final: FinalEvent) -> str:
+        return "completed" if self._status(final) == "completed" else "incomplete"
 
     def _message(self, text: str, status: str) -> dict[str, Any]:
         return {
