@@ -14,6 +14,8 @@ import jsonschema
 import pytest
 from harness.threaded_server import serve_in_thread
 
+from app.api import admission, admission_gate
+from app.api.anthropic import routes as anthropic_routes
 from app.api.anthropic.errors import anthropic_error_type
 from app.api.errors import APIError
 from app.api.server import create_app
@@ -304,6 +306,38 @@ async def test_overload_is_a_rate_limit_error_and_unavailable_is_overloaded():
     assert refused.value.body["type"] == "error"
     assert refused.value.body["error"]["type"] == "rate_limit_error"
     assert anthropic_error_type(APIError(500, "internal", "x")) == ("api_error", 500)
+
+
+async def test_the_gate_refuses_a_message_as_its_route_would(monkeypatch):
+    config = mock_config(max_num_seqs=1, max_queue=0, mock_step_ms=10)
+    body = {"model": MODEL, "max_tokens": 5, "messages": ASK}
+    headers = {"X-Request-Id": "refused-1", "x-api-key": "k"}
+    route_checks: list[str] = []
+
+    def recorded(resources, *, max_tokens=None):
+        route_checks.append("/v1/messages")
+        admission.refuse_if_overloaded(resources, max_tokens=max_tokens)
+
+    monkeypatch.setattr(anthropic_routes, "refuse_if_overloaded", recorded)
+    async with app_client(config) as client:
+        holding = {"prompt": "holds the slot", "max_tokens": 2000, "ignore_eos": True}
+        running = asyncio.create_task(client.post("/generate", json=holding))
+        await wait_for_queue(client, running=1)
+        try:
+            gated = await client.post("/v1/messages", json=body, headers=headers)
+            assert route_checks == []  # answered in front of FastAPI
+            monkeypatch.setattr(admission_gate, "GATED_ROUTES", {})
+            routed = await client.post("/v1/messages", json=body, headers=headers)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    assert route_checks == ["/v1/messages"]  # with the gate off, the route refused it
+    assert gated.status_code == 429 and gated.json()["error"]["type"] == "rate_limit_error"
+    assert (gated.status_code, dict(gated.headers), gated.content) == (
+        routed.status_code,
+        dict(routed.headers),
+        routed.content,
+    )
 
 
 async def test_a_message_is_cancelled_by_its_id():
