@@ -39,6 +39,7 @@ from app.api.openai.tools import ToolCall, ToolMode, ToolPlan
 from app.api.output_reader import CallPiece, OutputPiece, OutputReader, ReasoningPiece, TextPiece
 from app.api.reasoning import ReasoningSplitter
 from app.engine.request import FinalEvent, TokenEvent
+from app.models.base import TokenLogprobs
 
 SSE_LINE_END = "\n"  # chunks are written "data: {json}\n\n", as OpenAI writes them
 
@@ -165,7 +166,7 @@ class ChatAnswer(_OpenAIAnswer):
     tools: ToolPlan | None = None
     reasoning: ReasoningSplitter | None = None
     _reader: OutputReader = field(init=False)
-    _unsent_logprobs: list = field(init=False)
+    _unsent_logprobs: list[TokenLogprobs] = field(init=False)  # of text not yet decided
 
     def __post_init__(self) -> None:
         reader = OutputReader(self.tools, self.reasoning, self._call_id_prefix)
@@ -251,7 +252,7 @@ class ChatAnswer(_OpenAIAnswer):
     def _call_id_prefix(self) -> str:
         return f"call_{self.id}_{self.index}_"
 
-    def _delta_event(self, delta: ChatDelta, logprobs: list) -> ServerSentEvent:
+    def _delta_event(self, delta: ChatDelta, logprobs: list[TokenLogprobs]) -> ServerSentEvent:
         """One chunk of ``delta``, with the logprobs of the tokens it is the first news of."""
         pending = self._unsent_logprobs + logprobs
         self._unsent_logprobs.clear()
