@@ -52,15 +52,20 @@ class RoutedCluster:
 
 
 def router_spec(
-    router: str, worker_urls: Sequence[str], *, policy: str, metrics_port: int
+    router: str,
+    worker_urls: Sequence[str],
+    *,
+    policy: str,
+    metrics_port: int,
+    flags: Sequence[str] = (),
 ) -> ServerSpec:
     """vllm-router on 127.0.0.1 in front of ``worker_urls``, quiet, checking its workers every
-    second at start-up (its default waits 30 s between checks)."""
+    second at start-up (its default waits 30 s between checks); ``flags`` come last."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     argv = (router, "--host", "127.0.0.1", "--worker-urls", *worker_urls, "--policy", policy)
     argv += ("--worker-startup-check-interval", "1", "--log-level", "warning")
-    argv += ("--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port))
+    argv += ("--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), *flags)
     return ServerSpec(f"router-{policy}", argv, has_metrics=False)
 
 
@@ -71,11 +76,12 @@ def routed_cluster(
     *,
     server_args: Sequence[str] = ("--model", "mock"),
     policy: str = "cache_aware",
+    router_flags: Sequence[str] = (),
     edge: bool = True,
     startup_timeout_s: float = 60.0,
 ) -> Iterator[RoutedCluster]:
-    """Starts the replicas, waits for their /health, then the router, then (``edge``) the edge
-    nginx; ends them all on exit, in reverse order.
+    """Starts the replicas, waits for their /health, then the router (``policy``, then
+    ``router_flags``), then (``edge``) the edge nginx; ends them all on exit, in reverse order.
 
     Raises:
         ClusterError: vllm-router (or, with ``edge``, nginx) is missing, or a process exited or
@@ -114,6 +120,7 @@ def routed_cluster(
                 [server.url for server in servers.values()],
                 policy=policy,
                 metrics_port=metrics_port,
+                flags=router_flags,
             )
             routing = stack.enter_context(running(spec, workdir))
             edge_url = None

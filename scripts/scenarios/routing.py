@@ -1,0 +1,303 @@
+"""Multi-turn chats over 3 replicas: the cache-aware router against nginx, in one run (the command
+line is ``scripts/bench_routing.py``).
+
+The workload: ``conversations`` chats of ``turns`` turns each, all sharing one system prompt of
+about ``system_tokens`` tokens (sized with the replicas' own ``/tokenize``). Every chat runs its
+turns one after the other (the next question is sent when the answer is complete), all chats at
+once, each user pausing between turns (uniform in [0, 2 * ``think_s``], seeded: without
+it the chats move in lock-step and nginx's round robin deals each chat the same replica every
+turn by accident). A turn's prompt is the system prompt, the whole conversation so far and the
+new question, rendered as text and sent to ``/v1/completions`` (streamed, ``ignore_eos``, so
+every answer has ``answer_tokens`` tokens); the answer joins the conversation.
+
+Each setup gets fresh replicas (cold caches) and sees the same workload:
+  - ``router``: vllm-router, ``cache_aware`` (harness.router), its balance thresholds lowered
+    so that a shared system prompt does not send every new chat to one replica;
+  - ``nginx``: docker/nginx.conf's routing for requests without an id (least_conn, which under
+    this even load deals requests round robin);
+  - ``nginx-sticky``: the same nginx, each request with ``X-Conversation-Id`` (hash affinity);
+  - ``router-round-robin``: vllm-router's ``round_robin``, the baseline where nginx is missing.
+
+Measured per setup: the prefix-cache hit rate from the replicas' own counters
+(``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``, summed over replicas)
+and the same rate over the conversations' own tokens (every request's system-prompt blocks taken
+out of hits and its system-prompt tokens out of queries: every setup finds those, so only this
+part tells the routings apart), client-side TTFT (send to the first streamed text) by turn,
+and throughput (completion tokens / wall time of the whole workload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from harness.cluster import local_cluster
+from harness.metrics import Metrics
+from harness.router import routed_cluster
+from loadgen.stats import percentile
+
+SETUPS = ("router", "nginx", "nginx-sticky", "router-round-robin")
+# Balance by load only when replicas differ by this many requests (default 64: never, here).
+ROUTER_BALANCE = ("--balance-abs-threshold", "4", "--balance-rel-threshold", "1.5")
+WORDS = (
+    "bread flour oven crust yeast rye dough bake shop order cake price open close weekend "
+    "delivery gluten butter sugar recipe morning fresh slice loaf sourdough croissant"
+).split()
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingBench:
+    """What every setup of the comparison uses."""
+
+    setups: tuple[str, ...]
+    server_args: tuple[str, ...]
+    replicas: int = 3
+    conversations: int = 24
+    turns: int = 5
+    system_tokens: int = 500
+    question_words: int = 8
+    answer_tokens: int = 64
+    think_s: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    conversation: int
+    turn: int  # 1-based
+    ttft_s: float
+    total_s: float
+    completion_tokens: int
+
+
+@dataclass
+class SetupResult:
+    setup: str
+    hit_rate: float
+    history_hit_rate: float
+    prefix_hits: float
+    prefix_queries: float
+    wall_s: float
+    completion_tokens: int
+    tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    turn_ttft_p50_s: dict[int, float] = field(default_factory=dict)
+    turn_ttft_p95_s: dict[int, float] = field(default_factory=dict)
+    requests_per_replica: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """The system prompt's tokens, and those of them in full KV blocks (16 tokens: the mock's
+    and the paged cache's block), the part a prefix cache can hold."""
+
+    tokens: int
+    block_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """Where one setup's requests go, and the replicas whose counters it reads."""
+
+    url: str
+    replicas: tuple[str, ...]
+    sticky: bool = False
+
+
+@contextmanager
+def started(setup: str, bench: RoutingBench, workdir: Path) -> Iterator[Entry]:
+    """Fresh replicas and the setup's front, stopped on exit.
+
+    Raises:
+        ClusterError: the router or nginx is missing, or a process did not start.
+    """
+    replica_ids = [f"r{i}" for i in range(bench.replicas)]
+    if setup.startswith("router"):
+        policy = "round_robin" if setup == "router-round-robin" else "cache_aware"
+        flags = ROUTER_BALANCE if policy == "cache_aware" else ()
+        with routed_cluster(
+            replica_ids,
+            workdir,
+            server_args=bench.server_args,
+            policy=policy,
+            router_flags=flags,
+            edge=False,
+        ) as cluster:
+            yield Entry(cluster.router_url, tuple(cluster.replicas.values()))
+    else:
+        with local_cluster(replica_ids, workdir, server_args=bench.server_args) as cluster:
+            sticky = setup == "nginx-sticky"
+            yield Entry(cluster.url, tuple(cluster.replicas.values()), sticky=sticky)
+
+
+async def system_prompt(http: httpx.AsyncClient, replica: str, tokens: int) -> str:
+    """Sentences of the bakery's instructions until ``/tokenize`` counts ``tokens`` or more."""
+    rng = random.Random(1)
+    text = "You are the assistant of a small bakery. "
+    while True:
+        count = (await http.post(replica + "/tokenize", json={"prompt": text})).json()["count"]
+        if count >= tokens:
+            return text
+        text += " ".join(rng.choices(WORDS, k=12)).capitalize() + ". "
+
+
+def question(bench: RoutingBench, conversation: int, turn: int) -> str:
+    rng = random.Random(bench.seed * 100_003 + conversation * 101 + turn)
+    return f"(chat {conversation}) " + " ".join(rng.choices(WORDS, k=bench.question_words)) + "?"
+
+
+async def run_conversation(
+    http: httpx.AsyncClient,
+    entry: Entry,
+    bench: RoutingBench,
+    system: str,
+    model: str,
+    conversation: int,
+) -> list[TurnRecord]:
+    history = system
+    headers = {"X-Conversation-Id": f"chat-{conversation}"} if entry.sticky else {}
+    pauses = random.Random(bench.seed * 7919 + conversation)
+    records = []
+    for turn in range(1, bench.turns + 1):
+        await asyncio.sleep(pauses.uniform(0, 2 * bench.think_s))  # the user reads and types
+        history += f"\nUser: {question(bench, conversation, turn)}\nAssistant:"
+        body = {"model": model, "prompt": history, "max_tokens": bench.answer_tokens}
+        body |= {"stream": True, "ignore_eos": True, "temperature": 0}
+        answer, record = await stream_turn(http, entry.url, body, headers, conversation, turn)
+        history += answer
+        records.append(record)
+    return records
+
+
+async def stream_turn(
+    http: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    headers: dict[str, str],
+    conversation: int,
+    turn: int,
+) -> tuple[str, TurnRecord]:
+    """One streamed completion: its text, and its TTFT (send to the first text) and duration.
+
+    Raises:
+        httpx.HTTPStatusError: the answer was not a 200.
+    """
+    pieces: list[str] = []
+    first_at = None
+    sent_at = time.perf_counter()
+    async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            text = httpx.Response(200, content=line[6:]).json()["choices"][0]["text"]
+            if text and first_at is None:
+                first_at = time.perf_counter()
+            pieces.append(text)
+    done_at = time.perf_counter()
+    ttft = (first_at or done_at) - sent_at
+    record = TurnRecord(conversation, turn, ttft, done_at - sent_at, body["max_tokens"])
+    return "".join(pieces), record
+
+
+async def measure(setup: str, entry: Entry, bench: RoutingBench) -> SetupResult:
+    limits = httpx.Limits(max_connections=bench.conversations * 2)
+    async with httpx.AsyncClient(timeout=300.0, trust_env=False, limits=limits) as http:
+        model = (await http.get(entry.replicas[0] + "/v1/models")).json()["data"][0]["id"]
+        system = await system_prompt(http, entry.replicas[0], bench.system_tokens)
+        tokenized = await http.post(entry.replicas[0] + "/tokenize", json={"prompt": system})
+        system_tokens = tokenized.json()["count"]
+        before = [await scrape(http, url) for url in entry.replicas]
+        started_at = time.perf_counter()
+        chats = [
+            run_conversation(http, entry, bench, system, model, conversation)
+            for conversation in range(bench.conversations)
+        ]
+        outcomes = await asyncio.gather(*chats, return_exceptions=True)
+        wall_s = time.perf_counter() - started_at
+        after = [await scrape(http, url) for url in entry.replicas]
+    records = [r for outcome in outcomes if isinstance(outcome, list) for r in outcome]
+    errors = sum(isinstance(outcome, BaseException) for outcome in outcomes)
+    shared = SharedPrefix(tokens=system_tokens, block_tokens=system_tokens // 16 * 16)
+    return summarize(setup, bench, records, errors, wall_s, before, after, shared)
+
+
+async def scrape(http: httpx.AsyncClient, url: str) -> Metrics:
+    return Metrics.parse((await http.get(url + "/metrics")).text)
+
+
+def summarize(
+    setup: str,
+    bench: RoutingBench,
+    records: Sequence[TurnRecord],
+    errors: int,
+    wall_s: float,
+    before: Sequence[Metrics],
+    after: Sequence[Metrics],
+    shared: SharedPrefix,
+) -> SetupResult:
+    def counted(name: str) -> float:
+        return sum(a.value(name) - b.value(name) for a, b in zip(after, before, strict=True))
+
+    hits, queries = (
+        counted("vllm:prefix_cache_hits_total"),
+        counted("vllm:prefix_cache_queries_total"),
+    )
+    own_hits = hits - len(records) * shared.block_tokens
+    own_queries = queries - len(records) * shared.tokens
+    tokens = sum(r.completion_tokens for r in records)
+    ttfts = [r.ttft_s for r in records]
+    by_turn = {t: [r.ttft_s for r in records if r.turn == t] for t in range(1, bench.turns + 1)}
+    return SetupResult(
+        setup=setup,
+        hit_rate=round(hits / queries, 4) if queries else 0.0,
+        history_hit_rate=round(own_hits / own_queries, 4) if own_queries > 0 else 0.0,
+        prefix_hits=hits,
+        prefix_queries=queries,
+        wall_s=round(wall_s, 3),
+        completion_tokens=tokens,
+        tokens_per_s=round(tokens / wall_s, 1),
+        ttft_p50_s=round(percentile(ttfts, 50), 4) if ttfts else float("nan"),
+        ttft_p95_s=round(percentile(ttfts, 95), 4) if ttfts else float("nan"),
+        turn_ttft_p50_s={t: round(percentile(v, 50), 4) for t, v in by_turn.items() if v},
+        turn_ttft_p95_s={t: round(percentile(v, 95), 4) for t, v in by_turn.items() if v},
+        requests_per_replica=[
+            a.value("vllm:e2e_request_latency_seconds_count")
+            - b.value("vllm:e2e_request_latency_seconds_count")
+            for a, b in zip(after, before, strict=True)
+        ],
+        errors=errors,
+    )
+
+
+def compare(bench: RoutingBench, workdir: Path) -> list[SetupResult]:
+    """Every setup of ``bench.setups`` in turn, each on fresh replicas."""
+    results = []
+    for setup in bench.setups:
+        with started(setup, bench, workdir / setup) as entry:
+            results.append(asyncio.run(measure(setup, entry, bench)))
+    return results
+
+
+def print_table(results: Sequence[SetupResult], turns: int) -> None:
+    header = (
+        f"{'setup':<20}{'hit rate':>9}{'history':>9}{'TTFT p50':>10}{'p95':>8}"
+        f"{f'turn {turns} p50':>12}{'p95':>8}{'tok/s':>8}{'errors':>8}  requests per replica"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(
+            f"{r.setup:<20}{r.hit_rate:>9.3f}{r.history_hit_rate:>9.3f}{r.ttft_p50_s:>10.3f}{r.ttft_p95_s:>8.3f}"
+            f"{r.turn_ttft_p50_s.get(turns, float('nan')):>12.3f}"
+            f"{r.turn_ttft_p95_s.get(turns, float('nan')):>8.3f}{r.tokens_per_s:>8.1f}"
+            f"{r.errors:>8}  {[int(n) for n in r.requests_per_replica]}"
+        )
