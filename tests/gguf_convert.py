@@ -18,6 +18,11 @@ Where the converter's rules come from (``convert_hf_to_gguf.py``, read in llama.
   (``original_max_position_embeddings``, default 8192).
 * ``Qwen2Model`` / ``Qwen3Model`` add nothing to the keys above (no vocab_size, no
   rope.dimension_count) and permute nothing.
+* ``Gemma3Model`` writes rope.freq_base from the global layers' rope (``full_attention``),
+  attention.sliding_window (unless the pattern is 1), neither the local rope base nor the
+  layer pattern (llama.cpp then uses 10,000 and a period of 6), permutes nothing, and adds
+  its ``norm_shift`` of 1 to every ``*norm.weight`` (``Gemma3RMSNorm`` multiplies by
+  ``1 + w``; the GGUF stores the sum).
 * ``prepare_tensors``: 1-D tensors and ``*_norm.weight`` are F32; every other tensor takes the
   file type; a tensor whose rows do not split into the type's blocks falls back to F16.
   For K-quants (which the converter cannot write; ``llama-quantize`` does) a row that is not a
@@ -51,6 +56,7 @@ GGUF_ARCHITECTURE = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 
 # The text convert_hf_to_gguf.py's get_vocab_base_pre() encodes; the sha256 of str(ids) names
@@ -104,7 +110,11 @@ def _load_hparams(directory: Path) -> dict[str, Any]:
 
 
 def _rope_parameters(hparams: dict[str, Any]) -> dict[str, Any]:
+    """The global layers' rope (Gemma 3's ``full_attention`` entry; ``Gemma3Model`` writes its
+    theta as ``rope.freq_base`` and nothing of the local layers')."""
     rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    if isinstance(rope.get("full_attention"), dict):
+        rope = dict(rope["full_attention"])
     if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
         rope["rope_theta"] = hparams["rope_theta"]
     if "rope_type" not in rope and "type" in rope:
@@ -137,6 +147,8 @@ def _add_hyperparameters(
     if hparams.get("head_dim") is not None:
         writer.add_key_length(hparams["head_dim"])
         writer.add_value_length(hparams["head_dim"])
+    if arch == "gemma3" and hparams.get("sliding_window_pattern") != 1:
+        writer.add_sliding_window(hparams["sliding_window"])
     writer.add_file_type(_FILE_TYPE[tensor_type])
     if arch == "llama":
         writer.add_vocab_size(hparams["vocab_size"])
@@ -366,6 +378,8 @@ def _gguf_tensors(
     for name, array in itertools.chain(extra, _hf_tensors(directory)):
         if name.endswith(".rotary_emb.inv_freq"):
             continue
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + np.float32(1.0)  # Gemma3Model.norm_shift: the stored 1 + w
         if arch == "llama":
             if name.endswith(("q_proj.weight", "q_proj.bias")):
                 array = permute_rope_rows(array, hparams["num_attention_heads"])

@@ -30,6 +30,41 @@ class RopeScalingKind(Enum):
     FREQ_FACTORS = "freq_factors"
 
 
+class Activation(Enum):
+    """The activation of the gated MLP's gate: ``down(act(gate(x)) * up(x))``.
+
+    SILU: SwiGLU (Llama, Qwen; transformers' ``"silu"``).
+    GELU_TANH: GeGLU with the tanh approximation of GELU (Gemma; transformers'
+        ``"gelu_pytorch_tanh"``, llama.cpp's ``ggml_gelu``).
+    """
+
+    SILU = "silu"
+    GELU_TANH = "gelu_tanh"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalAttention:
+    """Layers that attend within a sliding window while the others attend to every position
+    (Gemma 3's local/global layers).
+
+    The paged KV cache keeps every layer's blocks (llama.cpp's ``--swa-full``): a local layer
+    masks out keys at a distance of ``window`` or more, so its answers are exactly those of
+    the window, with prefix caching and preemption as for any layer.
+
+    Attributes:
+        window: a key at position ``k`` is visible to a query at ``q >= k`` when
+            ``q - k < window`` (transformers' ``sliding_window_overlay``, llama.cpp's
+            ``LLAMA_SWA_TYPE_STANDARD``).
+        layers: one flag per layer, True for a local (windowed) layer.
+        rope_freq_base: rotary theta of the local layers, which take no rope scaling (the
+            global ones use :attr:`HParams.rope_freq_base` and :attr:`HParams.rope_scaling`).
+    """
+
+    window: int
+    layers: tuple[bool, ...]
+    rope_freq_base: float
+
+
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
     """A rope scaling and its parameters (see :class:`RopeScalingKind`).
@@ -74,6 +109,15 @@ class HParams:
         qk_norm: each query and key head is RMS-normalised before rope (Qwen3).
         sliding_window: the attention window the model was trained with, None when it attends
             to every position; ``context_length`` is already capped at it.
+        local_attention: per-layer windows (Gemma 3), None when every layer attends alike;
+            the context is not capped by them.
+        ffn_activation: the gated MLP's activation.
+        post_norms: each block also RMS-normalises the attention output and the MLP output
+            before their residual adds (Gemma's four norms per block).
+        embedding_scale: the token embedding rows are multiplied by this (Gemma:
+            ``sqrt(embedding_length)``, rounded to the model dtype as transformers does), or
+            None.
+        attention_scale: the factor of the attention scores; None: ``1 / sqrt(head_dim)``.
     """
 
     architecture: str
@@ -92,6 +136,11 @@ class HParams:
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    local_attention: LocalAttention | None = None
+    ffn_activation: Activation = Activation.SILU
+    post_norms: bool = False
+    embedding_scale: float | None = None
+    attention_scale: float | None = None
 
     @property
     def group_size(self) -> int:
@@ -129,6 +178,12 @@ class HParams:
             )
         if self.head_dim % 2:
             return f"head_dim {self.head_dim} is odd (rope rotates pairs)"
+        local = self.local_attention
+        if local is not None and (len(local.layers) != self.block_count or local.window < 1):
+            return (
+                f"sliding window of {local.window} over {len(local.layers)} layer flags for "
+                f"{self.block_count} layers"
+            )
         scaling = self.rope_scaling
         if scaling is not None and scaling.kind is RopeScalingKind.FREQ_FACTORS:
             if len(scaling.freq_factors) != self.head_dim // 2:

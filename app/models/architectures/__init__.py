@@ -6,6 +6,7 @@ Adding one is a module with an :class:`Architecture` and a line in :data:`ARCHIT
 
 from __future__ import annotations
 
+from app.models.architectures.gemma3 import GEMMA3
 from app.models.architectures.llama import LLAMA
 from app.models.architectures.mistral import MISTRAL
 from app.models.architectures.qwen2 import QWEN2
@@ -13,7 +14,7 @@ from app.models.architectures.qwen3 import QWEN3
 from app.models.architectures.spec import GGUF_NAMES, HF_NAMES, Architecture, TensorNames
 from app.models.refusal import UnsupportedModel
 
-ARCHITECTURES: tuple[Architecture, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3)
+ARCHITECTURES: tuple[Architecture, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3)
 
 __all__ = [
     "ARCHITECTURES",
@@ -34,7 +35,7 @@ class UnsupportedArchitecture(UnsupportedModel):
 
 
 def supported_names() -> str:
-    """``"llama, mistral, qwen2, qwen3"``."""
+    """``"llama, mistral, qwen2, qwen3, gemma3"``."""
     return ", ".join(architecture.name for architecture in ARCHITECTURES)
 
 

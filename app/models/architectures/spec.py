@@ -1,16 +1,20 @@
 """What an architecture is to the model layer: a declaration, not code.
 
 Every architecture served here is a Llama-style decoder (RMSNorm, rotary attention with grouped
-KV heads, SwiGLU MLP), so one forward (:mod:`app.models.forward.decoder`) runs them all. An
+KV heads, a gated MLP), so one forward (:mod:`app.models.forward.decoder`) runs them all. An
 architecture says only how its checkpoints differ: which optional weights exist (QKV biases,
-per-head q/k norms), whether llama.cpp's converter permuted its Q/K rows, how its config.json
-switches a sliding window on, and under which names its files know it. The readers turn that
+per-head q/k norms, norms after attention and MLP), the MLP's activation, a scaled embedding,
+how its norm weights are stored, whether llama.cpp's converter permuted its Q/K rows, how its
+config.json switches a sliding window on (or which layers attend locally), and under which
+names its files know it. The readers turn that
 into :class:`app.models.hparams.HParams` and the per-layer weight record.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from app.models.hparams import Activation
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +40,15 @@ class TensorNames:
     ffn_gate: str
     ffn_up: str
     ffn_down: str
+    attn_post_norm: str | None = None
+    ffn_post_norm: str | None = None
 
     def of(self, part: str, layer: int | None = None) -> str:
-        """The file's name of ``part`` (a field name), for ``layer`` when it is per layer."""
-        name: str = getattr(self, part)
+        """The file's name of ``part`` (a field name), for ``layer`` when it is per layer.
+        Raises KeyError for a part these names do not have (a post norm of Llama's names)."""
+        name: str | None = getattr(self, part)
+        if name is None:
+            raise KeyError(f"no tensor name for {part}")
         return name if layer is None else name.format(i=layer)
 
     def bias_of(self, part: str, layer: int | None = None) -> str:
@@ -81,6 +90,8 @@ GGUF_NAMES = TensorNames(
     ffn_gate="blk.{i}.ffn_gate.weight",
     ffn_up="blk.{i}.ffn_up.weight",
     ffn_down="blk.{i}.ffn_down.weight",
+    attn_post_norm="blk.{i}.post_attention_norm.weight",
+    ffn_post_norm="blk.{i}.post_ffw_norm.weight",
 )
 
 
@@ -100,6 +111,23 @@ class Architecture:
         sliding_window_switch: the config.json key that turns the window on (Qwen's
             ``use_sliding_window``); None when a non-null ``sliding_window`` means it is used
             (Mistral).
+        ffn_activation: the gated MLP's activation (SwiGLU unless said).
+        post_norms: RMSNorms of the attention output and of the MLP output before their
+            residual adds (required tensors ``attn_post_norm``, ``ffn_post_norm``).
+        scaled_embedding: the embedding rows are multiplied by ``sqrt(hidden)`` (Gemma).
+        hf_norm_shift: added to every RMSNorm weight of a Hugging Face checkpoint (Gemma's
+            ``Gemma3RMSNorm`` multiplies by ``1 + weight``; llama.cpp's converter stores the
+            sum, its ``norm_shift``), so both formats reach the forward as the multiplier.
+        sliding_window_pattern: local and global layers: every ``n``-th layer global, the
+            others windowed (Gemma 3: 6, transformers' ``sliding_window_pattern`` default and
+            llama.cpp's ``set_swa_pattern(6)``), where the file does not list the layers;
+            None: the architecture has no per-layer windows.
+        local_rope_freq_base: rotary theta of local layers when the file does not give it
+            (transformers' ``rope_local_base_freq`` default, llama.cpp's
+            ``rope_freq_base_train_swa`` for gemma3: 10,000).
+        query_pre_attn_scalar: the attention scale is config.json's
+            ``query_pre_attn_scalar ** -0.5`` and, from a GGUF, llama.cpp's rule for it
+            (:mod:`app.models.checkpoints.local_layers`); False: ``1 / sqrt(head_dim)``.
         hf_names, gguf_names: where the weights are in each format.
     """
 
@@ -110,5 +138,12 @@ class Architecture:
     qk_norm: bool = False
     gguf_permutes_qk: bool = False
     sliding_window_switch: str | None = None
+    ffn_activation: Activation = Activation.SILU
+    post_norms: bool = False
+    scaled_embedding: bool = False
+    hf_norm_shift: float = 0.0
+    sliding_window_pattern: int | None = None
+    local_rope_freq_base: float = 10000.0
+    query_pre_attn_scalar: bool = False
     hf_names: TensorNames = HF_NAMES
     gguf_names: TensorNames = GGUF_NAMES

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import math
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 
 from app.models.architectures import Architecture, for_gguf
 from app.models.checkpoints.checkpoint import CheckpointFormat
+from app.models.checkpoints.local_layers import gguf_attention_scale, gguf_local_attention
 from app.models.checkpoints.q4_codes import Q4_BLOCK, Q4Codes
 from app.models.hparams import HParams, RopeScaling, RopeScalingKind
 from app.models.refusal import UnsupportedModel
@@ -170,9 +172,10 @@ class GGUFFile:
         if not self.has_tensor("token_embd.weight"):
             raise UnsupportedModel("no token_embd.weight tensor")
         vocab_size = self.tensor_shape("token_embd.weight")[0]
+        block_count = int(number("block_count"))
         return HParams(
             architecture=architecture.name,
-            block_count=int(number("block_count")),
+            block_count=block_count,
             embedding_length=embedding_length,
             feed_forward_length=int(number("feed_forward_length")),
             head_count=head_count,
@@ -186,6 +189,19 @@ class GGUFFile:
             rope_scaling=self._rope_scaling(arch),
             qkv_bias=architecture.qkv_bias or self.has_tensor("blk.0.attn_q.bias"),
             qk_norm=architecture.qk_norm,
+            local_attention=gguf_local_attention(self.field_or, arch, architecture, block_count),
+            ffn_activation=architecture.ffn_activation,
+            post_norms=architecture.post_norms,
+            embedding_scale=(
+                math.sqrt(embedding_length) if architecture.scaled_embedding else None
+            ),
+            attention_scale=gguf_attention_scale(
+                architecture,
+                block_count=block_count,
+                hidden=embedding_length,
+                heads=head_count,
+                head_dim=head_dim,
+            ),
         )
 
     def _rope_scaling(self, arch: str) -> RopeScaling | None:

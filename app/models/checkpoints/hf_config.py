@@ -11,21 +11,34 @@ Both generations of the file are read:
 
 Sliding windows: a Mistral config with ``sliding_window`` set, or a Qwen config with
 ``use_sliding_window: true``, has its context capped at the window (see
-:mod:`app.models.architectures.mistral`); the loader logs it.
+:mod:`app.models.architectures.mistral`); the loader logs it. Gemma 3's windows are per layer
+and cap nothing (:mod:`app.models.checkpoints.local_layers`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from app.models.architectures import Architecture
-from app.models.hparams import HParams, RopeScaling, RopeScalingKind
+from app.models.checkpoints.local_layers import (
+    LAYER_TYPES,
+    config_attention_scale,
+    config_local_attention,
+)
+from app.models.hparams import Activation, HParams, RopeScaling, RopeScalingKind
 from app.models.refusal import UnsupportedModel
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# config.json's hidden_activation / hidden_act values of each MLP activation
+ACTIVATIONS = {
+    "silu": Activation.SILU,
+    "gelu_pytorch_tanh": Activation.GELU_TANH,
+    "gelu_tanh": Activation.GELU_TANH,
+}
 
 
 def hparams_from_config(
@@ -46,11 +59,22 @@ def hparams_from_config(
     if quantization:
         method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
         raise UnsupportedModel(f"quantized checkpoints ({method}) are not supported")
-    activation = config.get("hidden_act", "silu")
-    if activation != "silu":
-        raise UnsupportedModel(f"activation {activation!r} is not supported (only silu)")
+    activation = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+    if ACTIVATIONS.get(activation) is not architecture.ffn_activation:
+        expected = [
+            name for name, kind in ACTIVATIONS.items() if kind is architecture.ffn_activation
+        ]
+        raise UnsupportedModel(
+            f"activation {activation!r} is not supported for {architecture.name} "
+            f"(only {', '.join(expected)})"
+        )
     if config.get("mlp_bias"):
         raise UnsupportedModel("mlp_bias is not supported")
+    for unsupported in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if config.get(unsupported) is not None:
+            raise UnsupportedModel(f"{unsupported} is not supported")
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedModel("bidirectional attention (an embedding model) is not supported")
 
     def required(key: str) -> Any:
         if config.get(key) is None:
@@ -62,12 +86,13 @@ def hparams_from_config(
     tied = bool(config.get("tie_word_embeddings", not has_output_weight))
     if not tied and not has_output_weight:
         raise UnsupportedModel("tie_word_embeddings is false but there is no output matrix")
-    theta, scaling = _rope(config)
+    theta, scaling, local_theta = _rope(config, architecture)
     window = _sliding_window(config, architecture)
     context = int(required("max_position_embeddings"))
+    block_count = int(required("num_hidden_layers"))
     return HParams(
         architecture=architecture.name,
-        block_count=int(required("num_hidden_layers")),
+        block_count=block_count,
         embedding_length=hidden,
         feed_forward_length=int(required("intermediate_size")),
         head_count=heads,
@@ -82,16 +107,41 @@ def hparams_from_config(
         qkv_bias=architecture.qkv_bias or bool(config.get("attention_bias")),
         qk_norm=architecture.qk_norm,
         sliding_window=window,
+        local_attention=config_local_attention(
+            config, architecture, block_count=block_count, local_rope_freq_base=local_theta
+        ),
+        ffn_activation=architecture.ffn_activation,
+        post_norms=architecture.post_norms,
+        embedding_scale=math.sqrt(hidden) if architecture.scaled_embedding else None,
+        attention_scale=config_attention_scale(config, architecture),
     )
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """``(theta, scaling)`` from transformers 5's ``rope_parameters`` or transformers 4's
-    ``rope_theta`` + ``rope_scaling``."""
+def _rope(
+    config: dict[str, Any], architecture: Architecture
+) -> tuple[float, RopeScaling | None, float | None]:
+    """``(theta, scaling, local theta)`` from transformers 5's ``rope_parameters`` or
+    transformers 4's ``rope_theta`` + ``rope_scaling``. An architecture with local layers
+    (Gemma 3) has transformers 5's parameters per layer type: ``full_attention`` gives theta
+    and scaling, ``sliding_attention`` the local theta (plain rope); the local theta is None
+    when the config does not say."""
     parameters = config.get("rope_parameters")
+    local_theta = None
     if isinstance(parameters, dict) and any(isinstance(v, dict) for v in parameters.values()):
-        raise UnsupportedModel("per-layer rope_parameters are not supported")
-    parameters = dict(parameters or config.get("rope_scaling") or {})
+        if architecture.sliding_window_pattern is None or set(parameters) - set(LAYER_TYPES):
+            raise UnsupportedModel("per-layer rope_parameters are not supported")
+        local = parameters.get("sliding_attention") or {}
+        if local.get("rope_type", "default") != "default":
+            raise UnsupportedModel("rope scaling on sliding-window layers is not supported")
+        local_theta = local.get("rope_theta")
+        parameters = parameters.get("full_attention")
+    theta, scaling = _global_rope(config, dict(parameters or config.get("rope_scaling") or {}))
+    return theta, scaling, None if local_theta is None else float(local_theta)
+
+
+def _global_rope(
+    config: dict[str, Any], parameters: dict[str, Any]
+) -> tuple[float, RopeScaling | None]:
     theta = float(parameters.get("rope_theta", config.get("rope_theta", 10000.0)))
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -115,9 +165,12 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
 
 
 def _sliding_window(config: dict[str, Any], architecture: Architecture) -> int | None:
-    """The window the model attends over, or None for full attention."""
+    """The window every layer attends over (the context is capped at it), or None: full
+    attention, or windows on some layers only (``HParams.local_attention``)."""
     window = config.get("sliding_window")
     switch = architecture.sliding_window_switch
+    if architecture.sliding_window_pattern is not None:
+        return None
     if window is None or (switch is not None and not config.get(switch, False)):
         return None
     return int(window)

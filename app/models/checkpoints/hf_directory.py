@@ -107,7 +107,10 @@ class HFDirectory:
         if handle is None:
             handle = self._handles[entry.file] = safe_open(entry.file, framework="pt")
         tensor: torch.Tensor = handle.get_tensor(name)
-        return np.ascontiguousarray(tensor.to(torch.float32).numpy())
+        widened = tensor.to(torch.float32)
+        if widened is tensor:  # a float32 file: get_tensor's memory is shared between calls
+            return np.array(widened.numpy(), order="C", copy=True)
+        return np.ascontiguousarray(widened.numpy())
 
     def q4_codes(self, name: str) -> Q4Codes | None:
         """None: safetensors hold float weights only."""

@@ -27,6 +27,18 @@ from app.models.hparams import HParams
 from app.models.refusal import UnsupportedModel
 
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# The RMSNorm weights (Architecture.hf_norm_shift applies to these)
+NORMS = frozenset(
+    {
+        "output_norm",
+        "attn_norm",
+        "ffn_norm",
+        "attn_q_norm",
+        "attn_k_norm",
+        "attn_post_norm",
+        "ffn_post_norm",
+    }
+)
 
 
 def unpermute_order(rows: int, num_heads: int) -> np.ndarray:
@@ -64,6 +76,7 @@ class ModelTensors:
         self.names: TensorNames = architecture.gguf_names if gguf else architecture.hf_names
         self._architecture = architecture
         self._permuted = gguf and architecture.gguf_permutes_qk
+        self._norm_shift = 0.0 if gguf else architecture.hf_norm_shift
 
     # ------------------------------------------------------------------ checks
 
@@ -91,6 +104,8 @@ class ModelTensors:
             }
             if hp.qk_norm:
                 layer |= {"attn_q_norm": (hp.head_dim,), "attn_k_norm": (hp.head_dim,)}
+            if hp.post_norms:
+                layer |= {"attn_post_norm": (hidden,), "ffn_post_norm": (hidden,)}
             shapes |= {self.names.of(part, i): shape for part, shape in layer.items()}
             if self._architecture.qkv_bias:
                 for part, width in (("attn_q", hp.q_width), ("attn_k", hp.kv_width)):
@@ -118,8 +133,12 @@ class ModelTensors:
         return self.checkpoint.tensor_type(self.name(part, layer))
 
     def read(self, part: str, layer: int | None = None) -> np.ndarray:
-        """float32 weight of ``part`` in Hugging Face layout (a writable copy)."""
+        """float32 weight of ``part`` in Hugging Face layout (a writable copy). A norm's weight
+        is the multiplier the forward applies: a Gemma HF checkpoint's ``w`` comes back as
+        ``1 + w``, as llama.cpp's converter stores it (``Architecture.hf_norm_shift``)."""
         array = self.checkpoint.read_tensor(self.name(part, layer))
+        if part in NORMS and self._norm_shift:
+            array = array + np.float32(self._norm_shift)  # never in place: see read_tensor
         order = self._row_order(part)
         return array if order is None else array[order]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from app.models.forward.forward_plan import DecodeGroup, ForwardPlan, PrefillGroup
+from app.models.forward.forward_plan import DecodeGroup, ForwardPlan, PrefillGroup, WindowMasks
 from app.models.forward.kv_cache import KVCache
 
 # Most key positions (rows x key_length) gathered for one SDPA call over decode rows: 16,384
@@ -53,27 +53,58 @@ def decode_row_chunks(count: int, key_length: int) -> list[tuple[int, int]]:
     return [(start, min(start + per_call, count)) for start in range(0, count, per_call)]
 
 
-def attend(layer: int, queries: torch.Tensor, plan: ForwardPlan, cache: KVCache) -> torch.Tensor:
+def attend(
+    layer: int,
+    queries: torch.Tensor,
+    plan: ForwardPlan,
+    cache: KVCache,
+    *,
+    window_masks: WindowMasks | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Attention output ``[N, n_heads * head_dim]`` for packed ``queries [N, n_heads, D]``, whose
-    keys and values are already in ``cache``."""
+    keys and values are already in ``cache``.
+
+    ``window_masks``: a local layer's masks (:meth:`ForwardPlan.window_masks`) instead of the
+    plan's; ``scale``: the scores' factor, None for ``1 / sqrt(D)``."""
     outputs = []
     if plan.decode is not None:
-        outputs.append(_decode(layer, queries, plan.decode, cache))
-    for group in plan.prefills:
-        outputs.append(_prefill(layer, queries, group, cache))
+        mask = plan.decode.mask if window_masks is None else window_masks.decode
+        outputs.append(_decode(layer, queries, plan.decode, cache, mask, scale))
+    for index, group in enumerate(plan.prefills):
+        mask = group.mask if window_masks is None else window_masks.prefills[index]
+        outputs.append(_prefill(layer, queries, group, cache, mask, scale))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
-def _decode(layer: int, queries: torch.Tensor, group: DecodeGroup, cache: KVCache) -> torch.Tensor:
+def _decode(
+    layer: int,
+    queries: torch.Tensor,
+    group: DecodeGroup,
+    cache: KVCache,
+    mask: torch.Tensor | None,
+    scale: float | None,
+) -> torch.Tensor:
     chunks = decode_row_chunks(group.count, group.key_length)
-    outputs = [_decode_rows(layer, queries, group, cache, start, stop) for start, stop in chunks]
+    outputs = [
+        _decode_rows(layer, queries, group, cache, mask, scale, start, stop)
+        for start, stop in chunks
+    ]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 def _decode_rows(
-    layer: int, queries: torch.Tensor, group: DecodeGroup, cache: KVCache, start: int, stop: int
+    layer: int,
+    queries: torch.Tensor,
+    group: DecodeGroup,
+    cache: KVCache,
+    mask: torch.Tensor | None,
+    scale: float | None,
+    start: int,
+    stop: int,
 ) -> torch.Tensor:
-    """Attention of decode rows ``[start, stop)``: ``[stop - start, n_heads * head_dim]``."""
+    """Attention of decode rows ``[start, stop)``: ``[stop - start, n_heads * head_dim]``;
+    ``mask`` is the group's (``[count, 1, 1, key_length]``) or None."""
     count, length = stop - start, group.key_length
     positions = group.key_positions[start * length : stop * length]
     keys, values = cache.gather(layer, positions, count)
@@ -85,27 +116,41 @@ def _decode_rows(
         q = rows.reshape(count, kv_heads, -1, queries.shape[-1])
     else:
         q = rows.unsqueeze(2)  # [count, n_heads, 1, D], SDPA's GQA
-    mask = None if group.mask is None else group.mask[start:stop]
+    rows_mask = None if mask is None else mask[start:stop]
     out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, enable_gqa=not group.fold_query_heads
+        q, keys, values, attn_mask=rows_mask, scale=scale, enable_gqa=not group.fold_query_heads
     )
     return out.reshape(count, -1)
 
 
 def _prefill(
-    layer: int, queries: torch.Tensor, group: PrefillGroup, cache: KVCache
+    layer: int,
+    queries: torch.Tensor,
+    group: PrefillGroup,
+    cache: KVCache,
+    mask: torch.Tensor,
+    scale: float | None,
 ) -> torch.Tensor:
+    """A chunk's attention with ``mask`` (``[1, 1, T, key_length]``: the group's, or a local
+    layer's)."""
     length = group.stop - group.start
     keys, values = cache.gather(layer, group.key_positions, 1)
     if group.batch_invariant:
-        return _prefill_as_decode_rows(queries[group.start : group.stop], keys, values, group.mask)
+        chunk = queries[group.start : group.stop]
+        return _prefill_as_decode_rows(chunk, keys, values, mask, scale)
     q = queries[group.start : group.stop].transpose(0, 1).unsqueeze(0)  # [1, n_heads, T, D]
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )
     return out[0].transpose(0, 1).reshape(length, -1)  # [T, n_heads * D]
 
 
 def _prefill_as_decode_rows(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None,
 ) -> torch.Tensor:
     """A chunk's attention ``[T, n_heads * head_dim]``, each of its ``T`` tokens (``queries [T,
     n_heads, D]``) a batch entry whose query rows are the query heads of one KV head, as
@@ -118,5 +163,6 @@ def _prefill_as_decode_rows(
         keys.expand(length, -1, -1, -1),
         values.expand(length, -1, -1, -1),
         attn_mask=mask[0, 0, :, None, None, :],
+        scale=scale,
     )
     return out.reshape(length, -1)

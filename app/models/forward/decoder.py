@@ -19,8 +19,15 @@ Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op
 * steps without a seeded row whose prompt chunks are short (decode-only steps, and short
   prompts or the uncached tail of a long one: ``ForwardPlan.token_rows``) run the glue between
   the projections in fused C kernels (:mod:`app.models.kernels.fused_decode`), a chunk's tokens as
-  single-token rows, for every architecture here: Qwen2's biases are in the QKV projection and
-  Qwen3's q/k norm is part of the fused attention kernel.
+  single-token rows, for every Llama-style block: Qwen2's biases are in the QKV projection and
+  Qwen3's q/k norm is part of the fused attention kernel. Gemma 3's block (GeGLU, norms after
+  attention and MLP, sliding-window layers, a scaled embedding) runs this module's torch path
+  in every step; ``fused_decode_status`` names why.
+
+What Gemma 3 adds to the torch path, each from :class:`app.models.hparams.HParams`: the
+embedding scale, the local layers' own rope tables and window masks
+(:meth:`ForwardPlan.window_masks`), the attention scale, the post norms before the residual
+adds, the MLP's activation.
 """
 
 from __future__ import annotations
@@ -32,13 +39,13 @@ from app.models.forward.attention import attend
 from app.models.forward.forward_plan import ForwardPlan
 from app.models.forward.kv_cache import KVCache
 from app.models.forward.rope import rope_tables
-from app.models.hparams import HParams
+from app.models.hparams import Activation, HParams
 from app.models.kernels.fused_decode import (
     FusedDecodeKernels,
     check_attention_shapes,
     load_fused_decode,
 )
-from app.models.weights.projections import project
+from app.models.weights.projections import Projection, project
 from app.models.weights.record import ModelWeights, Quantization
 
 
@@ -66,6 +73,19 @@ class DecoderModel:
         self._rope_cos, self._rope_sin = rope_tables(
             hparams, max_model_len, dtype=dtype, device=device
         )
+        # [max_model_len, head_dim] each: the rope of layers that attend within a window
+        self._local_rope = (
+            None
+            if hparams.local_attention is None
+            else rope_tables(hparams, max_model_len, dtype=dtype, device=device, local=True)
+        )
+        # Gemma: sqrt(hidden) rounded to the model dtype, as transformers' scaled embedding
+        self._embedding_scale = (
+            None
+            if hparams.embedding_scale is None
+            else torch.tensor(hparams.embedding_scale, dtype=dtype, device=device)
+        )
+        self._activation = ACTIVATIONS[hparams.ffn_activation]
         self._rms_eps = torch.tensor(hparams.rms_norm_eps, dtype=torch.float32, device=device)
         self.fused_decode: FusedDecodeKernels | None = None
         self.fused_decode_status = "eager decode (--fused-decode false)"
@@ -95,27 +115,42 @@ class DecoderModel:
             return self._forward_fused_decode(plan, cache, self.fused_decode)
         w, hp = self.weights, self.hparams
         hidden = w.embedding(plan.token_ids)
-        cos = self._rope_cos[plan.positions][:, None, :]
-        sin = self._rope_sin[plan.positions][:, None, :]
+        if self._embedding_scale is not None:
+            hidden = hidden * self._embedding_scale
+        ropes = {False: _rope_rows(self._rope_cos, self._rope_sin, plan)}
+        local, window_masks = hp.local_attention, None
+        if local is not None and self._local_rope is not None:
+            ropes[True] = _rope_rows(*self._local_rope, plan)
+            window_masks = plan.window_masks(local.window, dtype=self.dtype)
         qk_width = hp.q_width + hp.kv_width
         ffn = hp.feed_forward_length
         num_tokens = hidden.shape[0]
         exact = plan.exact_tokens
         for index, layer in enumerate(w.layers):
+            is_local = local is not None and local.layers[index]
             qkv = project(layer.qkv, self._normed(hidden, layer.attn_norm), exact)
             qk = qkv[:, :qk_width].view(num_tokens, -1, hp.head_dim)
             if layer.qk_norm is not None:
                 qk = self._normed(qk, layer.qk_norm)
-            qk = apply_rope(qk, cos, sin)
+            qk = apply_rope(qk, *ropes[is_local])
             queries = qk[:, : hp.head_count]
             keys = qk[:, hp.head_count :]
             values = qkv[:, qk_width:].view(num_tokens, hp.head_count_kv, hp.head_dim)
             cache.write(index, plan.cache_index, keys, values)
-            attended = attend(index, queries, plan, cache)
-            hidden = project(layer.attn_output, attended, exact, residual=hidden)
+            attended = attend(
+                index,
+                queries,
+                plan,
+                cache,
+                window_masks=window_masks if is_local else None,
+                scale=hp.attention_scale,
+            )
+            hidden = self._add_output(
+                layer.attn_output, attended, exact, hidden, layer.attn_post_norm
+            )
             gate_up = project(layer.gate_up, self._normed(hidden, layer.ffn_norm), exact)
-            activated = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
-            hidden = project(layer.down, activated, exact, residual=hidden)
+            activated = self._activation(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
+            hidden = self._add_output(layer.down, activated, exact, hidden, layer.ffn_post_norm)
         if hidden_out is not None:
             hidden_out.append(hidden)
         return self._logits(hidden, plan, plan.exact_logits)
@@ -187,6 +222,21 @@ class DecoderModel:
         )
         return project(w.lm_head, last, exact)
 
+    def _add_output(
+        self,
+        projection: Projection,
+        x: torch.Tensor,
+        exact: torch.Tensor | None,
+        residual: torch.Tensor,
+        post_norm: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``residual + projection(x)``, the projection's output RMS-normalised first when the
+        block has a norm there (``post_norm [hidden]``, Gemma); the add is fused into the
+        projection otherwise."""
+        if post_norm is None:
+            return project(projection, x, exact, residual=residual)
+        return residual + self._normed(project(projection, x, exact), post_norm)
+
     def _normed(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """RMSNorm over the last axis of ``x`` (``[N, hidden]``, or ``[N, heads, head_dim]``
         for the q/k norm): ``x / rms(x)``, times ``weight`` (broadcast over the leading axes)
@@ -211,11 +261,48 @@ def _fused_decode_for(
     """The fused decode kernels if this model can use them, else None; and why."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return None, f"eager decode ({dtype} on {device}; fused kernels are CPU bfloat16 only)"
+    beyond = _beyond_fused_kernels(hparams)
+    if beyond:
+        return None, (
+            f"eager decode ({hparams.architecture}: {', '.join(beyond)}; the fused kernels "
+            "compute Llama-style blocks)"
+        )
     unfit = check_attention_shapes(hparams.head_count, hparams.head_count_kv, hparams.head_dim)
     if unfit is not None:
         return None, f"eager decode ({unfit})"
     kernels, how = load_fused_decode()
     return kernels, how if kernels is not None else f"eager decode (fused kernels: {how})"
+
+
+def _beyond_fused_kernels(hparams: HParams) -> list[str]:
+    """What of this model the fused decode kernels do not compute (empty: they fit)."""
+    beyond = []
+    if hparams.ffn_activation is not Activation.SILU:
+        beyond.append(f"{hparams.ffn_activation.value} MLP")
+    if hparams.post_norms:
+        beyond.append("norms after attention and MLP")
+    if hparams.local_attention is not None:
+        beyond.append("sliding-window layers")
+    if hparams.embedding_scale is not None:
+        beyond.append("scaled embedding")
+    if hparams.attention_scale is not None:
+        beyond.append("attention scale")
+    return beyond
+
+
+def _rope_rows(
+    cos: torch.Tensor, sin: torch.Tensor, plan: ForwardPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rope tables' rows of the step's tokens, ``[N, 1, head_dim]`` each."""
+    return cos[plan.positions][:, None, :], sin[plan.positions][:, None, :]
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# The gated MLP's activation of each kind (transformers' ACT2FN "silu", "gelu_pytorch_tanh")
+ACTIVATIONS = {Activation.SILU: F.silu, Activation.GELU_TANH: _gelu_tanh}
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

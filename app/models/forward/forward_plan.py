@@ -140,6 +140,22 @@ class TokenRows:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowMasks:
+    """The additive masks of a step's attention groups for the layers that attend within a
+    sliding window (:class:`app.models.hparams.LocalAttention`): each group's own mask with
+    the keys at a distance of ``window`` or more hidden too.
+
+    Attributes:
+        decode: ``[count, 1, 1, key_length]`` for the decode group, as ``DecodeGroup.mask``;
+            None when there is no decode group or no key to hide.
+        prefills: ``[1, 1, T, key_length]``, one per prefill group, in ``prefills`` order.
+    """
+
+    decode: torch.Tensor | None
+    prefills: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardPlan:
     """Everything one forward needs, built once per step and shared by all layers.
 
@@ -233,6 +249,30 @@ class ForwardPlan:
             row_starts=row_starts,
             token_rows=None if exact_tokens else _plan_token_rows(decode, multi, tables, device),
         )
+
+    def window_masks(self, window: int, *, dtype: torch.dtype) -> WindowMasks:
+        """The masks of this step's groups for layers whose keys are visible while
+        ``query position - key position < window`` (built once per step, shared by the local
+        layers)."""
+        positions = self.positions.cpu()
+        device = self.positions.device
+        decode = None
+        if self.decode is not None:
+            allowed = _windowed(positions[: self.decode.count], self.decode.key_length, window)
+            if not bool(allowed.all()):
+                decode = _additive_mask(allowed[:, None, None, :], dtype, device)
+        prefills = []
+        for group in self.prefills:
+            allowed = _windowed(positions[group.start : group.stop], group.key_length, window)
+            prefills.append(_additive_mask(allowed[None, None], dtype, device))
+        return WindowMasks(decode, tuple(prefills))
+
+
+def _windowed(query_positions: torch.Tensor, key_length: int, window: int) -> torch.Tensor:
+    """bool ``[queries, key_length]``: key ``k`` visible to a query at ``q`` when
+    ``0 <= q - k < window``."""
+    distance = query_positions[:, None] - torch.arange(key_length)[None, :]
+    return (distance >= 0) & (distance < window)
 
 
 def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

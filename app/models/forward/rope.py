@@ -29,10 +29,18 @@ import torch
 from app.models.hparams import HParams, RopeScaling, RopeScalingKind
 
 
-def inverse_frequencies(hparams: HParams) -> torch.Tensor:
-    """float64 ``[head_dim / 2]``: the rotation speed (radians per position) of each pair."""
+def inverse_frequencies(hparams: HParams, *, local: bool = False) -> torch.Tensor:
+    """float64 ``[head_dim / 2]``: the rotation speed (radians per position) of each pair.
+
+    ``local``: of the layers that attend within a window (``hparams.local_attention``): their
+    own base and no scaling (Gemma 3: the scaling is the global layers' only). Raises
+    ValueError when the model has no local layers."""
     half = hparams.head_dim // 2
     exponents = torch.arange(0, half, dtype=torch.float64) / half
+    if local:
+        if hparams.local_attention is None:
+            raise ValueError("local rope tables of a model without local layers")
+        return 1.0 / (hparams.local_attention.rope_freq_base**exponents)
     inv_freq = 1.0 / (hparams.rope_freq_base**exponents)
     scaling = hparams.rope_scaling
     if scaling is None:
@@ -55,10 +63,15 @@ def _divisors(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
 
 
 def rope_tables(
-    hparams: HParams, positions: int, *, dtype: torch.dtype, device: torch.device
+    hparams: HParams,
+    positions: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    local: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``[positions, head_dim]`` in ``dtype`` on ``device``, computed in
-    float64 and rounded once.
+    float64 and rounded once; ``local``: the local layers' (:func:`inverse_frequencies`).
 
     ``cos`` holds each pair's cosine twice (both halves); ``sin`` holds the sine with the first
     half negated, so that for ``swapped = (x2, x1)`` the rotation of ``x = (x1, x2)`` is
@@ -66,7 +79,8 @@ def rope_tables(
     :func:`app.models.forward.decoder.apply_rope` and ``rope_head`` in
     ``fused_decode_attention.c``).
     """
-    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inverse_frequencies(hparams)
+    inv_freq = inverse_frequencies(hparams, local=local)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
     cos = torch.cat((angles.cos(), angles.cos()), dim=-1)
     sin = torch.cat((-angles.sin(), angles.sin()), dim=-1)
     return cos.to(device, dtype), sin.to(device, dtype)

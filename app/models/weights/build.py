@@ -152,6 +152,8 @@ class _LayerBuilder:
             attn_norm=attn_norm,
             ffn_norm=ffn_norm,
             qk_norm=self._qk_norm(i),
+            attn_post_norm=self._post_norm("attn_post_norm", i),
+            ffn_post_norm=self._post_norm("ffn_post_norm", i),
         )
 
     def embedding_and_head(self) -> tuple[Embedding, Projection]:
@@ -272,6 +274,9 @@ class _LayerBuilder:
         k_norm = self.tensors.read("attn_k_norm", i)
         rows = [q_norm] * hp.head_count + [k_norm] * hp.head_count_kv
         return self._to_model(np.stack(rows))
+
+    def _post_norm(self, part: str, i: int) -> torch.Tensor | None:
+        return self.vector(part, i) if self.tensors.hparams.post_norms else None
 
     def _to_model(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(device=self.device, dtype=self.dtype).contiguous()

@@ -55,6 +55,9 @@ class LayerWeights:
         qk_norm: ``[n_heads + n_kv_heads, head_dim]`` model dtype, the per-head RMSNorm weight
             of every query head then every key head (Qwen3: ``q_norm`` repeated ``n_heads``
             times, ``k_norm`` ``n_kv_heads`` times); None when the architecture has none.
+        attn_post_norm, ffn_post_norm: ``[hidden]`` model dtype, the RMSNorm weights of the
+            attention output and of the MLP output before their residual adds (Gemma); None
+            when the architecture has none.
     """
 
     qkv: Projection
@@ -64,6 +67,8 @@ class LayerWeights:
     attn_norm: torch.Tensor | None = None
     ffn_norm: torch.Tensor | None = None
     qk_norm: torch.Tensor | None = None
+    attn_post_norm: torch.Tensor | None = None
+    ffn_post_norm: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
