@@ -34,6 +34,7 @@ from app.models.forward.decoder import DecoderModel
 from app.models.forward.kv_cache import kv_block_bytes
 from app.models.hparams import Activation, HParams
 from app.models.load.plan import load_checkpoint
+from app.models.refusal import ModelRefused
 from app.models.weights.build import load_weights
 from app.models.weights.projections import LinearKernel
 from app.models.weights.record import Quantization
@@ -283,3 +284,13 @@ def test_linear_rope_scaling_on_global_layers_only(tiny_checkpoints: TinyCheckpo
     tensors = open_tensors(path)
     unscaled = _decoder(dataclasses.replace(tensors.hparams, rope_scaling=None), tensors)
     assert _difference(unscaled, reference, chunk=40) > 100 * TOLERANCE
+
+
+def test_multimodal_directory_is_refused_by_name(tiny_checkpoints, tmp_path: Path) -> None:
+    """A Gemma3ForConditionalGeneration directory (model_type gemma3) is refused with what
+    is served instead, not as an unknown architecture named like a supported one."""
+    path = Path(shutil.copytree(tiny_checkpoints.hf("gemma3"), tmp_path / "multimodal"))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"model_type": "gemma3"}))
+    with pytest.raises(ModelRefused, match="'gemma3' is a multimodal checkpoint .*'gemma3_text'"):
+        load_checkpoint(path, max_num_seqs=1, max_model_len=16)

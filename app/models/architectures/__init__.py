@@ -15,6 +15,9 @@ from app.models.architectures.spec import GGUF_NAMES, HF_NAMES, Architecture, Te
 from app.models.refusal import UnsupportedModel
 
 ARCHITECTURES: tuple[Architecture, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3)
+# config.json model types of multimodal checkpoints whose language model is served only from
+# its text-only form: Gemma 3 4B-27B's Gemma3ForConditionalGeneration directories.
+MULTIMODAL_MODEL_TYPES = {"gemma3": "gemma3_text"}
 
 __all__ = [
     "ARCHITECTURES",
@@ -44,6 +47,11 @@ def for_hf_model_type(model_type: str) -> Architecture:
     for architecture in ARCHITECTURES:
         if model_type in architecture.hf_model_types:
             return architecture
+    if model_type in MULTIMODAL_MODEL_TYPES:
+        raise UnsupportedArchitecture(
+            f"model_type {model_type!r} is a multimodal checkpoint (not supported); its language "
+            f"model is served from a {MULTIMODAL_MODEL_TYPES[model_type]!r} directory or a GGUF"
+        )
     raise UnsupportedArchitecture(
         f"unsupported architecture {model_type!r} (supported: {supported_names()})"
     )
