@@ -27,18 +27,26 @@ typedef struct {
     sl_vec_dot_fn dot[3];
     sl_vec_dot_rows_fn dot_rows[3]; /* SL_ROWS activation rows at once; none in scalar C */
     sl_dequantize_row_fn dequantize;
+    /* AVX2 tile kernels (eight weight rows at a time), or NULL: the dot functions above */
+    sl_gemv8_fn gemv8;
+    sl_decode8_fn decode8;
+    sl_gemm8_fn gemm8;
 } sl_format;
 
 #define SL_FORMAT(fmt, size, bytes, q8k)                                                         \
     { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
-      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt }
+      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt, NULL, NULL, NULL }
+#define SL_FORMAT_TILES(fmt, size, bytes, q8k)                                                   \
+    { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
+      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt,                 \
+      sl_gemv8_##fmt##_avx2, sl_decode8_##fmt##_avx2, sl_gemm8_##fmt##_avx2 }
 
 static const sl_format *sl_format_of(int qtype) {
-    static const sl_format q4_0 = SL_FORMAT(q4_0, SL_QK, 18, 0);
-    static const sl_format q4_1 = SL_FORMAT(q4_1, SL_QK, 20, 0);
-    static const sl_format q5_0 = SL_FORMAT(q5_0, SL_QK, 22, 0);
-    static const sl_format q5_1 = SL_FORMAT(q5_1, SL_QK, 24, 0);
-    static const sl_format q8_0 = SL_FORMAT(q8_0, SL_QK, 34, 0);
+    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, SL_QK, 18, 0);
+    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, SL_QK, 20, 0);
+    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, SL_QK, 22, 0);
+    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, SL_QK, 24, 0);
+    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, SL_QK, 34, 0);
     static const sl_format q4_k = SL_FORMAT(q4_k, SL_QK_K, 144, 1);
     static const sl_format q5_k = SL_FORMAT(q5_k, SL_QK_K, 176, 1);
     static const sl_format q6_k = SL_FORMAT(q6_k, SL_QK_K, 210, 1);
@@ -148,6 +156,55 @@ static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t colu
     }
 }
 
+/* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
+ * more rows decode each tile once and run them all against it. */
+#define SL_GEMV_MAX_ROWS 3
+
+/* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the AVX2 tile kernels, for all m
+ * activation rows, stored from `column`. The decoded tile lives in a buffer of the thread's. */
+static void sl_tile_unit(const sl_format *format, const uint8_t *w, int64_t row_bytes,
+                         int64_t rows, int64_t k, const uint8_t *xq, int64_t xq_bytes, int64_t m,
+                         int64_t column, const float *bias, const void *residual, int64_t ldr,
+                         void *y, int y_bf16, int64_t ldy) {
+    static _Thread_local void *tile = NULL;
+    static _Thread_local int64_t capacity = 0;
+    const int gemm = m > SL_GEMV_MAX_ROWS;
+    const int64_t tile_bytes = sl_tile8_bytes_q8_1(k); /* (only the 32-weight formats have tiles) */
+    if (gemm && tile_bytes > capacity) {
+        void *grown = realloc(tile, (size_t)tile_bytes);
+        if (grown != NULL) { /* else gemv, which needs no buffer: the same outputs */
+            tile = grown;
+            capacity = tile_bytes;
+        }
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+        const int64_t lanes = rows - r0 < 8 ? rows - r0 : 8;
+        const uint8_t *row_at[8];
+        for (int j = 0; j < 8; j++) /* a tail tile repeats its last row */
+            row_at[j] = w + (r0 + (j < lanes ? j : lanes - 1)) * row_bytes;
+        float out[SL_ROWS][8];
+        if (!gemm || capacity < tile_bytes) {
+            for (int64_t i = 0; i < m; i++) {
+                /* prefetch two tiles ahead while the first activation row runs */
+                format->gemv8(row_at, k, xq + i * xq_bytes, out[0],
+                              w + (r0 + 2 * 8) * row_bytes, i == 0 ? 8 * row_bytes : 0);
+                sl_store_row(out[0], lanes, i, column + r0, bias, residual, ldr, y, y_bf16, ldy);
+            }
+            continue;
+        }
+        format->decode8(row_at, k, tile, w + (r0 + 2 * 8) * row_bytes, 8 * row_bytes);
+        for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
+            const int group = m - i0 < SL_ROWS ? (int)(m - i0) : SL_ROWS;
+            const void *x_rows[SL_ROWS];
+            for (int g = 0; g < group; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
+            format->gemm8(tile, k, x_rows, group, out[0], 8);
+            for (int g = 0; g < group; g++)
+                sl_store_row(out[g], lanes, i0 + g, column + r0, bias, residual, ldr, y, y_bf16,
+                             ldy);
+        }
+    }
+}
+
 /*
  * y[i, c] = sum_j x[i, j] * W[c, j] (+ bias[c]) (+ residual[i, c]) for i < m, c < n, where the
  * n output columns are the segments' rows in order (segment s: qtypes[s], weights[s] holding
@@ -230,6 +287,11 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
             const uint8_t *xq = format->q8k ? q8_k : q8_1;
             const int64_t xq_bytes = format->q8k ? q8_k_bytes : q8_1_bytes;
             column += row0;
+            if (isa == SL_ISA_AVX2 && format->gemv8 != NULL) {
+                sl_tile_unit(format, w, row_bytes, rows, k, xq, xq_bytes, m, column, bias,
+                             residual, ldr, y, y_bf16, ldy);
+                continue;
+            }
             for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
                 /* SL_ROWS activation rows per weight row decoded (each output computed as the
                  * one-row function computes it: bit for bit the same), the rest one by one */
