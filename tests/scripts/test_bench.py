@@ -106,3 +106,38 @@ def test_quick_run_writes_markdown_json_and_pngs(tmp_path) -> None:
     assert 0 < s5["recovery"] <= 1.5
     assert s5["failed_requests"] == 0
     assert f"{s5['cancel_to_free_mean_ms']:.2f}" in markdown
+
+
+class _Counted:
+    """A window standing in for harness.measure.Window: one counter value."""
+
+    def __init__(self, generated: float) -> None:
+        self.generated = generated
+
+    def counter(self, name: str, **labels: str) -> float:
+        assert name == "slotserve_generated_tokens_total"
+        return self.generated
+
+
+class _Marked:
+    """A run standing in for harness.measure.Run: its steady window and its whole."""
+
+    def __init__(self, steady: _Counted, whole: _Counted) -> None:
+        self.steady, self.everything = steady, whole
+
+    def window(self) -> _Counted:
+        return self.steady
+
+    def whole(self) -> _Counted:
+        return self.everything
+
+
+def test_cancel_storm_rates_fall_back_to_the_whole_run_when_the_window_saw_no_tokens() -> None:
+    """The failing input of the quick run's flake: a busy machine delayed the mock past the
+    baseline's window, whose generated-token count was 0, and scenario 5's recovery came out
+    None."""
+    from scenarios.cancel_storm import steady_window
+
+    empty, whole, busy = _Counted(0.0), _Counted(480.0), _Counted(96.0)
+    assert steady_window(_Marked(empty, whole)) is whole
+    assert steady_window(_Marked(busy, whole)) is busy
