@@ -9,6 +9,7 @@ import re
 
 import jsonschema
 import pytest
+from harness.sse import json_events
 
 from app.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec
 from app.engine.request import SequenceStatus
@@ -125,11 +126,7 @@ async def test_streamed_constrained_text_equals_the_whole_answer():
     async with app_client() as client:
         whole = (await client.post("/generate", json=body)).json()
         streamed = await client.post("/generate", json={**body, "stream": True})
-    texts = [
-        json.loads(line[len("data: ") :])["text"]
-        for line in streamed.text.splitlines()
-        if line.startswith("data: ") and '"text"' in line and "finish_reason" not in line
-    ]
+    texts = [data["text"] for event, data in json_events(streamed.text) if event == "token"]
     assert "".join(texts) == whole["text"]
 
 

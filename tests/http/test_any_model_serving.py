@@ -7,10 +7,10 @@ renders the model's own chat template."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
+from harness.sse import EventStream
 
 from app.models.load.plan import load_checkpoint
 from app.models.tokenizers import load_hf_tokenizer
@@ -118,16 +118,14 @@ async def test_hf_server_names_the_directory_and_cancels(hf_server) -> None:
         assert info["backend"] == "torch-cpu-bfloat16"
         body = {"prompt": PROMPT, "max_tokens": 400, "stream": True, **GREEDY}
         headers = {"X-Request-Id": "cancel-me"}
-        async with client.stream("POST", "/generate", json=body, headers=headers) as stream:
-            events = []
-            async for line in stream.aiter_lines():
-                if line.startswith("event: token") and not events:
-                    deleted = await client.delete("/generate/cancel-me")
-                    assert deleted.status_code == 200
-                events.append(line)
-        done = [json.loads(e[len("data: ") :]) for e in events if '"finish_reason"' in e]
-        assert done and done[-1]["finish_reason"] == "cancelled"
-        assert done[-1]["usage"]["completion_tokens"] < 400
+        async with client.stream("POST", "/generate", json=body, headers=headers) as response:
+            stream = EventStream(response)
+            assert (await stream.next_event()).event == "token"
+            deleted = await client.delete("/generate/cancel-me")
+            assert deleted.status_code == 200
+            done = (await stream.final_event()).json()
+        assert done["finish_reason"] == "cancelled"
+        assert done["usage"]["completion_tokens"] < 400
 
 
 async def test_seeded_request_alone_equals_in_a_crowd(hf_server) -> None:

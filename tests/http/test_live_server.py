@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import pytest
+from harness.sse import EventStream
 from harness.wait import wait_for
 
 from tests.http.conftest import metric_value, wait_for_queue
@@ -100,15 +101,14 @@ async def test_delete_ends_a_long_stream_with_cancelled(live_server_factory):
         async with client.stream(
             "POST", "/generate", json=body, headers={"X-Request-Id": "s1"}
         ) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("event:"):
-                    events.append(line)
-                    if len(events) == 5:
-                        assert (await client.delete("/generate/s1")).status_code == 200
-                if line.startswith("data:") and events and events[-1] == "event: done":
-                    assert '"finish_reason": "cancelled"' in line
-        assert events[-1] == "event: done"
-        assert events.count("event: done") == 1
+            async for event in EventStream(response):
+                events.append(event.event)
+                if len(events) == 5:
+                    assert (await client.delete("/generate/s1")).status_code == 200
+                if event.event == "done":
+                    assert event.json()["finish_reason"] == "cancelled"
+        assert events[-1] == "done"
+        assert events.count("done") == 1
 
 
 async def test_first_event_arrives_before_generation_ends(live_server_factory):

@@ -10,6 +10,7 @@ import logging
 import httpx
 import openai
 import pytest
+from harness.sse import EventStream
 from harness.wait import wait_for
 
 from app.engine.chat_template import ChatMessage, ChatTemplate
@@ -477,9 +478,9 @@ async def test_delete_of_an_n_answer_cancels_every_choice(live_server_factory):
             await wait_for_queue(client, running=3)
             deleted = await client.delete("/generate/many")
             assert deleted.status_code == 200
-            async for line in response.aiter_lines():
-                if line.startswith("data: {"):
-                    for choice in json.loads(line[6:])["choices"]:
+            async for event in EventStream(response):
+                if event.data.startswith("{"):
+                    for choice in event.json()["choices"]:
                         if choice["finish_reason"] is not None:
                             finished[choice["index"]] = choice["finish_reason"]
         assert finished == {0: "cancelled", 1: "cancelled", 2: "cancelled"}

@@ -3,10 +3,9 @@ float32 model, against transformers on the same weights."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from harness.sse import parse_events
 
 from app.models.load.plan import load_checkpoint
 from tests.checkpoints import load_transformers_model, transformers_logits
@@ -90,11 +89,7 @@ async def test_n_with_a_seed_gives_choices_equal_to_single_requests(llama) -> No
     completion_tokens = sum(s["usage"]["completion_tokens"] for s in singles)
     assert answer["usage"]["completion_tokens"] == completion_tokens
     assert answer["usage"]["prompt_tokens"] == singles[0]["usage"]["prompt_tokens"]
-    chunks = [
-        json.loads(line.removeprefix("data: "))
-        for line in streamed.text.splitlines()
-        if line.startswith("data: {")
-    ]
+    chunks = [e.json() for e in parse_events(streamed.text) if e.data != "[DONE]"]
     joined = ["", "", "", ""]
     for chunk in chunks:
         for choice in chunk["choices"]:
