@@ -27,15 +27,31 @@ from harness.cluster import ClusterError, find_nginx
 from harness.edge_conf import render_local_edge
 from harness.server import Server, ServerFailed, ServerSpec, free_port, running
 
-# vllm-router's request-level policies that the routing scenario compares.
-POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")
+# Request-level policies both routers have.
+POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 
 
-def find_router() -> str | None:
-    """The ``vllm-router`` launcher (PATH, then beside this Python), or None."""
-    return shutil.which("vllm-router") or shutil.which(
-        "vllm-router", path=str(Path(sys.executable).parent)
-    )
+@dataclass(frozen=True, slots=True)
+class RouterProgram:
+    """A router's launcher and the spelling of its quiet log level (the rest of the flags used
+    here are common to both: SGLang's router is vllm-router's origin)."""
+
+    launcher: str
+    quiet: str
+    subcommand: tuple[str, ...] = ()
+
+
+ROUTERS = {
+    "vllm-router": RouterProgram("vllm-router", "warning"),
+    # SGLang's router (sglang-router 0.3.2): routes on the request text, never asks /tokenize.
+    "sglang-router": RouterProgram("sglang-router", "warn", ("launch",)),
+}
+
+
+def find_router(name: str = "vllm-router") -> str | None:
+    """The launcher of router ``name`` (PATH, then beside this Python), or None."""
+    launcher = ROUTERS[name].launcher
+    return shutil.which(launcher) or shutil.which(launcher, path=str(Path(sys.executable).parent))
 
 
 @dataclass
@@ -58,13 +74,16 @@ def router_spec(
     policy: str,
     metrics_port: int,
     flags: Sequence[str] = (),
+    program: RouterProgram = ROUTERS["vllm-router"],
 ) -> ServerSpec:
-    """vllm-router on 127.0.0.1 in front of ``worker_urls``, quiet, checking its workers every
-    second at start-up (its default waits 30 s between checks); ``flags`` come last."""
+    """The router at ``router`` (a launcher of ``ROUTERS``) on 127.0.0.1 in front of
+    ``worker_urls``, quiet (``program``'s spelling), checking its workers every second at start-up
+    (its default waits 30 s between checks); ``flags`` come last."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    argv = (router, "--host", "127.0.0.1", "--worker-urls", *worker_urls, "--policy", policy)
-    argv += ("--worker-startup-check-interval", "1", "--log-level", "warning")
+    argv = (router, *program.subcommand, "--host", "127.0.0.1", "--worker-urls", *worker_urls)
+    argv += ("--policy", policy, "--worker-startup-check-interval", "1")
+    argv += ("--log-level", program.quiet)
     argv += ("--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), *flags)
     return ServerSpec(f"router-{policy}", argv, has_metrics=False)
 
@@ -76,20 +95,22 @@ def routed_cluster(
     *,
     server_args: Sequence[str] = ("--model", "mock"),
     policy: str = "cache_aware",
+    router: str = "vllm-router",
     router_flags: Sequence[str] = (),
     edge: bool = True,
     startup_timeout_s: float = 60.0,
 ) -> Iterator[RoutedCluster]:
-    """Starts the replicas, waits for their /health, then the router (``policy``, then
-    ``router_flags``), then (``edge``) the edge nginx; ends them all on exit, in reverse order.
+    """Starts the replicas, waits for their /health, then the router (``router``: a name of
+    ``ROUTERS``, with ``policy``, then ``router_flags``), then (``edge``) the edge nginx; ends
+    them all on exit, in reverse order.
 
     Raises:
         ClusterError: vllm-router (or, with ``edge``, nginx) is missing, or a process exited or
             was not healthy in time (the message ends with its log).
     """
-    router = find_router()
-    if router is None:
-        raise ClusterError("vllm-router is not installed (pip install -e .[bench])")
+    launcher = find_router(router)
+    if launcher is None:
+        raise ClusterError(f"{router} is not installed (pip install {router})")
     nginx = find_nginx() if edge else None
     if edge and nginx is None:
         raise ClusterError("nginx is not installed (apt-get install nginx)")
@@ -116,11 +137,12 @@ def routed_cluster(
                 server.wait_ready_blocking()
             metrics_port = free_port()
             spec = router_spec(
-                router,
+                launcher,
                 [server.url for server in servers.values()],
                 policy=policy,
                 metrics_port=metrics_port,
                 flags=router_flags,
+                program=ROUTERS[router],
             )
             routing = stack.enter_context(running(spec, workdir))
             edge_url = None

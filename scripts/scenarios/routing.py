@@ -16,7 +16,9 @@ Each setup gets fresh replicas (cold caches) and sees the same workload:
   - ``nginx``: docker/nginx.conf's routing for requests without an id (least_conn, which under
     this even load deals requests round robin);
   - ``nginx-sticky``: the same nginx, each request with ``X-Conversation-Id`` (hash affinity);
-  - ``router-round-robin``: vllm-router's ``round_robin``, the baseline where nginx is missing.
+  - ``router-round-robin``: vllm-router's ``round_robin``, the baseline where nginx is missing;
+  - ``sglang-router``: SGLang's router, ``cache_aware`` with the same thresholds (it matches
+    prefixes of the request text, where vllm-router asks a replica for the token ids first).
 
 Measured per setup: the prefix-cache hit rate from the replicas' own counters
 (``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``, summed over replicas)
@@ -42,7 +44,7 @@ from harness.metrics import Metrics
 from harness.router import routed_cluster
 from loadgen.stats import percentile
 
-SETUPS = ("router", "nginx", "nginx-sticky", "router-round-robin")
+SETUPS = ("router", "nginx", "nginx-sticky", "router-round-robin", "sglang-router")
 # Balance by load only when replicas differ by this many requests (default 64: never, here).
 ROUTER_BALANCE = ("--balance-abs-threshold", "4", "--balance-rel-threshold", "1.5")
 WORDS = (
@@ -120,7 +122,7 @@ def started(setup: str, bench: RoutingBench, workdir: Path) -> Iterator[Entry]:
         ClusterError: the router or nginx is missing, or a process did not start.
     """
     replica_ids = [f"r{i}" for i in range(bench.replicas)]
-    if setup.startswith("router"):
+    if setup.startswith("router") or setup == "sglang-router":
         policy = "round_robin" if setup == "router-round-robin" else "cache_aware"
         flags = ROUTER_BALANCE if policy == "cache_aware" else ()
         with routed_cluster(
@@ -128,6 +130,7 @@ def started(setup: str, bench: RoutingBench, workdir: Path) -> Iterator[Entry]:
             workdir,
             server_args=bench.server_args,
             policy=policy,
+            router="sglang-router" if setup == "sglang-router" else "vllm-router",
             router_flags=flags,
             edge=False,
         ) as cluster:
