@@ -108,9 +108,10 @@ class ServerConfig(BaseSettings):
         "auto",
         description="real model, GGUF on its blocks: also keep dense copies of the projections "
         "for steps of more than 4 rows (the block kernels are GEMVs at heart; oneDNN's GEMM "
-        "over dense weights wins from ~8 rows). auto: only when the copies come to at most "
-        "512 MiB (a small model such as SmolLM2: 2-2.6x the tok/s at 16-64 streams for +270 "
-        "MiB); a larger file keeps its memory at the file's size",
+        "over dense weights wins from ~8 rows where the CPU has bfloat16 matmuls). auto: only "
+        "when the copies are bfloat16 and come to at most 512 MiB (a small model such as "
+        "SmolLM2: 2-2.6x the tok/s at 16-64 streams for +270 MiB); a larger file, or an AVX2 "
+        "CPU (whose tile kernels beat float32 copies), keeps its memory at the file's size",
     )
     warmup: CliImplicitFlag[bool] = Field(
         True,

@@ -37,9 +37,11 @@ from app.models.weights.record import DTYPES, ModelWeights, Quantization
 logger = logging.getLogger(__name__)
 
 INT4_FILE_TYPES = frozenset({"Q4_0", "Q4_1"})
-# --wide-copies auto keeps the dense copies when they come to at most this (docs/MODEL_PERF.md,
-# "GGUF files on their own blocks": SmolLM2's 270 MiB buy 2-2.6x the tok/s at 16-64 streams;
-# a 1B file's 2.4 GiB would break the point of computing on its blocks).
+# --wide-copies auto keeps the dense copies when they come to at most this, and only where they
+# compute in bfloat16 (docs/MODEL_PERF.md, "GGUF files on their own blocks": on a CPU with
+# native bfloat16, SmolLM2's 270 MiB buy 2-2.6x the tok/s at 16-64 streams; on an AVX2 CPU the
+# copies would be float32 and the AVX2 tile kernels beat them at every row count, 1.35-2.1x
+# from 8 to 256 rows; a 1B file's 2.4 GiB would break the point of computing on its blocks).
 WIDE_COPY_LIMIT = 512 * 2**20
 
 
@@ -238,7 +240,11 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     wide_bytes = wide_copy_bytes(source, dtype, device) if stored else 0
     wide_copies = wide_bytes > 0 and (
         options.wide_copies == "on"
-        or (options.wide_copies == "auto" and wide_bytes <= WIDE_COPY_LIMIT)
+        or (
+            options.wide_copies == "auto"
+            and wide_bytes <= WIDE_COPY_LIMIT
+            and not widens_to_float32(device, dtype)
+        )
     )
     if wide_copies:
         reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
@@ -277,11 +283,12 @@ def _block_matrices(source: ModelSource) -> list[tuple[str, str]]:
     tensors, hp = source.tensors, source.hparams
     parts = [(part, i) for i in range(hp.block_count) for part in LAYER_MATRICES]
     parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
-    return [
-        (part, tensors.name(part, i))
+    kept = {  # by file name: the parts of a fused matrix (Phi-3's attn_qkv) are one matrix
+        tensors.name(part, i): part
         for part, i in parts
         if tensors.tensor_type(part, i) in KERNEL_TYPES
-    ]
+    }
+    return [(part, name) for name, part in kept.items()]
 
 
 def block_bytes(source: ModelSource) -> dict[str, int]:
