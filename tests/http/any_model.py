@@ -3,18 +3,13 @@ transformers' greedy generation to compare it with."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from harness.server import Server, ServerSpec, running
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300.0  # a loaded 2-core machine: torch's import and the GGUF's vocabulary
@@ -24,52 +19,20 @@ START_TIMEOUT_S = 300.0  # a loaded 2-core machine: torch's import and the GGUF'
 class ServedModel:
     url: str
     path: Path
-    process: subprocess.Popen
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    server: Server
 
 
 @contextmanager
 def serve_cli(path: Path, *flags: str) -> Iterator[ServedModel]:
-    """``python -m app serve --model path *flags`` on a free port of 127.0.0.1, until /health
-    answers 200; SIGTERM and wait at the end. Fails with the server's output if it exits."""
-    port = free_port()
-    command = [sys.executable, "-m", "app", "serve", "--model", str(path), "--port", str(port)]
-    process = subprocess.Popen(
-        [*command, "--log-level", "warning", *flags],
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    """``python -m app serve --model path *flags`` on a free port of 127.0.0.1 (the harness's
+    server: healthy inside the block, SIGTERM at the end). Raises the harness's ServerFailed,
+    with the server's log, if it exits or is not healthy in time."""
+    spec = ServerSpec.app(
+        f"any-model-{path.name}", "--model", str(path), *flags, ready_timeout_s=START_TIMEOUT_S
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while True:
-            if process.poll() is not None:
-                output = process.stdout.read() if process.stdout else ""
-                raise AssertionError(f"server exited with {process.returncode}:\n{output}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(0.1)  # polling /health: the condition we wait for
-        yield ServedModel(url=url, path=path, process=process)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with tempfile.TemporaryDirectory(prefix="slotserve-any-model-") as logs:
+        with running(spec, Path(logs)) as server:
+            yield ServedModel(url=server.url, path=path, server=server)
 
 
 def transformers_greedy(

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import gguf
 import pytest
+from harness.server import free_port
 
 from tests.checkpoints import write_gguf
-from tests.http.any_model import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
+from harness.threaded_server import serve_in_thread
 from headless_chromium import ChromiumMissing, find_chromium, headless_chromium
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,30 +68,20 @@ def wait_until(predicate: Callable[[], object], timeout: float = DOM_TIMEOUT_S, 
 
 @pytest.fixture
 def live_server() -> Iterator[Callable[..., LiveServer]]:
-    """``live_server(model=..., **config)``: a started uvicorn on 127.0.0.1 (any free port)."""
-    started: list[tuple[uvicorn.Server, threading.Thread]] = []
+    """``live_server(model=..., **config)``: a started uvicorn on 127.0.0.1 (any free port), the
+    harness's in-thread server."""
+    with ExitStack() as servers:
 
-    def start(*, model: Model | None = None, **overrides: object) -> LiveServer:
-        values: dict[str, object] = {"model": "mock", "max_num_seqs": 4}
-        values.update(overrides)
-        config = ServerConfig(**values)
-        model = model or ScriptedChatModel(max_num_seqs=config.max_num_seqs)
-        app = create_app(config, model=model)
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        started.append((server, thread))
-        wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn started")
-        assert server.started, "uvicorn did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
-        return LiveServer(url=f"http://127.0.0.1:{port}", model=model, app=app)
+        def start(*, model: Model | None = None, **overrides: object) -> LiveServer:
+            values: dict[str, object] = {"model": "mock", "max_num_seqs": 4}
+            values.update(overrides)
+            config = ServerConfig(**values)
+            model = model or ScriptedChatModel(max_num_seqs=config.max_num_seqs)
+            app = create_app(config, model=model)
+            server = servers.enter_context(serve_in_thread(app))
+            return LiveServer(url=server.url, model=model, app=app)
 
-    yield start
-    for server, thread in started:
-        server.should_exit = True
-        thread.join(timeout=10)
+        yield start
 
 
 @pytest.fixture(scope="session")
