@@ -121,3 +121,22 @@ def available_memory(device: torch.device) -> tuple[int, str]:
         free, _ = torch.cuda.mem_get_info(device)
         return int(free), torch.cuda.get_device_name(device)
     return int(psutil.virtual_memory().available), "RAM"
+
+
+# --wide-copies auto keeps the dense copies when they come to at most this, and only where they
+# compute in bfloat16 (docs/MODEL_PERF.md, "GGUF files on their own blocks": on a CPU with
+# native bfloat16, SmolLM2's 270 MiB buy 2-2.6x the tok/s at 16-64 streams; on an AVX2 CPU the
+# copies would be float32 and the AVX2 tile kernels beat them at every row count, 1.35-2.1x
+# from 8 to 256 rows; a 1B file's 2.4 GiB would break the point of computing on its blocks).
+WIDE_COPY_LIMIT = 512 * 2**20
+
+
+def keeps_wide_copies(mode: str, wide_bytes: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model on GGUF blocks also keeps dense copies (``wide_bytes`` of them) for wide
+    steps: ``--wide-copies`` ``on``, ``off``, or ``auto`` (bfloat16 copies of at most
+    :data:`WIDE_COPY_LIMIT`)."""
+    if wide_bytes <= 0 or mode == "off":
+        return False
+    if mode == "on":
+        return True
+    return wide_bytes <= WIDE_COPY_LIMIT and not widens_to_float32(device, dtype)

@@ -25,7 +25,12 @@ from app.models.forward.decoder import DecoderModel
 from app.models.forward.kv_cache import kv_block_bytes, pool_blocks
 from app.models.kernels.ggml_quant import KERNEL_TYPES, load_ggml_quant
 from app.models.load.allocator import keep_step_buffers_in_the_heap, return_freed_memory_to_the_os
-from app.models.load.memory import MemoryEstimate, available_memory, estimate_memory
+from app.models.load.memory import (
+    MemoryEstimate,
+    available_memory,
+    estimate_memory,
+    keeps_wide_copies,
+)
 from app.models.load.source import ModelSource, open_model
 from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
@@ -37,12 +42,6 @@ from app.models.weights.record import DTYPES, ModelWeights, Quantization
 logger = logging.getLogger(__name__)
 
 INT4_FILE_TYPES = frozenset({"Q4_0", "Q4_1"})
-# --wide-copies auto keeps the dense copies when they come to at most this, and only where they
-# compute in bfloat16 (docs/MODEL_PERF.md, "GGUF files on their own blocks": on a CPU with
-# native bfloat16, SmolLM2's 270 MiB buy 2-2.6x the tok/s at 16-64 streams; on an AVX2 CPU the
-# copies would be float32 and the AVX2 tile kernels beat them at every row count, 1.35-2.1x
-# from 8 to 256 rows; a 1B file's 2.4 GiB would break the point of computing on its blocks).
-WIDE_COPY_LIMIT = 512 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +53,9 @@ class LoadOptions:
         max_model_len: positions per slot; capped at the model's context length.
         dtype: ``"float32"`` or ``"bfloat16"`` (weights, activations and KV cache).
         device: a torch device string (``"cpu"``, ``"cuda"``, ...; not ``"auto"``).
-        quantization: ``"auto"``, ``"none"``, ``"int8"`` or ``"int4"`` (see
-            :func:`resolve_quantization`).
+        quantization: ``--quantization`` (:func:`resolve_quantization`).
         fused_decode: use the fused CPU decode kernels where they apply and build.
-        wide_copies: gguf also keeps dense copies of the projections for wide steps
-            (``--wide-copies``: ``auto``, ``on``, ``off``; see :data:`WIDE_COPY_LIMIT` and
-            :class:`app.models.weights.ggml.GGMLLinear`).
+        wide_copies: ``--wide-copies`` (``auto``, ``on``, ``off``; :func:`keeps_wide_copies`).
         served_model_name: the name to serve under; None: the bundled model's name, the GGUF's
             ``general.name``, or the directory's name.
         prefill_chunk: most prompt tokens one row carries in a step.
@@ -238,14 +234,7 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         raise ModelRefused(source.path, str(error)) from None
     stored = block_bytes(source) if quantization is Quantization.GGUF else None
     wide_bytes = wide_copy_bytes(source, dtype, device) if stored else 0
-    wide_copies = wide_bytes > 0 and (
-        options.wide_copies == "on"
-        or (
-            options.wide_copies == "auto"
-            and wide_bytes <= WIDE_COPY_LIMIT
-            and not widens_to_float32(device, dtype)
-        )
-    )
+    wide_copies = keeps_wide_copies(options.wide_copies, wide_bytes, device, dtype)
     if wide_copies:
         reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
     memory = estimate_memory(
