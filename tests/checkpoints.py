@@ -60,6 +60,15 @@ CONTEXT_LENGTH = 2048
 GEMMA3_LAYERS = 6
 GEMMA3_WINDOW = 21
 GEMMA3_LOCAL_ROPE_THETA = 10000.0
+PHI3_PARTIAL_ROTARY = 0.75
+# Phi-3's longrope over a tiny original context, so that test prompts run past it: per-frequency
+# divisors for the 6 rotated pairs of a 12-of-16 rotary head.
+PHI3_LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0],
+    "original_max_position_embeddings": 32,
+}
 # Not transformers' defaults (10000, 1e-6), so a loader that ignores the keys gets other logits.
 ROPE_THETA = 50000.0
 RMS_NORM_EPS = 1e-5
@@ -81,6 +90,7 @@ _CONFIG_CLASS = {
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",
     "gemma3": "Gemma3TextConfig",
+    "phi3": "Phi3Config",
 }
 
 # SmolLM2's published tokenizer.json pre-tokenizer (the StarCoder family's): every numeric
@@ -155,6 +165,9 @@ def _config(architecture: str, tied: bool, rope_scaling: dict | None, overrides:
         settings["head_dim"] = QWEN3_HEAD_DIM
     if architecture in ("qwen2", "qwen3"):
         settings["use_sliding_window"] = False
+    if architecture == "phi3":  # Phi-4-mini's partial rotary: 12 of 16 dimensions a head
+        partial = overrides.pop("partial_rotary_factor", PHI3_PARTIAL_ROTARY)
+        settings["rope_parameters"] = {"partial_rotary_factor": partial, **rope_parameters}
     if architecture == "gemma3":
         local = {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_THETA}
         settings["rope_parameters"] = {
@@ -248,8 +261,9 @@ def build_hf_checkpoint(
     Args:
         directory: created if missing; existing files of the same names are replaced.
         architecture: "llama", "mistral" (no sliding window), "qwen2" (QKV biases), "qwen3"
-            (per-head q/k RMSNorm) or "gemma3" (text; six layers, a window of
-            ``GEMMA3_WINDOW`` on the first five).
+            (per-head q/k RMSNorm), "gemma3" (text; six layers, a window of
+            ``GEMMA3_WINDOW`` on the first five) or "phi3" (fused projections, rope over
+            ``PHI3_PARTIAL_ROTARY`` of each head).
         tied: share the embedding with the LM head (no ``lm_head.weight`` in the files).
         torch_dtype: "float32", "float16" or "bfloat16": the dtype of the saved tensors.
         rope_scaling: e.g. :data:`LLAMA3_ROPE_SCALING` or

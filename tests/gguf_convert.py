@@ -57,6 +57,7 @@ GGUF_ARCHITECTURE = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 # The text convert_hf_to_gguf.py's get_vocab_base_pre() encodes; the sha256 of str(ids) names
@@ -126,6 +127,35 @@ def _head_dim(hparams: dict[str, Any]) -> int:
     return hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
 
 
+def _add_phi3_rope(writer: gguf.GGUFWriter, hparams: dict[str, Any], rope: dict[str, Any]) -> None:
+    """``Phi3MiniModel.set_gguf_parameters``' rope keys: the rotated dimensions, and for
+    longrope the original context and the attention factor (``sqrt(1 + ln(scale) /
+    ln(original))``, 1 when ``scale = max_position_embeddings / original <= 1``); the factors
+    are tensors (:func:`_phi3_rope_factors`)."""
+    head_dim = _head_dim(hparams)
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    if rope.get("rope_type") not in ("longrope", "su"):
+        return
+    original = (
+        rope.get("original_max_position_embeddings") or hparams["original_max_position_embeddings"]
+    )
+    scale = hparams["max_position_embeddings"] / original
+    attention = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_scaling_attn_factors(attention)
+
+
+def _phi3_rope_factors(hparams: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+    """``Phi3MiniModel.generate_extra_tensors``: the longrope factors as F32 tensors."""
+    rope = _rope_parameters(hparams)
+    if rope.get("rope_type") not in ("longrope", "su"):
+        return []
+    return [
+        ("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32)),
+        ("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32)),
+    ]
+
+
 def _add_hyperparameters(
     writer: gguf.GGUFWriter, hparams: dict[str, Any], arch: str, tensor_type: str
 ) -> None:
@@ -137,7 +167,9 @@ def _add_hyperparameters(
     writer.add_head_count_kv(hparams["num_key_value_heads"])
     rope = _rope_parameters(hparams)
     rope_type = rope.get("rope_type", "default")
-    if rope_type == "linear":
+    if arch == "phi3":
+        _add_phi3_rope(writer, hparams, rope)
+    elif rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     elif rope_type not in ("default", "llama3"):  # llama3: the rope_freqs tensor
@@ -375,6 +407,8 @@ def _gguf_tensors(
     extra: list[tuple[str, np.ndarray]] = []
     if arch == "llama" and _rope_parameters(hparams).get("rope_type") == "llama3":
         extra.append(("rope_freqs.weight", llama3_rope_factors(hparams)))
+    if arch == "phi3":
+        extra += _phi3_rope_factors(hparams)
     for name, array in itertools.chain(extra, _hf_tensors(directory)):
         if name.endswith(".rotary_emb.inv_freq"):
             continue
@@ -387,7 +421,7 @@ def _gguf_tensors(
                 array = permute_rope_rows(array, hparams["num_key_value_heads"])
         new_name = (
             name
-            if name == "rope_freqs.weight"
+            if name.startswith("rope_f")  # rope_freqs, rope_factors_long/short
             else tensor_map.get_name(name, try_suffixes=(".weight", ".bias"))
         )
         if new_name is None:

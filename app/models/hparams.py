@@ -23,11 +23,15 @@ class RopeScalingKind(Enum):
         long wavelengths divided by ``factor``, short ones kept, a smooth blend between.
     FREQ_FACTORS: one divisor per frequency given by the file: llama.cpp's converter writes
         Llama 3.1's scaling as the tensor ``rope_freqs.weight`` of these divisors.
+    LONGROPE: Phi-3's (transformers' ``"longrope"``, legacy ``"su"``): one divisor per
+        frequency, the ``long_factors`` when the served context exceeds the original one, else
+        the ``short_factors``; cos and sin multiplied by ``attention_factor``.
     """
 
     LINEAR = "linear"
     LLAMA3 = "llama3"
     FREQ_FACTORS = "freq_factors"
+    LONGROPE = "longrope"
 
 
 class Activation(Enum):
@@ -75,6 +79,10 @@ class RopeScaling:
         low_freq_factor, high_freq_factor, original_context_length: LLAMA3 only (transformers'
             names ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
         freq_factors: FREQ_FACTORS only, ``head_dim / 2`` divisors, one per frequency.
+        short_factors, long_factors: LONGROPE only, ``rotary_dims / 2`` divisors each.
+        attention_factor: LONGROPE only, the factor of cos and sin (transformers' default
+            ``sqrt(1 + ln(factor) / ln(original))`` for ``factor = context / original``, 1
+            when the context is not extended).
     """
 
     kind: RopeScalingKind
@@ -83,6 +91,9 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_context_length: int = 8192
     freq_factors: tuple[float, ...] = ()
+    short_factors: tuple[float, ...] = ()
+    long_factors: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,8 @@ class HParams:
             ``sqrt(embedding_length)``, rounded to the model dtype as transformers does), or
             None.
         attention_scale: the factor of the attention scores; None: ``1 / sqrt(head_dim)``.
+        rope_dims: the leading dimensions of each head that rope rotates (Phi-4-mini's
+            ``partial_rotary_factor`` 0.75: 96 of 128), None for all of them.
     """
 
     architecture: str
@@ -141,6 +154,12 @@ class HParams:
     post_norms: bool = False
     embedding_scale: float | None = None
     attention_scale: float | None = None
+    rope_dims: int | None = None
+
+    @property
+    def rotary_dims(self) -> int:
+        """The dimensions of each head that rope rotates."""
+        return self.head_dim if self.rope_dims is None else self.rope_dims
 
     @property
     def group_size(self) -> int:
@@ -178,6 +197,8 @@ class HParams:
             )
         if self.head_dim % 2:
             return f"head_dim {self.head_dim} is odd (rope rotates pairs)"
+        if self.rotary_dims % 2 or not 0 < self.rotary_dims <= self.head_dim:
+            return f"rope over {self.rotary_dims} of {self.head_dim} dimensions a head"
         local = self.local_attention
         if local is not None and (len(local.layers) != self.block_count or local.window < 1):
             return (
@@ -190,5 +211,12 @@ class HParams:
                 return (
                     f"{len(scaling.freq_factors)} rope frequency factors for head_dim "
                     f"{self.head_dim} (expected {self.head_dim // 2})"
+                )
+        if scaling is not None and scaling.kind is RopeScalingKind.LONGROPE:
+            half = self.rotary_dims // 2
+            if len(scaling.short_factors) != half or len(scaling.long_factors) != half:
+                return (
+                    f"longrope factors of {len(scaling.short_factors)} and "
+                    f"{len(scaling.long_factors)} for {self.rotary_dims} rotary dimensions"
                 )
         return None

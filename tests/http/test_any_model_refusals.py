@@ -49,7 +49,7 @@ def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
     text_file.write_text("not a model\n")
     empty_dir = root / "empty"
     empty_dir.mkdir()
-    phi3 = write_gguf(hf, root / "phi3.gguf", architecture="phi3")
+    grok = write_gguf(hf, root / "grok.gguf", architecture="grok")
     q4_0 = tiny_checkpoints.gguf("llama", "Q4_0")
     iq4 = _retyped_gguf(
         q4_0, root / "iq4.gguf", "blk.0.attn_q.weight", gguf.GGMLQuantizationType.IQ4_NL
@@ -69,13 +69,13 @@ def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
     (scrawled_dir / "model.safetensors").write_bytes(bytes(scrawled))
     cut_gguf = root / "cut.gguf"
     cut_gguf.write_bytes(q4_0.read_bytes()[:300_000])
-    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3\)"
+    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3, phi3\)"
     huge = tiny_checkpoints.hf("llama", max_position_embeddings=10**8)
     return {
         "missing": Case(root / "nowhere.gguf", "no such file or directory"),
         "not-a-gguf": Case(text_file, "not a GGUF file"),
         "no-config": Case(empty_dir, "no config.json"),
-        "gguf-architecture": Case(phi3, f"unsupported architecture 'phi3' {supported}"),
+        "gguf-architecture": Case(grok, f"unsupported architecture 'grok' {supported}"),
         "tensor-type": Case(iq4, "tensor blk.0.attn_q.weight has unsupported type IQ4_NL"),
         "truncated-safetensors": Case(cut_dir, r"model\.safetensors is truncated"),
         "bad-safetensors-header": Case(scrawled_dir, "model.safetensors is not a safetensors"),

@@ -182,12 +182,13 @@ def test_more_refusals(tiny_checkpoints, tmp_path) -> None:
     """Reasons the command line gives as one line (tests/http/test_any_model_refusals.py runs
     the main ones through it), each naming what is wrong."""
     hf = tiny_checkpoints.hf("llama")
-    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3\)"
+    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3, phi3\)"
     cases = {
         f"unsupported architecture 'gemma2' {supported}": _edited_copy(
             hf, tmp_path / "gemma", model_type="gemma2"
         ),
-        r"rope type 'yarn' is not supported \(supported: default, linear, llama3\)": _edited_copy(
+        r"rope type 'yarn' is not supported "
+        r"\(supported: default, linear, llama3, longrope, su\)": _edited_copy(
             hf,
             tmp_path / "yarn",
             rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0},

@@ -42,6 +42,8 @@ class TensorNames:
     ffn_down: str
     attn_post_norm: str | None = None
     ffn_post_norm: str | None = None
+    attn_qkv: str | None = None
+    ffn_gate_up: str | None = None
 
     def of(self, part: str, layer: int | None = None) -> str:
         """The file's name of ``part`` (a field name), for ``layer`` when it is per layer.
@@ -125,6 +127,12 @@ class Architecture:
         local_rope_freq_base: rotary theta of local layers when the file does not give it
             (transformers' ``rope_local_base_freq`` default, llama.cpp's
             ``rope_freq_base_train_swa`` for gemma3: 10,000).
+        fused_qkv: the file holds Q, K and V as one matrix (``attn_qkv``: rows ``[q | k | v]``,
+            Phi-3's ``qkv_proj``); ``attn_q`` / ``attn_k`` / ``attn_v`` are read as its rows.
+        fused_gate_up: the file holds gate and up as one matrix (``ffn_gate_up``: the gate's
+            rows first, Phi-3's ``gate_up_proj``; llama.cpp's ``ffn_up`` of twice the rows).
+        partial_rotary: rope may rotate only the leading dimensions of each head
+            (``partial_rotary_factor``; GGUF ``rope.dimension_count``); refused otherwise.
         query_pre_attn_scalar: the attention scale is config.json's
             ``query_pre_attn_scalar ** -0.5`` and, from a GGUF, llama.cpp's rule for it
             (:mod:`app.models.checkpoints.local_layers`); False: ``1 / sqrt(head_dim)``.
@@ -145,5 +153,8 @@ class Architecture:
     sliding_window_pattern: int | None = None
     local_rope_freq_base: float = 10000.0
     query_pre_attn_scalar: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    partial_rotary: bool = False
     hf_names: TensorNames = HF_NAMES
     gguf_names: TensorNames = GGUF_NAMES

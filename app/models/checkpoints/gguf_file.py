@@ -52,6 +52,8 @@ SUPPORTED_TENSOR_TYPES = frozenset(
 )  # fmt: skip
 
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
+ROPE_FACTORS_LONG = "rope_factors_long.weight"  # Phi-3's longrope factors
+ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 _MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
 
@@ -167,7 +169,7 @@ class GGUFFile:
         if value_length != head_dim:
             raise UnsupportedModel(f"key heads of {head_dim} and value heads of {value_length}")
         rope_dims = int(number("rope.dimension_count", head_dim))
-        if rope_dims != head_dim:
+        if rope_dims != head_dim and not architecture.partial_rotary:
             raise UnsupportedModel(f"partial rotary ({rope_dims} of {head_dim}) not supported")
         if not self.has_tensor("token_embd.weight"):
             raise UnsupportedModel("no token_embd.weight tensor")
@@ -202,9 +204,12 @@ class GGUFFile:
                 heads=head_count,
                 head_dim=head_dim,
             ),
+            rope_dims=None if rope_dims == head_dim else rope_dims,
         )
 
     def _rope_scaling(self, arch: str) -> RopeScaling | None:
+        if self.has_tensor(ROPE_FACTORS_LONG) and self.has_tensor(ROPE_FACTORS_SHORT):
+            return self._longrope(arch)
         kind = str(self.field_or(f"{arch}.rope.scaling.type", "none"))
         factor = float(self.field_or(f"{arch}.rope.scaling.factor", 1.0))
         if self.has_tensor(ROPE_FREQS_TENSOR):  # Llama 3.1's scaling, as the converter writes it
@@ -220,6 +225,22 @@ class GGUFFile:
             return RopeScaling(RopeScalingKind.LINEAR, factor=factor)
         raise UnsupportedModel(
             f"rope scaling {kind!r} is not supported (supported: linear, llama3)"
+        )
+
+    def _longrope(self, arch: str) -> RopeScaling:
+        """Phi-3's scaling as llama.cpp's converter writes it: the factors as tensors, the
+        original context and the attention factor as keys."""
+        original = self.field_or(f"{arch}.rope.scaling.original_context_length", None)
+        if original is None:
+            raise UnsupportedModel(
+                f"longrope factors without {arch}.rope.scaling.original_context_length"
+            )
+        return RopeScaling(
+            RopeScalingKind.LONGROPE,
+            original_context_length=int(original),
+            short_factors=tuple(float(f) for f in self.read_tensor(ROPE_FACTORS_SHORT).ravel()),
+            long_factors=tuple(float(f) for f in self.read_tensor(ROPE_FACTORS_LONG).ravel()),
+            attention_factor=float(self.field_or(f"{arch}.rope.scaling.attn_factor", 1.0)),
         )
 
     # ------------------------------------------------------------------ tensors

@@ -32,7 +32,7 @@ from app.models.refusal import UnsupportedModel
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "su")
 # config.json's hidden_activation / hidden_act values of each MLP activation
 ACTIVATIONS = {
     "silu": Activation.SILU,
@@ -90,6 +90,10 @@ def hparams_from_config(
     window = _sliding_window(config, architecture)
     context = int(required("max_position_embeddings"))
     block_count = int(required("num_hidden_layers"))
+    head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
+    rope_dims = _rope_dims(config, head_dim)
+    if rope_dims is not None and not architecture.partial_rotary:
+        raise UnsupportedModel(f"partial rotary ({rope_dims} of {head_dim}) not supported")
     return HParams(
         architecture=architecture.name,
         block_count=block_count,
@@ -97,7 +101,7 @@ def hparams_from_config(
         feed_forward_length=int(required("intermediate_size")),
         head_count=heads,
         head_count_kv=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // max(heads, 1)),
+        head_dim=head_dim,
         rope_freq_base=theta,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         context_length=context if window is None else min(context, window),
@@ -114,7 +118,18 @@ def hparams_from_config(
         post_norms=architecture.post_norms,
         embedding_scale=math.sqrt(hidden) if architecture.scaled_embedding else None,
         attention_scale=config_attention_scale(config, architecture),
+        rope_dims=rope_dims,
     )
+
+
+def _rope_dims(config: dict[str, Any], head_dim: int) -> int | None:
+    """The rotated dimensions of a head for a ``partial_rotary_factor`` below 1 (transformers
+    5 keeps it in ``rope_parameters``, 4 at the top level: ``int(head_dim * factor)``), else
+    None."""
+    parameters = config.get("rope_parameters")
+    factor = parameters.get("partial_rotary_factor") if isinstance(parameters, dict) else None
+    factor = float(factor or config.get("partial_rotary_factor") or 1.0)
+    return None if factor >= 1.0 else int(head_dim * factor)
 
 
 def _rope(
@@ -149,6 +164,8 @@ def _global_rope(
         raise UnsupportedModel(f"rope type {rope_type!r} is not supported (supported: {supported})")
     if rope_type == "default":
         return theta, None
+    if rope_type in ("longrope", "su"):
+        return theta, _longrope(config, parameters)
     factor = float(parameters.get("factor", 1.0))
     if rope_type == "linear":
         return theta, None if factor == 1.0 else RopeScaling(RopeScalingKind.LINEAR, factor=factor)
@@ -161,6 +178,30 @@ def _global_rope(
         low_freq_factor=float(parameters.get("low_freq_factor", 1.0)),
         high_freq_factor=float(parameters.get("high_freq_factor", 4.0)),
         original_context_length=int(original),
+    )
+
+
+def _longrope(config: dict[str, Any], parameters: dict[str, Any]) -> RopeScaling:
+    """Phi-3's scaling as transformers computes it (``_compute_longrope_parameters``): the
+    attention factor given, or ``sqrt(1 + ln(factor) / ln(original))`` with ``factor`` given
+    or ``max_position_embeddings / original`` (1 when that is <= 1)."""
+    original = parameters.get(
+        "original_max_position_embeddings", config.get("original_max_position_embeddings")
+    )
+    if original is None:
+        raise UnsupportedModel("longrope without original_max_position_embeddings")
+    original = int(original)
+    factor = float(parameters.get("factor") or config["max_position_embeddings"] / original)
+    attention = parameters.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling(
+        RopeScalingKind.LONGROPE,
+        factor=factor,
+        original_context_length=original,
+        short_factors=tuple(float(f) for f in parameters["short_factor"]),
+        long_factors=tuple(float(f) for f in parameters["long_factor"]),
+        attention_factor=float(attention),
     )
 
 

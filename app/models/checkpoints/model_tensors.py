@@ -106,6 +106,12 @@ class ModelTensors:
                 layer |= {"attn_q_norm": (hp.head_dim,), "attn_k_norm": (hp.head_dim,)}
             if hp.post_norms:
                 layer |= {"attn_post_norm": (hidden,), "ffn_post_norm": (hidden,)}
+            if self._architecture.fused_qkv:
+                del layer["attn_q"], layer["attn_k"], layer["attn_v"]
+                layer["attn_qkv"] = (hp.q_width + 2 * hp.kv_width, hidden)
+            if self._architecture.fused_gate_up:
+                del layer["ffn_gate"], layer["ffn_up"]
+                layer["ffn_gate_up"] = (2 * ffn, hidden)
             shapes |= {self.names.of(part, i): shape for part, shape in layer.items()}
             if self._architecture.qkv_bias:
                 for part, width in (("attn_q", hp.q_width), ("attn_k", hp.kv_width)):
@@ -127,7 +133,9 @@ class ModelTensors:
     # ------------------------------------------------------------------ reading
 
     def name(self, part: str, layer: int | None = None) -> str:
-        return self.names.of(part, layer)
+        """The file's tensor holding ``part`` (the fused matrix of a part stored in one)."""
+        fused = self._fused_rows(part)
+        return self.names.of(part if fused is None else fused[0], layer)
 
     def tensor_type(self, part: str, layer: int | None = None) -> str:
         return self.checkpoint.tensor_type(self.name(part, layer))
@@ -144,7 +152,8 @@ class ModelTensors:
 
     def read_bias(self, part: str, layer: int) -> np.ndarray | None:
         """float32 bias of the projection ``part``, or None when the checkpoint has none."""
-        name = self.names.bias_of(part, layer)
+        fused = self._fused_rows(part)
+        name = self.names.bias_of(part if fused is None else fused[0], layer)
         if not self.checkpoint.has_tensor(name):
             return None
         array = self.checkpoint.read_tensor(name).reshape(-1)
@@ -181,7 +190,25 @@ class ModelTensors:
             for part in LAYER_MATRICES
         }
 
+    def _fused_rows(self, part: str) -> tuple[str, slice] | None:
+        """``(fused part, its rows)`` of a part the file stores inside a fused matrix (Q, K, V
+        in ``attn_qkv``; gate, up in ``ffn_gate_up``), or None."""
+        hp = self.hparams
+        if self._architecture.fused_qkv and part in ("attn_q", "attn_k", "attn_v"):
+            q, kv = hp.q_width, hp.kv_width
+            starts = {"attn_q": (0, q), "attn_k": (q, q + kv), "attn_v": (q + kv, q + 2 * kv)}
+            return "attn_qkv", slice(*starts[part])
+        if self._architecture.fused_gate_up and part in ("ffn_gate", "ffn_up"):
+            ffn = hp.feed_forward_length
+            return "ffn_gate_up", slice(0, ffn) if part == "ffn_gate" else slice(ffn, 2 * ffn)
+        return None
+
     def _row_order(self, part: str) -> np.ndarray | None:
+        """The rows of the file's tensor that make ``part`` in Hugging Face order, or None for
+        all of them as stored: a fused matrix's share, or llama.cpp's Q/K permutation undone."""
+        fused = self._fused_rows(part)
+        if fused is not None:
+            return np.arange(fused[1].start, fused[1].stop)
         if not self._permuted:
             return None
         if part == "attn_q":

@@ -287,6 +287,8 @@ def _beyond_fused_kernels(hparams: HParams) -> list[str]:
         beyond.append("scaled embedding")
     if hparams.attention_scale is not None:
         beyond.append("attention scale")
+    if hparams.rotary_dims != hparams.head_dim:
+        beyond.append("partial rotary")
     return beyond
 
 
@@ -308,11 +310,16 @@ ACTIVATIONS = {Activation.SILU: F.silu, Activation.GELU_TANH: _gelu_tanh}
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Hugging Face rotary embedding on ``x [N, heads, D]``.
 
-    ``cos`` is ``[N, 1, D]`` (the angle cosines repeated for both halves) and ``sin`` is
-    ``[N, 1, D]`` with the first half negated, so that with ``swapped = (x2, x1)`` the result
+    ``cos`` is ``[N, 1, R]`` (the angle cosines repeated for both halves) and ``sin`` is
+    ``[N, 1, R]`` with the first half negated, so that with ``swapped = (x2, x1)`` the result
     ``x * cos + swapped * sin`` is ``(x1 cos - x2 sin, x2 cos + x1 sin)``: pairs are
-    ``(x[i], x[i + D/2])`` (``rotate_half``; see :mod:`app.models.forward.rope`).
+    ``(x[i], x[i + R/2])`` (``rotate_half``; see :mod:`app.models.forward.rope`). ``R`` is
+    ``D`` or, for partial rotary, the rotated leading dimensions (the others pass unchanged).
     """
     rows, heads, head_dim = x.shape
+    rotary = cos.shape[-1]
+    if rotary < head_dim:  # partial rotary: the rest of each head passes unchanged
+        rotated = apply_rope(x[..., :rotary].contiguous(), cos, sin)
+        return torch.cat((rotated, x[..., rotary:]), dim=-1)
     swapped = x.view(rows, heads, 2, head_dim // 2).flip(-2).view(rows, heads, head_dim)
     return torch.addcmul(x * cos, swapped, sin)

@@ -17,7 +17,14 @@ Frequencies: ``inv_freq[i] = theta ** (-2i / head_dim)`` (RoFormer, Su et al. 20
   by ``factor``, and in between ``inv_freq / ((1 - s) / factor + s)`` with
   ``s = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)``;
 * ``freq_factors``: divided by the file's own per-frequency factors (llama.cpp's
-  ``rope_freqs.weight``, which is the ``llama3`` rule already evaluated).
+  ``rope_freqs.weight``, which is the ``llama3`` rule already evaluated);
+* ``longrope`` (Phi-3): divided by the long factors when the served context (``max_model_len``)
+  exceeds the original one, else by the short ones (llama.cpp's choice, by the context it is
+  started with; transformers chooses by the length of each forward, the same for sequences
+  that stay on one side of the original context), and cos/sin times the attention factor.
+
+Partial rotary (Phi-4-mini): only the first ``rotary_dims`` of a head rotate (their two halves
+pair up); the tables are ``rotary_dims`` wide and the rest of the head passes unchanged.
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ import torch
 from app.models.hparams import HParams, RopeScaling, RopeScalingKind
 
 
-def inverse_frequencies(hparams: HParams, *, local: bool = False) -> torch.Tensor:
-    """float64 ``[head_dim / 2]``: the rotation speed (radians per position) of each pair.
+def inverse_frequencies(
+    hparams: HParams, *, local: bool = False, context: int | None = None
+) -> torch.Tensor:
+    """float64 ``[rotary_dims / 2]``: the rotation speed (radians per position) of each pair.
 
     ``local``: of the layers that attend within a window (``hparams.local_attention``): their
-    own base and no scaling (Gemma 3: the scaling is the global layers' only). Raises
-    ValueError when the model has no local layers."""
-    half = hparams.head_dim // 2
+    own base and no scaling (Gemma 3: the scaling is the global layers' only). ``context``:
+    the positions served, which picks longrope's long or short factors (None: short). Raises
+    ValueError for ``local`` when the model has no local layers."""
+    half = hparams.rotary_dims // 2
     exponents = torch.arange(0, half, dtype=torch.float64) / half
     if local:
         if hparams.local_attention is None:
@@ -45,10 +55,14 @@ def inverse_frequencies(hparams: HParams, *, local: bool = False) -> torch.Tenso
     scaling = hparams.rope_scaling
     if scaling is None:
         return inv_freq
-    return inv_freq / _divisors(inv_freq, scaling)
+    return inv_freq / _divisors(inv_freq, scaling, context)
 
 
-def _divisors(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+def _divisors(inv_freq: torch.Tensor, scaling: RopeScaling, context: int | None) -> torch.Tensor:
+    if scaling.kind is RopeScalingKind.LONGROPE:
+        extended = context is not None and context > scaling.original_context_length
+        factors = scaling.long_factors if extended else scaling.short_factors
+        return torch.tensor(factors, dtype=torch.float64)
     if scaling.kind is RopeScalingKind.LINEAR:
         return torch.full_like(inv_freq, scaling.factor)
     if scaling.kind is RopeScalingKind.FREQ_FACTORS:
@@ -70,8 +84,9 @@ def rope_tables(
     device: torch.device,
     local: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin)``, each ``[positions, head_dim]`` in ``dtype`` on ``device``, computed in
-    float64 and rounded once; ``local``: the local layers' (:func:`inverse_frequencies`).
+    """``(cos, sin)``, each ``[positions, rotary_dims]`` in ``dtype`` on ``device``, computed
+    in float64 and rounded once; ``local``: the local layers' (:func:`inverse_frequencies`);
+    longrope's tables are for a context of ``positions`` and carry its attention factor.
 
     ``cos`` holds each pair's cosine twice (both halves); ``sin`` holds the sine with the first
     half negated, so that for ``swapped = (x2, x1)`` the rotation of ``x = (x1, x2)`` is
@@ -79,8 +94,11 @@ def rope_tables(
     :func:`app.models.forward.decoder.apply_rope` and ``rope_head`` in
     ``fused_decode_attention.c``).
     """
-    inv_freq = inverse_frequencies(hparams, local=local)
+    inv_freq = inverse_frequencies(hparams, local=local, context=positions)
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
     cos = torch.cat((angles.cos(), angles.cos()), dim=-1)
     sin = torch.cat((-angles.sin(), angles.sin()), dim=-1)
+    scaling = hparams.rope_scaling
+    if not local and scaling is not None and scaling.kind is RopeScalingKind.LONGROPE:
+        cos, sin = cos * scaling.attention_factor, sin * scaling.attention_factor
     return cos.to(device, dtype), sin.to(device, dtype)
