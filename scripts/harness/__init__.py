@@ -5,6 +5,8 @@ script run as ``python scripts/x.py`` and of pytest, ``pythonpath`` in pyproject
   ``launched``), ready once ``/health`` answers;
 - ``cluster``: N replicas behind a real nginx (``local_cluster``), with ``nginx_conf``, the
   rendering of docker/nginx.conf.template;
+- ``router``: N replicas behind vllm-router or sglang-router (``routed_cluster``), the edge
+  nginx in front, with ``edge_conf``, the rendering of docker/nginx-edge.conf.template;
 - ``threaded_server``: an ASGI app under uvicorn in a thread of this process (tests);
 - ``metrics``: ``/metrics`` scraped and read, deltas, the one histogram quantile;
 - ``sse``: Server-Sent Events read with httpx-sse (``EventStream``, ``parse_events``);

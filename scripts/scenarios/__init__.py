@@ -7,5 +7,5 @@ write their sections): ``saturation``, ``sse_ceiling`` (against ``sse_ceiling_ap
 ``overload`` (``overload_burst.py``), ``replicas`` (``bench_replicas.py``), ``model_serving``,
 ``transformers_reference`` and ``model_comparison`` (``bench_model.py``), ``model_step``
 (``bench_model_step.py``), ``int4_kernels`` (``bench_int4.py``), ``batch_runner``
-(``bench_batch.py``).
+(``bench_batch.py``), ``routing`` (``bench_routing.py``).
 """
