@@ -185,3 +185,18 @@ def test_router_image_pins_the_benchmarked_router_and_passes_hadolint():
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_router_parses_its_arguments_as_meant():
+    """The router's own parser reads the Deployment's args: discovery by the replicas' labels
+    on their port, cache-aware, health on /health."""
+    launch_router = pytest.importorskip("vllm_router.launch_router")
+    args = container(resource("Deployment", "slotserve-router"), "router")["args"]
+    parsed = launch_router.parse_router_args(args)
+    replicas = resource("Deployment", "slotserve")
+    assert parsed.service_discovery is True
+    assert parsed.selector == replicas["spec"]["template"]["metadata"]["labels"]
+    assert parsed.service_discovery_port == 8000
+    assert parsed.service_discovery_namespace == K8S_NAMESPACE
+    assert (parsed.policy, parsed.port) == ("cache_aware", ROUTER_PORT)
+    assert parsed.health_check_endpoint == "/health"
