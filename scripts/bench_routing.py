@@ -37,6 +37,8 @@ def server_args(
 
 
 def write_plot(results: Sequence[SetupResult], turns: int, path: Path) -> None:
+    """One PNG: TTFT p50 by turn, the hit rates and the throughput of every setup (matplotlib
+    imported here: it is slow to import)."""
     import matplotlib
 
     matplotlib.use("Agg")

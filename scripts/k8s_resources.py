@@ -38,6 +38,7 @@ class PodMemory:
     limit_mib: int
 
     def as_resources(self) -> dict[str, dict[str, str]]:
+        """The container's ``resources`` (memory only), as a manifest writes it."""
         return {
             "requests": {"memory": f"{self.request_mib}Mi"},
             "limits": {"memory": f"{self.limit_mib}Mi"},
@@ -45,6 +46,7 @@ class PodMemory:
 
 
 def round_up(mib: float) -> int:
+    """``mib`` rounded up to a multiple of ``ROUND_MIB``."""
     return ROUND_MIB * math.ceil(mib / ROUND_MIB)
 
 

@@ -42,6 +42,7 @@ EDGE_BANNER = (
 
 
 def compose_edge_values() -> dict[str, Value]:
+    """Docker Compose: the router service and the replicas' service name (Docker's DNS)."""
     return {
         "MAIN_CONTEXT": "error_log /dev/stderr notice;",
         "HTTP_CONTEXT": "",
@@ -54,6 +55,8 @@ def compose_edge_values() -> dict[str, Value]:
 
 
 def k8s_edge_values() -> dict[str, Value]:
+    """Kubernetes: the router beside the edge in its pod, the replicas behind the headless
+    Service (every ready pod's address, re-resolved every 5 s)."""
     replicas = f"{K8S_REPLICAS_SERVICE}.{K8S_NAMESPACE}.svc.cluster.local"
     return {
         "MAIN_CONTEXT": "error_log /dev/stderr notice;",
@@ -80,11 +83,13 @@ def local_edge_values(
 
 
 def render_compose_edge() -> str:
+    """docker/nginx-edge.conf's text (with its banner)."""
     banner = EDGE_BANNER.format(env="edge-compose", path="docker/nginx-edge.conf")
     return banner + render(EDGE_TEMPLATE.read_text(), compose_edge_values())
 
 
 def render_k8s_edge() -> str:
+    """deploy/k8s/edge-nginx.conf's text (with its banner)."""
     banner = EDGE_BANNER.format(env="edge-k8s", path="deploy/k8s/edge-nginx.conf")
     return banner + render(EDGE_TEMPLATE.read_text(), k8s_edge_values())
 

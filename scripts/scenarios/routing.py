@@ -169,6 +169,7 @@ async def shared_prefix(http: httpx.AsyncClient, replica: str, system: str) -> S
 
 
 def question(bench: RoutingBench, conversation: int, turn: int) -> str:
+    """The user's text of one turn: seeded words, named after its chat (never shared)."""
     rng = random.Random(bench.seed * 100_003 + conversation * 101 + turn)
     return f"(chat {conversation}) " + " ".join(rng.choices(WORDS, k=bench.question_words)) + "?"
 
@@ -181,6 +182,11 @@ async def run_conversation(
     model: str,
     conversation: int,
 ) -> list[TurnRecord]:
+    """One chat's turns, one after the other, each prompt the whole chat so far.
+
+    Raises:
+        httpx.HTTPError: a turn failed (the chat stops there).
+    """
     history = system
     headers = {"X-Conversation-Id": f"chat-{conversation}"} if entry.sticky else {}
     pauses = random.Random(bench.seed * 7919 + conversation)
@@ -228,6 +234,8 @@ async def stream_turn(
 
 
 async def measure(setup: str, entry: Entry, bench: RoutingBench) -> SetupResult:
+    """Every chat at once through ``entry``, the replicas' counters read before and after; a
+    chat that failed counts as an error (its completed turns are kept)."""
     limits = httpx.Limits(max_connections=bench.conversations * 2)
     async with httpx.AsyncClient(timeout=300.0, trust_env=False, limits=limits) as http:
         model = (await http.get(entry.replicas[0] + "/v1/models")).json()["data"][0]["id"]
@@ -248,6 +256,7 @@ async def measure(setup: str, entry: Entry, bench: RoutingBench) -> SetupResult:
 
 
 async def scrape(http: httpx.AsyncClient, url: str) -> Metrics:
+    """One replica's ``/metrics``."""
     return Metrics.parse((await http.get(url + "/metrics")).text)
 
 
@@ -261,6 +270,8 @@ def summarize(
     after: Sequence[Metrics],
     shared: SharedPrefix,
 ) -> SetupResult:
+    """One setup's numbers from its turns and the replicas' counters before and after."""
+
     def counted(name: str) -> float:
         return sum(a.value(name) - b.value(name) for a, b in zip(after, before, strict=True))
 
@@ -305,6 +316,7 @@ def compare(bench: RoutingBench, workdir: Path) -> list[SetupResult]:
 
 
 def print_table(results: Sequence[SetupResult], turns: int) -> None:
+    """The comparison as a text table, turn ``turns``'s TTFT beside the overall one."""
     header = (
         f"{'setup':<20}{'hit rate':>9}{'history':>9}{'TTFT p50':>10}{'p95':>8}"
         f"{f'turn {turns} p50':>12}{'p95':>8}{'tok/s':>8}{'errors':>8}  requests per replica"
