@@ -42,11 +42,18 @@ class TokenizeRequestBody(BaseModel):
     prompt: str | None = Field(None, min_length=1)
     messages: list[ChatMessageBody] | None = Field(None, min_length=1)
     add_generation_prompt: bool = True
+    continue_final_message: bool = Field(
+        False,
+        description="vLLM's flag: end the rendering inside the last message (for the model to "
+        "continue it); add_generation_prompt must then be false",
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequestBody:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("send exactly one of 'prompt' and 'messages'")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         return self
 
 
@@ -93,7 +100,11 @@ async def tokenize(request: Request) -> TokenizeResponse:
                 ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
                 for m in body.messages
             )
-            tokens = engine.encode_chat(turns, add_generation_prompt=body.add_generation_prompt)
+            tokens = engine.encode_chat(
+                turns,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+            )
         elif len(body.prompt or "") > INLINE_TOKENIZE_MAX_CHARS:
             tokens = await asyncio.to_thread(engine.encode_text, body.prompt or "")
         else:

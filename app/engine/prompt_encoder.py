@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from app.engine.chat_template import ChatMessage, ChatTemplate
+from app.engine.chat_template import ChatMessage, ChatTemplate, ChatTemplateError
 from app.models.base import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -57,14 +57,19 @@ class PromptEncoder:
         *,
         add_generation_prompt: bool = True,
         template_kwargs: Mapping[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> tuple[int, ...]:
         """The token ids of a conversation rendered by :attr:`chat_template`, ending where the
         assistant's answer begins (after the last message with
         ``add_generation_prompt=False``); ``tools`` are the functions the model may call and
         ``template_kwargs`` more template variables (see ``ChatTemplate.render``).
+        ``continue_final_message`` (vLLM's and transformers' flag; ``add_generation_prompt``
+        then false): the rendered text ends where the last message's content ends, that
+        message left open for the model to continue.
 
         Raises:
-            ChatTemplateError: the template refused the conversation (roles out of order...).
+            ChatTemplateError: the template refused the conversation (roles out of order...), or
+                the last message's content is not in the rendered text.
             TokenizationError: the tokenizer failed on the rendered text.
         """
         text = self.chat_template.render(
@@ -73,6 +78,8 @@ class PromptEncoder:
             add_generation_prompt=add_generation_prompt,
             template_kwargs=template_kwargs,
         )
+        if continue_final_message:
+            text = _open_final_message(text, messages[-1].content)
         # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
         # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's
         # byte tokenizer adds none and has no such method.
@@ -98,3 +105,15 @@ class PromptEncoder:
     def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
         """Each token's own bytes (a token may hold part of a UTF-8 character)."""
         return [self._tokenizer.decode_bytes((token,)) for token in token_ids]
+
+
+def _open_final_message(text: str, content: str) -> str:
+    """``text`` cut right after the last occurrence of ``content`` (stripped, as templates
+    often strip it). Raises ChatTemplateError when it does not occur."""
+    final = content.strip()
+    at = text.rfind(final) if final else -1
+    if at < 0:
+        raise ChatTemplateError(
+            "continue_final_message: the last message's content is not in the rendered prompt"
+        )
+    return text[: at + len(final)]

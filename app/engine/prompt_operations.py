@@ -55,6 +55,7 @@ class PromptOperations:
         *,
         add_generation_prompt: bool = True,
         template_kwargs: Mapping[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> tuple[int, ...]:
         """``PromptEncoder.encode_chat``: the conversation rendered by :attr:`chat_template`.
 
@@ -67,6 +68,7 @@ class PromptOperations:
             tools,
             add_generation_prompt=add_generation_prompt,
             template_kwargs=template_kwargs,
+            continue_final_message=continue_final_message,
         )
 
     def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint:

@@ -132,6 +132,22 @@ async def test_tokenize_messages_through_the_chat_template(client) -> None:
     assert opened["tokens"][: closed["count"]] == closed["tokens"]
 
 
+async def test_tokenize_continues_the_final_message_as_vllm_does(client) -> None:
+    """vllm-router's body for a chat request (continue_final_message, refused as an unknown
+    field before): the rendering stops where the last message's content ends."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello th"}]
+    body = {"messages": messages, "add_generation_prompt": False}
+    closed = (await client.post("/tokenize", json=body)).json()
+    body["continue_final_message"] = True
+    opened = (await client.post("/tokenize", json=body)).json()
+    text = (await client.post("/detokenize", json={"tokens": opened["tokens"]})).json()["prompt"]
+    assert text.endswith("Hello th")
+    assert closed["tokens"][: opened["count"]] == opened["tokens"]
+    assert opened["count"] < closed["count"]
+    both = {**body, "add_generation_prompt": True}
+    assert (await client.post("/tokenize", json=both)).status_code == 422
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
