@@ -33,7 +33,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="auto",
-        help="our --quantization modes, e.g. auto,int4,auto+off (+on / +off: --wide-copies)",
+        help="our --quantization modes, e.g. auto,int4,auto+off,auto@/tmp/before "
+        "(+on / +off: --wide-copies; @TREE: the server of another checkout)",
     )
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server binary")
     parser.add_argument("--sizes", default="1,16,64", help="streams per wave")

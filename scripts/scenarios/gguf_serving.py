@@ -51,9 +51,18 @@ class GGUFBench:
 
 def our_spec(bench: GGUFBench, mode: str) -> ServerSpec:
     """``mode``: a ``--quantization`` value, ``+on`` / ``+off`` appended for
-    ``--wide-copies on`` / ``off``."""
+    ``--wide-copies on`` / ``off``, and ``@TREE`` for the server of another checkout (a
+    ``git worktree`` of the commit before: "not slower than before", measured in the same
+    run), e.g. ``auto@/tmp/before``."""
+    mode, _, tree = mode.partition("@")
     quantization, _, wide = mode.partition("+")
-    argv = (sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--model")
+    if tree:  # that checkout's app package first on the path, then its __main__
+        start = f"import runpy, sys; sys.path.insert(0, {tree!r}); runpy.run_module('app', "
+        start += "run_name='__main__', alter_sys=True)"
+        argv: tuple[str, ...] = (sys.executable, "-c", start)
+    else:
+        argv = (sys.executable, "-m", "app")
+    argv += ("serve", "--host", "127.0.0.1", "--model")
     argv += (str(bench.model), "--quantization", quantization, "--dtype", "bfloat16")
     argv += ("--wide-copies", wide) if wide else ()
     argv += ("--max-num-seqs", str(max(bench.sizes)), "--max-model-len", str(bench.max_model_len))
