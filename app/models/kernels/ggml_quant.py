@@ -44,6 +44,7 @@ SOURCE_DIR = Path(__file__).parent
 # Every file of the library's source; the cache key hashes them all.
 SOURCES = (
     "ggml_quant.h",
+    "ggml_quant_avx2.h",
     "ggml_quant_legacy.c",
     "ggml_quant_kquants.c",
     "ggml_quant_matmul.c",

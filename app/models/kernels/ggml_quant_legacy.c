@@ -27,7 +27,7 @@
 #include <stddef.h>
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "ggml_quant_avx2.h"
 #define LQ_X86 1
 #else
 #define LQ_X86 0
@@ -297,22 +297,8 @@ SL_TARGET_AVX2 LQ_INLINE float lq_hsum256(__m256 v) {
 
 /* The 32 codes of one 4-/5-bit block as unsigned bytes 0..15 / 0..31 in weight order. */
 SL_TARGET_AVX2 LQ_INLINE __m256i lq_codes_avx2(int fmt, const uint8_t *blk) {
-    /* 16 nibble bytes; the high nibbles shifted down go to the upper 128 bits */
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + lq_qs_offset(fmt)));
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1);
-    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-    if (fmt == LQ_Q5_0 || fmt == LQ_Q5_1) {
-        /* qh bit j -> 0x10 in byte j: give byte j the qh byte j / 8, keep its bit j % 8 */
-        uint32_t qh;
-        memcpy(&qh, blk + lq_qh_offset(fmt), 4);
-        const __m256i spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32((int)qh),
-            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-    }
-    return q;
+    const int is5 = fmt == LQ_Q5_0 || fmt == LQ_Q5_1;
+    return sl_nibble_codes_avx2(blk + lq_qs_offset(fmt), is5 ? blk + lq_qh_offset(fmt) : NULL);
 }
 
 /* One weight block decoded once for the integer dot products with every activation row: the

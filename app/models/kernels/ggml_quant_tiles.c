@@ -31,7 +31,7 @@
 #include <stddef.h>
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "ggml_quant_avx2.h"
 
 enum { TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0 };
 
@@ -51,20 +51,7 @@ static inline int tl_has_mo(int fmt) { return fmt != TL_Q8_0; }
 SL_TARGET_AVX2 TL_INLINE __m256i tl_codes(int fmt, const uint8_t *blk) {
     if (fmt == TL_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
     const int qs_at = fmt == TL_Q4_0 ? 2 : fmt == TL_Q4_1 ? 4 : fmt == TL_Q5_0 ? 6 : 8;
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + qs_at));
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1);
-    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-    if (tl_is5(fmt)) { /* bit j of qh is bit 4 of code j */
-        uint32_t qh;
-        memcpy(&qh, blk + (fmt == TL_Q5_0 ? 2 : 4), 4);
-        const __m256i spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32((int)qh),
-            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-    }
-    return q;
+    return sl_nibble_codes_avx2(blk + qs_at, tl_is5(fmt) ? blk + (fmt == TL_Q5_0 ? 2 : 4) : NULL);
 }
 
 /* d of block b of the eight rows, and mo (see the top): both as float32 lanes. */
