@@ -91,6 +91,8 @@ _CONFIG_CLASS = {
     "qwen3": "Qwen3Config",
     "gemma3": "Gemma3TextConfig",
     "phi3": "Phi3Config",
+    "qwen3moe": "Qwen3MoeConfig",
+    "mixtral": "MixtralConfig",
 }
 
 # SmolLM2's published tokenizer.json pre-tokenizer (the StarCoder family's): every numeric
@@ -165,6 +167,12 @@ def _config(architecture: str, tied: bool, rope_scaling: dict | None, overrides:
         settings["head_dim"] = QWEN3_HEAD_DIM
     if architecture in ("qwen2", "qwen3"):
         settings["use_sliding_window"] = False
+    if architecture == "qwen3moe":  # every layer's MLP 4 experts of 64, 2 used a token
+        settings |= {"head_dim": HEAD_DIM, "use_sliding_window": False, "mlp_only_layers": []}
+        settings |= {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+        settings |= {"norm_topk_prob": True, "decoder_sparse_step": 1}
+    if architecture == "mixtral":
+        settings |= {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}
     if architecture == "phi3":  # Phi-4-mini's partial rotary: 12 of 16 dimensions a head
         partial = overrides.pop("partial_rotary_factor", PHI3_PARTIAL_ROTARY)
         settings["rope_parameters"] = {"partial_rotary_factor": partial, **rope_parameters}

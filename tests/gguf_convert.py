@@ -41,6 +41,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,8 @@ GGUF_ARCHITECTURE = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "MixtralForCausalLM": "llama",
 }
 
 # The text convert_hf_to_gguf.py's get_vocab_base_pre() encodes; the sha256 of str(ids) names
@@ -179,6 +182,12 @@ def _add_hyperparameters(
     if hparams.get("head_dim") is not None:
         writer.add_key_length(hparams["head_dim"])
         writer.add_value_length(hparams["head_dim"])
+    experts = hparams.get("num_experts") or hparams.get("num_local_experts")
+    if experts:  # TextModel: expert_count / expert_used_count; Qwen3MoeModel: expert length
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(hparams["num_experts_per_tok"])
+        if hparams.get("moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
     if arch == "gemma3" and hparams.get("sliding_window_pattern") != 1:
         writer.add_sliding_window(hparams["sliding_window"])
     writer.add_file_type(_FILE_TYPE[tensor_type])
@@ -381,6 +390,26 @@ def _hf_tensors(directory: Path) -> Iterator[tuple[str, np.ndarray]]:
                 yield name, part.get_tensor(name).float().numpy()
 
 
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def _stacked_experts(tensors: Iterator[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
+    """The converters' expert stacking (``Qwen2MoeModel`` / ``LlamaModel.modify_tensors``):
+    each expert's matrix of one layer and kind (``...experts.{e}.gate_proj``) becomes one
+    ``[experts, out, in]`` tensor named without the index (``...experts.gate_proj``), emitted
+    once every expert's is seen; other tensors pass."""
+    pending: dict[str, dict[int, np.ndarray]] = {}
+    for name, array in tensors:
+        match = _EXPERT.search(name)
+        if match is None:
+            yield name, array
+            continue
+        stacked = name[: match.start()] + ".experts." + name[match.end() :]
+        pending.setdefault(stacked, {})[int(match.group(1))] = array
+    for stacked, by_expert in pending.items():
+        yield stacked, np.stack([by_expert[e] for e in sorted(by_expert)])
+
+
 def _encode(array: np.ndarray, tensor_type: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
     """``array`` in ``tensor_type``, or in its fallback when its rows do not split into blocks."""
     if tensor_type in _K_QUANTIZERS:
@@ -409,7 +438,7 @@ def _gguf_tensors(
         extra.append(("rope_freqs.weight", llama3_rope_factors(hparams)))
     if arch == "phi3":
         extra += _phi3_rope_factors(hparams)
-    for name, array in itertools.chain(extra, _hf_tensors(directory)):
+    for name, array in itertools.chain(extra, _stacked_experts(_hf_tensors(directory))):
         if name.endswith(".rotary_emb.inv_freq"):
             continue
         if arch == "gemma3" and name.endswith("norm.weight"):
@@ -426,7 +455,8 @@ def _gguf_tensors(
         )
         if new_name is None:
             raise ValueError(f"no GGUF name for tensor {name!r}")
-        if array.ndim <= 1 or new_name.endswith("_norm.weight"):
+        # the converter keeps 1-D tensors, norms and the experts' router in F32
+        if array.ndim <= 1 or new_name.endswith(("_norm.weight", "ffn_gate_inp.weight")):
             yield new_name, array.astype(np.float32), gguf.GGMLQuantizationType.F32
             continue
         wanted = (

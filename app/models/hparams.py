@@ -47,6 +47,21 @@ class Activation(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Experts:
+    """A mixture-of-experts MLP in every layer (Qwen3-MoE, Mixtral): a router scores the
+    ``count`` experts of a token, the ``used`` best run (each a SwiGLU MLP of inner size
+    ``feed_forward_length``) and their outputs are summed, weighted by the router's softmax
+    probabilities of the chosen ones, renormalised to sum 1 when ``normalize`` (Qwen3's
+    ``norm_topk_prob``; Mixtral's top-k-then-softmax is the same thing, always).
+    """
+
+    count: int
+    used: int
+    feed_forward_length: int
+    normalize: bool
+
+
+@dataclass(frozen=True, slots=True)
 class LocalAttention:
     """Layers that attend within a sliding window while the others attend to every position
     (Gemma 3's local/global layers).
@@ -131,6 +146,7 @@ class HParams:
         attention_scale: the factor of the attention scores; None: ``1 / sqrt(head_dim)``.
         rope_dims: the leading dimensions of each head that rope rotates (Phi-4-mini's
             ``partial_rotary_factor`` 0.75: 96 of 128), None for all of them.
+        experts: the mixture of experts replacing every layer's MLP, None for a dense MLP.
     """
 
     architecture: str
@@ -155,6 +171,7 @@ class HParams:
     embedding_scale: float | None = None
     attention_scale: float | None = None
     rope_dims: int | None = None
+    experts: Experts | None = None
 
     @property
     def rotary_dims(self) -> int:
@@ -199,6 +216,9 @@ class HParams:
             return f"head_dim {self.head_dim} is odd (rope rotates pairs)"
         if self.rotary_dims % 2 or not 0 < self.rotary_dims <= self.head_dim:
             return f"rope over {self.rotary_dims} of {self.head_dim} dimensions a head"
+        experts = self.experts
+        if experts is not None and not 0 < experts.used <= experts.count:
+            return f"{experts.used} experts used of {experts.count}"
         local = self.local_attention
         if local is not None and (len(local.layers) != self.block_count or local.window < 1):
             return (

@@ -69,7 +69,7 @@ def cases(tiny_checkpoints, tmp_path_factory) -> dict[str, Case]:
     (scrawled_dir / "model.safetensors").write_bytes(bytes(scrawled))
     cut_gguf = root / "cut.gguf"
     cut_gguf.write_bytes(q4_0.read_bytes()[:300_000])
-    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3, phi3\)"
+    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3, phi3, qwen3moe, mixtral\)"
     huge = tiny_checkpoints.hf("llama", max_position_embeddings=10**8)
     return {
         "missing": Case(root / "nowhere.gguf", "no such file or directory"),

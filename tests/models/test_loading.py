@@ -182,7 +182,7 @@ def test_more_refusals(tiny_checkpoints, tmp_path) -> None:
     """Reasons the command line gives as one line (tests/http/test_any_model_refusals.py runs
     the main ones through it), each naming what is wrong."""
     hf = tiny_checkpoints.hf("llama")
-    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3, phi3\)"
+    supported = r"\(supported: llama, mistral, qwen2, qwen3, gemma3, phi3, qwen3moe, mixtral\)"
     cases = {
         f"unsupported architecture 'gemma2' {supported}": _edited_copy(
             hf, tmp_path / "gemma", model_type="gemma2"

@@ -9,13 +9,24 @@ from __future__ import annotations
 from app.models.architectures.gemma3 import GEMMA3
 from app.models.architectures.llama import LLAMA
 from app.models.architectures.mistral import MISTRAL
+from app.models.architectures.mixtral import MIXTRAL
 from app.models.architectures.phi3 import PHI3
 from app.models.architectures.qwen2 import QWEN2
 from app.models.architectures.qwen3 import QWEN3
+from app.models.architectures.qwen3moe import QWEN3MOE
 from app.models.architectures.spec import GGUF_NAMES, HF_NAMES, Architecture, TensorNames
 from app.models.refusal import UnsupportedModel
 
-ARCHITECTURES: tuple[Architecture, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, PHI3)
+ARCHITECTURES: tuple[Architecture, ...] = (
+    LLAMA,
+    MISTRAL,
+    QWEN2,
+    QWEN3,
+    GEMMA3,
+    PHI3,
+    QWEN3MOE,
+    MIXTRAL,
+)
 # config.json model types of multimodal checkpoints whose language model is served only from
 # its text-only form: Gemma 3 4B-27B's Gemma3ForConditionalGeneration directories.
 MULTIMODAL_MODEL_TYPES = {"gemma3": "gemma3_text"}
@@ -39,7 +50,7 @@ class UnsupportedArchitecture(UnsupportedModel):
 
 
 def supported_names() -> str:
-    """``"llama, mistral, qwen2, qwen3, gemma3, phi3"``."""
+    """``"llama, mistral, qwen2, qwen3, gemma3, phi3, qwen3moe, mixtral"``."""
     return ", ".join(architecture.name for architecture in ARCHITECTURES)
 
 

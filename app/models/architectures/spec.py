@@ -44,14 +44,24 @@ class TensorNames:
     ffn_post_norm: str | None = None
     attn_qkv: str | None = None
     ffn_gate_up: str | None = None
+    ffn_router: str | None = None
+    expert_gate: str | None = None
+    expert_up: str | None = None
+    expert_down: str | None = None
 
-    def of(self, part: str, layer: int | None = None) -> str:
-        """The file's name of ``part`` (a field name), for ``layer`` when it is per layer.
-        Raises KeyError for a part these names do not have (a post norm of Llama's names)."""
+    def of(self, part: str, layer: int | None = None, expert: int = 0) -> str:
+        """The file's name of ``part`` (a field name), for ``layer`` when it is per layer and
+        ``expert`` where the format names each expert's matrix (Hugging Face's ``{e}``; a GGUF
+        stacks them in one tensor). Raises KeyError for a part these names do not have (a post
+        norm of Llama's names)."""
         name: str | None = getattr(self, part)
         if name is None:
             raise KeyError(f"no tensor name for {part}")
-        return name if layer is None else name.format(i=layer)
+        return name if layer is None else name.format(i=layer, e=expert)
+
+    def stacks_experts(self) -> bool:
+        """The experts of a layer are one tensor ``[experts, out, in]`` (GGUF's ``*_exps``)."""
+        return self.expert_gate is not None and "{e}" not in self.expert_gate
 
     def bias_of(self, part: str, layer: int | None = None) -> str:
         """The name of ``part``'s bias (which a checkpoint may or may not hold)."""
@@ -94,6 +104,10 @@ GGUF_NAMES = TensorNames(
     ffn_down="blk.{i}.ffn_down.weight",
     attn_post_norm="blk.{i}.post_attention_norm.weight",
     ffn_post_norm="blk.{i}.post_ffw_norm.weight",
+    ffn_router="blk.{i}.ffn_gate_inp.weight",
+    expert_gate="blk.{i}.ffn_gate_exps.weight",
+    expert_up="blk.{i}.ffn_up_exps.weight",
+    expert_down="blk.{i}.ffn_down_exps.weight",
 )
 
 
@@ -133,6 +147,9 @@ class Architecture:
             rows first, Phi-3's ``gate_up_proj``; llama.cpp's ``ffn_up`` of twice the rows).
         partial_rotary: rope may rotate only the leading dimensions of each head
             (``partial_rotary_factor``; GGUF ``rope.dimension_count``); refused otherwise.
+        expert_norm_key: the config.json key saying whether the chosen experts' weights are
+            renormalised (Qwen3-MoE's ``norm_topk_prob``); None: always (Mixtral). A GGUF's
+            ``{arch}.expert_weights_norm``, default true (llama.cpp's for both).
         query_pre_attn_scalar: the attention scale is config.json's
             ``query_pre_attn_scalar ** -0.5`` and, from a GGUF, llama.cpp's rule for it
             (:mod:`app.models.checkpoints.local_layers`); False: ``1 / sqrt(head_dim)``.
@@ -156,5 +173,6 @@ class Architecture:
     fused_qkv: bool = False
     fused_gate_up: bool = False
     partial_rotary: bool = False
+    expert_norm_key: str | None = None
     hf_names: TensorNames = HF_NAMES
     gguf_names: TensorNames = GGUF_NAMES

@@ -35,7 +35,7 @@ from app.models.architectures import Architecture, for_gguf
 from app.models.checkpoints.checkpoint import CheckpointFormat
 from app.models.checkpoints.local_layers import gguf_attention_scale, gguf_local_attention
 from app.models.checkpoints.q4_codes import Q4_BLOCK, Q4Codes
-from app.models.hparams import HParams, RopeScaling, RopeScalingKind
+from app.models.hparams import Experts, HParams, RopeScaling, RopeScalingKind
 from app.models.refusal import UnsupportedModel
 
 logger = logging.getLogger(__name__)
@@ -205,6 +205,24 @@ class GGUFFile:
                 head_dim=head_dim,
             ),
             rope_dims=None if rope_dims == head_dim else rope_dims,
+            experts=self._experts(arch),
+        )
+
+    def _experts(self, arch: str) -> Experts | None:
+        """``{arch}.expert_count`` and its companions (llama.cpp's names), or None."""
+        count = int(self.field_or(f"{arch}.expert_count", 0) or 0)
+        if not count:
+            return None
+        used = self.field_or(f"{arch}.expert_used_count", None)
+        if used is None:
+            raise UnsupportedModel(f"missing metadata key {arch}.expert_used_count")
+        length = self.field_or(f"{arch}.expert_feed_forward_length", None)
+        length = length or self.field_or(f"{arch}.feed_forward_length", 0)
+        return Experts(
+            count=count,
+            used=int(used),
+            feed_forward_length=int(length),
+            normalize=bool(self.field_or(f"{arch}.expert_weights_norm", True)),
         )
 
     def _rope_scaling(self, arch: str) -> RopeScaling | None:
@@ -293,13 +311,14 @@ class GGUFFile:
         return GGUFRows(raw, tensor.tensor_type, columns)
 
     def raw_blocks(self, name: str) -> np.ndarray:
-        """The matrix ``name``'s blocks as stored: uint8 ``[rows, bytes per row]``, a read-only
-        view of the file's mapping (nothing is copied or read until indexed)."""
+        """The matrix ``name``'s blocks as stored: uint8 ``[rows, bytes per row]`` (a stack of
+        experts' matrices: their rows one after another), a read-only view of the file's
+        mapping (nothing is copied or read until indexed)."""
         tensor = self._tensors[name]
-        rows, columns = self.tensor_shape(name)
+        *leading, columns = self.tensor_shape(name)  # stacked experts: [experts, out, in]
         block_size, block_bytes = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
         flat = np.asarray(tensor.data).view(np.uint8).reshape(-1)
-        return flat.reshape(rows, columns // block_size * block_bytes)
+        return flat.reshape(math.prod(leading), columns // block_size * block_bytes)
 
     def release_pages(self) -> None:
         """``madvise(MADV_DONTNEED)`` over the file's mapping: the pages the load read stop

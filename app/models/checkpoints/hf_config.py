@@ -27,7 +27,7 @@ from app.models.checkpoints.local_layers import (
     config_attention_scale,
     config_local_attention,
 )
-from app.models.hparams import Activation, HParams, RopeScaling, RopeScalingKind
+from app.models.hparams import Activation, Experts, HParams, RopeScaling, RopeScalingKind
 from app.models.refusal import UnsupportedModel
 
 logger = logging.getLogger(__name__)
@@ -119,6 +119,26 @@ def hparams_from_config(
         embedding_scale=math.sqrt(hidden) if architecture.scaled_embedding else None,
         attention_scale=config_attention_scale(config, architecture),
         rope_dims=rope_dims,
+        experts=_experts(config, architecture),
+    )
+
+
+def _experts(config: dict[str, Any], architecture: Architecture) -> Experts | None:
+    """The mixture of experts of a Qwen3-MoE (``num_experts``) or Mixtral
+    (``num_local_experts``) config, or None."""
+    count = config.get("num_experts") or config.get("num_local_experts")
+    if not count:
+        return None
+    if architecture.hf_names.expert_gate is None:
+        raise UnsupportedModel(f"a mixture of experts is not supported for {architecture.name}")
+    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step") or 1) != 1:
+        raise UnsupportedModel("layers without experts (mlp_only_layers) are not supported")
+    key = architecture.expert_norm_key
+    return Experts(
+        count=int(count),
+        used=int(config.get("num_experts_per_tok") or 0),
+        feed_forward_length=int(config.get("moe_intermediate_size") or config["intermediate_size"]),
+        normalize=True if key is None else bool(config.get(key, False)),
     )
 
 

@@ -27,6 +27,8 @@ from app.models.hparams import HParams
 from app.models.refusal import UnsupportedModel
 
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# Each expert's matrices of a mixture-of-experts layer (HParams.experts)
+EXPERT_MATRICES = ("expert_gate", "expert_up", "expert_down")
 # The RMSNorm weights (Architecture.hf_norm_shift applies to these)
 NORMS = frozenset(
     {
@@ -112,12 +114,29 @@ class ModelTensors:
             if self._architecture.fused_gate_up:
                 del layer["ffn_gate"], layer["ffn_up"]
                 layer["ffn_gate_up"] = (2 * ffn, hidden)
+            if hp.experts is not None:
+                del layer["ffn_gate"], layer["ffn_up"], layer["ffn_down"]
+                layer["ffn_router"] = (hp.experts.count, hidden)
+                shapes |= self._expert_shapes(i)
             shapes |= {self.names.of(part, i): shape for part, shape in layer.items()}
             if self._architecture.qkv_bias:
                 for part, width in (("attn_q", hp.q_width), ("attn_k", hp.kv_width)):
                     shapes[self.names.bias_of(part, i)] = (width,)
                 shapes[self.names.bias_of("attn_v", i)] = (hp.kv_width,)
         return shapes
+
+    def _expert_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """The expert matrices of a layer: each expert's, or the stacks of a GGUF."""
+        hp = self.hparams
+        assert hp.experts is not None
+        hidden, ffn, count = hp.embedding_length, hp.experts.feed_forward_length, hp.experts.count
+        matrix = {"expert_gate": (ffn, hidden), "expert_up": (ffn, hidden)}
+        matrix["expert_down"] = (hidden, ffn)
+        if self.names.stacks_experts():
+            return {self.names.of(p, layer): (count, *shape) for p, shape in matrix.items()}
+        return {
+            self.names.of(p, layer, e): shape for p, shape in matrix.items() for e in range(count)
+        }
 
     def check(self) -> None:
         """Raises UnsupportedModel naming the first weight that is missing or misshapen."""
@@ -139,6 +158,25 @@ class ModelTensors:
 
     def tensor_type(self, part: str, layer: int | None = None) -> str:
         return self.checkpoint.tensor_type(self.name(part, layer))
+
+    def read_expert(self, part: str, layer: int, expert: int) -> np.ndarray:
+        """float32 ``[out, in]`` of one expert's matrix (``part`` in :data:`EXPERT_MATRICES`;
+        a GGUF's stack is read whole and the expert's matrix taken)."""
+        name = self.names.of(part, layer, expert)
+        array = self.checkpoint.read_tensor(name)
+        return array[expert] if self.names.stacks_experts() else array
+
+    def expert_blocks(self, part: str, layer: int, expert: int) -> np.ndarray | None:
+        """One expert's rows of a stack's blocks (:meth:`raw_blocks`), or None for a checkpoint
+        without quantised blocks."""
+        blocks = self.checkpoint.raw_blocks(self.names.of(part, layer, expert))
+        if blocks is None or not self.names.stacks_experts():
+            return blocks
+        rows = blocks.shape[0] // self.hparams.experts.count  # type: ignore[union-attr]
+        return blocks[expert * rows : (expert + 1) * rows]
+
+    def expert_type(self, part: str, layer: int) -> str:
+        return self.checkpoint.tensor_type(self.names.of(part, layer, 0))
 
     def read(self, part: str, layer: int | None = None) -> np.ndarray:
         """float32 weight of ``part`` in Hugging Face layout (a writable copy). A norm's weight
@@ -187,8 +225,15 @@ class ModelTensors:
         return {
             self.name(part, i): self.tensor_type(part, i)
             for i in range(self.hparams.block_count)
-            for part in LAYER_MATRICES
+            for part in self.layer_matrices()
         }
+
+    def layer_matrices(self) -> tuple[str, ...]:
+        """The parts of a layer's matrices: :data:`LAYER_MATRICES`, or with a mixture of
+        experts the attention's and :data:`EXPERT_MATRICES` (a stack or expert 0 of each)."""
+        if self.hparams.experts is None:
+            return LAYER_MATRICES
+        return (*LAYER_MATRICES[:4], *EXPERT_MATRICES)
 
     def _fused_rows(self, part: str) -> tuple[str, slice] | None:
         """``(fused part, its rows)`` of a part the file stores inside a fused matrix (Q, K, V

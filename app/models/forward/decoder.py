@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from app.models.forward.attention import attend
+from app.models.forward.experts import mixture_of_experts
 from app.models.forward.forward_plan import ForwardPlan
 from app.models.forward.kv_cache import KVCache
 from app.models.forward.rope import rope_tables
@@ -148,6 +149,11 @@ class DecoderModel:
             hidden = self._add_output(
                 layer.attn_output, attended, exact, hidden, layer.attn_post_norm
             )
+            if layer.experts is not None and hp.experts is not None:
+                normed = self._normed(hidden, layer.ffn_norm)
+                hidden = hidden + mixture_of_experts(layer.experts, normed, hp.experts, exact)
+                continue
+            assert layer.gate_up is not None and layer.down is not None
             gate_up = project(layer.gate_up, self._normed(hidden, layer.ffn_norm), exact)
             activated = self._activation(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
             hidden = self._add_output(layer.down, activated, exact, hidden, layer.ffn_post_norm)
@@ -289,6 +295,8 @@ def _beyond_fused_kernels(hparams: HParams) -> list[str]:
         beyond.append("attention scale")
     if hparams.rotary_dims != hparams.head_dim:
         beyond.append("partial rotary")
+    if hparams.experts is not None:
+        beyond.append("mixture of experts")
     return beyond
 
 

@@ -98,6 +98,10 @@ def estimate_memory(
         "ffn_up": hidden * ffn,
         "ffn_down": hidden * ffn,
     }
+    if hparams.experts is not None:  # every expert's gate, up and down instead
+        del widths["ffn_gate"], widths["ffn_up"], widths["ffn_down"]
+        size = hparams.experts.count * hidden * hparams.experts.feed_forward_length
+        widths |= dict.fromkeys(("expert_gate", "expert_up", "expert_down"), size)
     per_weight = wide_itemsize + _EXTRA_BYTES_PER_WEIGHT[quantization]
     stored = block_bytes or {}
     projections = sum(

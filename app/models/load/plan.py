@@ -20,7 +20,6 @@ import torch
 
 from app.config import ServerConfig, parse_memory_size
 from app.models.checkpoints.checkpoint import CheckpointFormat
-from app.models.checkpoints.model_tensors import LAYER_MATRICES
 from app.models.forward.decoder import DecoderModel
 from app.models.forward.kv_cache import kv_block_bytes, pool_blocks
 from app.models.kernels.ggml_quant import KERNEL_TYPES, load_ggml_quant
@@ -270,7 +269,7 @@ def _block_matrices(source: ModelSource) -> list[tuple[str, str]]:
     """``(part, file name)`` of every matrix a gguf load keeps as blocks: the layer matrices
     and the LM head (or tied embedding) whose type the kernels compute."""
     tensors, hp = source.tensors, source.hparams
-    parts = [(part, i) for i in range(hp.block_count) for part in LAYER_MATRICES]
+    parts = [(part, i) for i in range(hp.block_count) for part in tensors.layer_matrices()]
     parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
     kept = {  # by file name: the parts of a fused matrix (Phi-3's attn_qkv) are one matrix
         tensors.name(part, i): part

@@ -47,7 +47,7 @@ from app.models.weights.projections import (
     WideLinear,
     dense_projection,
 )
-from app.models.weights.record import LayerWeights, ModelWeights, Quantization
+from app.models.weights.record import ExpertWeights, LayerWeights, ModelWeights, Quantization
 
 QKV = ("attn_q", "attn_k", "attn_v")
 GATE_UP = ("ffn_gate", "ffn_up")
@@ -129,6 +129,8 @@ class _LayerBuilder:
         return self._to_model(self.tensors.read(part, layer))
 
     def layer(self, i: int) -> LayerWeights:
+        if self.tensors.hparams.experts is not None:
+            return self._expert_layer(i)
         if self.quantization is Quantization.GGUF:
             qkv, attn_norm = self._file_blocks(i, QKV, norm="attn_norm")
             attn_output, _ = self._file_blocks(i, ("attn_output",))
@@ -274,6 +276,60 @@ class _LayerBuilder:
         k_norm = self.tensors.read("attn_k_norm", i)
         rows = [q_norm] * hp.head_count + [k_norm] * hp.head_count_kv
         return self._to_model(np.stack(rows))
+
+    def _expert_layer(self, i: int) -> LayerWeights:
+        """A layer whose MLP is a mixture of experts: the attention as any layer's, the
+        experts each a gate/up and a down projection (on the file's blocks for gguf where the
+        kernels compute the type, else dense or int8), the MLP norm apart."""
+        if self.quantization is Quantization.INT4:
+            raise UnsupportedModel("--quantization int4 does not serve a mixture of experts")
+        if self.quantization is Quantization.GGUF:
+            qkv, attn_norm = self._file_blocks(i, QKV, norm="attn_norm")
+            attn_output, _ = self._file_blocks(i, ("attn_output",))
+        else:
+            qkv, attn_norm = self._dense(i, QKV, norm="attn_norm"), None
+            attn_output = self._dense(i, ("attn_output",))
+        experts = self.tensors.hparams.experts
+        assert experts is not None
+        gate_up = tuple(
+            self._expert(i, e, ("expert_gate", "expert_up")) for e in range(experts.count)
+        )
+        down = tuple(self._expert(i, e, ("expert_down",)) for e in range(experts.count))
+        return LayerWeights(
+            qkv=qkv,
+            attn_output=attn_output,
+            gate_up=None,
+            down=None,
+            attn_norm=attn_norm,
+            ffn_norm=self.vector("ffn_norm", i),
+            qk_norm=self._qk_norm(i),
+            experts=ExpertWeights(self.vector("ffn_router", i), gate_up, down),
+        )
+
+    def _expert(self, i: int, expert: int, parts: tuple[str, ...]) -> Projection:
+        """One expert's projection of ``parts`` (stacked), without a folded norm."""
+        tensors = self.tensors
+        kinds = [tensors.expert_type(part, i) for part in parts]
+        if self.quantization is Quantization.GGUF and self.ggml is not None:
+            if all(kind in KERNEL_TYPES for kind in kinds):
+                segments = []
+                for part, kind in zip(parts, kinds, strict=True):
+                    blocks = tensors.expert_blocks(part, i, expert)
+                    assert blocks is not None
+                    raw = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C"))
+                    segments.append(QuantSegment(kind, raw))
+                hp = tensors.hparams
+                assert hp.experts is not None
+                width = hp.experts.feed_forward_length if parts == ("expert_down",) else None
+                return GGMLLinear(self.ggml, tuple(segments), width or hp.embedding_length)
+            if expert == 0:
+                self.dense_projections += [
+                    f"{tensors.name(p, i)} ({k})" for p, k in zip(parts, kinds, strict=True)
+                ]
+        weight = torch.from_numpy(_stack([tensors.read_expert(p, i, expert) for p in parts]))
+        if self.quantization is Quantization.INT8:
+            return Int8Linear.quantize(weight.to(self.device), self.dtype, self.kernel)
+        return dense_projection(weight.to(device=self.device, dtype=self.dtype), self.kernel)
 
     def _post_norm(self, part: str, i: int) -> torch.Tensor | None:
         return self.vector(part, i) if self.tensors.hparams.post_norms else None

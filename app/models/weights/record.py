@@ -39,6 +39,22 @@ class Quantization(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertWeights:
+    """A layer's mixture of experts (:class:`app.models.hparams.Experts`).
+
+    Attributes:
+        router: ``[experts, hidden]`` model dtype, the router's matrix (``ffn_norm`` applied to
+            its input apart, as to the experts').
+        gate_up: per expert, gate and up stacked, ``[2 * ffn, hidden]``.
+        down: per expert, ``[hidden, ffn]``.
+    """
+
+    router: torch.Tensor
+    gate_up: tuple[Projection, ...]
+    down: tuple[Projection, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LayerWeights:
     """One transformer block. Matrices are ``[out_features, in_features]``.
 
@@ -58,17 +74,20 @@ class LayerWeights:
         attn_post_norm, ffn_post_norm: ``[hidden]`` model dtype, the RMSNorm weights of the
             attention output and of the MLP output before their residual adds (Gemma); None
             when the architecture has none.
+        experts: the mixture of experts in place of the MLP (``gate_up`` and ``down`` None,
+            ``ffn_norm`` set), or None.
     """
 
     qkv: Projection
     attn_output: Projection
-    gate_up: Projection
-    down: Projection
+    gate_up: Projection | None
+    down: Projection | None
     attn_norm: torch.Tensor | None = None
     ffn_norm: torch.Tensor | None = None
     qk_norm: torch.Tensor | None = None
     attn_post_norm: torch.Tensor | None = None
     ffn_post_norm: torch.Tensor | None = None
+    experts: ExpertWeights | None = None
 
 
 @dataclass(frozen=True, slots=True)
