@@ -80,7 +80,9 @@ def test_hyperparameters_from_both_formats(tiny_checkpoints: TinyCheckpoints) ->
         assert local is not None
         assert (local.window, local.layers, local.rope_freq_base) == (GEMMA3_WINDOW, LOCAL, 1e4)
         assert (hp.rope_freq_base, hp.context_length, hp.sliding_window) == (50000.0, 2048, None)
-        assert (hp.embedding_scale, hp.attention_scale) == (8.0, 0.25)
+        assert hp.embedding_scale == 8.0
+        # config.json: query_pre_attn_scalar ** -0.5; a GGUF: None, the default 1 / sqrt(head_dim)
+        assert hp.attention_scale == (0.25 if path.is_dir() else None)
         assert hp.ffn_activation is Activation.GELU_TANH
         assert hp.post_norms and hp.qk_norm and hp.tied_embeddings
 
@@ -185,7 +187,7 @@ def test_gguf_window_keys_and_llama_cpp_defaults() -> None:
     assert local({}) is None
     assert periodic_layers(0, 3) == (True, True, True)
     scale = gguf_attention_scale(GEMMA3, block_count=18, hidden=640, heads=4, head_dim=256)
-    assert scale == 1 / 16
+    assert scale is None  # 1 / sqrt(head_dim), the forward's default
     big = gguf_attention_scale(GEMMA3, block_count=62, hidden=5376, heads=32, head_dim=128)
     assert big == pytest.approx(168**-0.5)
 

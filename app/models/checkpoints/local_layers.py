@@ -72,12 +72,13 @@ def gguf_attention_scale(
     architecture: Architecture, *, block_count: int, hidden: int, heads: int, head_dim: int
 ) -> float | None:
     """llama.cpp's attention scale for an architecture scaled by ``query_pre_attn_scalar``
-    (module docstring), None (``1 / sqrt(head_dim)``, the forward's default) for the others."""
+    (module docstring) where it is not ``1 / sqrt(head_dim)``; None (that, the forward's
+    default) otherwise."""
     if not architecture.query_pre_attn_scalar:
         return None
-    if block_count == LLAMA_CPP_27B_LAYERS:
+    if block_count == LLAMA_CPP_27B_LAYERS and hidden // heads != head_dim:
         return 1.0 / math.sqrt(hidden // heads)
-    return 1.0 / math.sqrt(head_dim)
+    return None  # 1 / sqrt(head_dim), the forward's default
 
 
 def config_local_attention(

@@ -170,9 +170,10 @@ class ModelTensors:
         """One expert's rows of a stack's blocks (:meth:`raw_blocks`), or None for a checkpoint
         without quantised blocks."""
         blocks = self.checkpoint.raw_blocks(self.names.of(part, layer, expert))
-        if blocks is None or not self.names.stacks_experts():
+        experts = self.hparams.experts
+        if blocks is None or experts is None or not self.names.stacks_experts():
             return blocks
-        rows = blocks.shape[0] // self.hparams.experts.count  # type: ignore[union-attr]
+        rows = blocks.shape[0] // experts.count
         return blocks[expert * rows : (expert + 1) * rows]
 
     def expert_type(self, part: str, layer: int) -> str:
