@@ -149,14 +149,14 @@ class DecoderModel:
             hidden = self._add_output(
                 layer.attn_output, attended, exact, hidden, layer.attn_post_norm
             )
+            normed = self._normed(hidden, layer.ffn_norm)
             if layer.experts is not None and hp.experts is not None:
-                normed = self._normed(hidden, layer.ffn_norm)
                 hidden = hidden + mixture_of_experts(layer.experts, normed, hp.experts, exact)
-                continue
-            assert layer.gate_up is not None and layer.down is not None
-            gate_up = project(layer.gate_up, self._normed(hidden, layer.ffn_norm), exact)
-            activated = self._activation(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
-            hidden = self._add_output(layer.down, activated, exact, hidden, layer.ffn_post_norm)
+            else:
+                assert layer.gate_up is not None and layer.down is not None
+                gate_up = project(layer.gate_up, normed, exact)
+                activated = self._activation(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
+                hidden = self._add_output(layer.down, activated, exact, hidden, layer.ffn_post_norm)
         if hidden_out is not None:
             hidden_out.append(hidden)
         return self._logits(hidden, plan, plan.exact_logits)
