@@ -1,7 +1,8 @@
 """From the engine to the client: one path for every generating route, one adapter per wire
 format.
 
-``answer`` submits the frozen request and writes what comes back: the whole answer as JSON, or
+``answer`` submits the frozen request (or the ``n`` choices of one, as one group) and writes
+what comes back: the whole answer as JSON, or
 a Server-Sent-Events stream. What every route shares lives here once: a client that leaves
 (stream or not) cancels its request (``engine.abort``, the cancellation re-raised, never
 swallowed), a non-streamed answer whose client left is a 499 nobody reads, a model failure is a
@@ -14,17 +15,17 @@ request), so a caller without one (a batch runner) writes bodies with ``AnswerFo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Protocol
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app.api.admission import submit
+from app.api.admission import refusal_error, submit
 from app.api.errors import CLIENT_CLOSED_REQUEST, APIError
 from app.api.resources import ServerResources
-from app.engine.engine import AsyncEngine
+from app.engine.engine import AsyncEngine, Overloaded
 from app.engine.handle import RequestHandle
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, TokenEvent
 
@@ -79,81 +80,178 @@ def finish_reason_name(reason: FinishReason) -> str:
 async def answer(
     request: Request,
     resources: ServerResources,
-    generation: GenerationRequest,
-    answer_format: AnswerFormat,
+    generations: Sequence[GenerationRequest],
+    formats: Sequence[AnswerFormat],
     *,
     stream: bool,
+    body: Callable[[Sequence[FinalEvent]], dict[str, object]] | None = None,
+    trailer: Callable[[Sequence[FinalEvent]], Iterable[ServerSentEvent]] | None = None,
 ) -> Response:
-    """Submits ``generation`` and answers it in ``answer_format``, streamed or not.
+    """Submits ``generations`` (one request, or the ``n`` choices of one: all or none) and
+    answers them, streamed or not: every route's one answer path.
+
+    Args:
+        formats: one per generation (choice ``i`` written by ``formats[i]``).
+        body: the JSON body from every final (default: ``formats[0].response`` of the one).
+        trailer: events sent after every choice's final event, before the closing ones (the
+            usage chunk of a group), or None.
 
     Raises:
         APIError: 409 / 429 / 503 from the submission (before anything is sent); 500 when the
             model failed a non-streamed request.
     """
-    handle = submit(resources, generation)
+    handles = submit_all(resources, generations)
+    engine = resources.engine
     if stream:
-        separator = answer_format.sse_separator
+        separator = formats[0].sse_separator
         return EventSourceResponse(
-            sse_events(handle, resources.engine, answer_format),
+            sse_events(handles, engine, formats, trailer),
             ping=resources.config.sse_ping_interval,
             sep=separator,
             send_timeout=resources.config.sse_send_timeout,
             ping_message_factory=lambda: ServerSentEvent(comment="ping", sep=separator),
             headers={"Cache-Control": "no-cache"},
         )
-    final = await final_unless_disconnected(request, handle, resources.engine)
-    if final is None:
+    finals = await finals_unless_disconnected(request, handles, engine)
+    if finals is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is left to read it
-    if final.finish_reason is FinishReason.ERROR:
-        raise failure_error(final)
-    return JSONResponse(answer_format.response(final))
+    raise_failure(finals)
+    return JSONResponse(body(finals) if body else formats[0].response(finals[0]))
+
+
+async def finals_of(
+    resources: ServerResources, generations: Sequence[GenerationRequest]
+) -> list[FinalEvent]:
+    """The final events of ``generations`` without an HTTP request (the batch runner).
+
+    Raises:
+        APIError: as ``submit_all``; 500 when the model failed one of them.
+    """
+    handles = submit_all(resources, generations)
+    finals = list(await asyncio.gather(*(handle.result() for handle in handles)))
+    raise_failure(finals)
+    return finals
+
+
+def submit_all(
+    resources: ServerResources, generations: Sequence[GenerationRequest]
+) -> list[RequestHandle]:
+    """Submits every generation, or none (a group is checked against the queue as a whole).
+
+    Raises:
+        APIError: 429 when the queue cannot hold them all, or any refusal of ``submit``; the
+            ones already submitted are then cancelled.
+    """
+    engine = resources.engine
+    if len(generations) > 1 and generations[0].max_tokens > 0:
+        try:
+            engine.check_admission(
+                len(generations[0].prompt_token_ids) * len(generations), count=len(generations)
+            )
+        except Overloaded as exc:
+            raise refusal_error(resources, exc) from None
+    handles: list[RequestHandle] = []
+    try:
+        for generation in generations:
+            handles.append(submit(resources, generation))
+    except APIError:
+        abort_unfinished(engine, handles)
+        raise
+    return handles
+
+
+def raise_failure(finals: Sequence[FinalEvent]) -> None:
+    """Raises the 500 of the first final event that is a failure, if any."""
+    for final in finals:
+        if final.finish_reason is FinishReason.ERROR:
+            raise failure_error(final)
 
 
 async def sse_events(
-    handle: RequestHandle, engine: AsyncEngine, answer_format: AnswerFormat
+    handles: Sequence[RequestHandle],
+    engine: AsyncEngine,
+    formats: Sequence[AnswerFormat],
+    trailer: Callable[[Sequence[FinalEvent]], Iterable[ServerSentEvent]] | None = None,
 ) -> AsyncIterator[ServerSentEvent]:
-    """The SSE body: the format's events for each engine event, exactly one final event (or the
-    failure's), then its closing events. The request is cancelled if the stream ends early."""
+    """The SSE body: each request's format's events as its engine events come (choices
+    interleaved), exactly one final event per request (or, at the first failure, its failure
+    events and no more), the trailer, then the closing events. Every request still running is
+    cancelled if the stream ends early."""
+    queue: asyncio.Queue[tuple[int, TokenEvent | FinalEvent]] = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle) -> None:
+        async for event in handle.events():
+            queue.put_nowait((index, event))
+
+    # one request reads its events directly; a group merges them through a queue
+    single = handles[0].events() if len(handles) == 1 else None
+    pumps = [] if single else [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    finals: list[FinalEvent | None] = [None] * len(handles)
+    failed = False
     try:
-        for event in answer_format.opening():
-            yield event
-        async for item in handle.events():
+        for answer_format in formats:
+            for event in answer_format.opening():
+                yield event
+        while not failed and any(final is None for final in finals):
+            if single is not None:
+                try:
+                    index, item = 0, await anext(single)
+                except StopAsyncIteration:  # no final event: the handle's stream ended
+                    break
+            else:
+                index, item = await queue.get()
+            answer_format = formats[index]
             if isinstance(item, TokenEvent):
                 events = answer_format.token(item)
-            elif item.finish_reason is FinishReason.ERROR:
-                events = answer_format.failure(failure_error(item))
             else:
-                events = answer_format.final(item)
+                finals[index] = item
+                failed = item.finish_reason is FinishReason.ERROR
+                if failed:
+                    events = answer_format.failure(failure_error(item))
+                else:
+                    events = answer_format.final(item)
             for event in events:
                 yield event
-        for event in answer_format.closing():
+        if not failed and trailer is not None:
+            for event in trailer([final for final in finals if final is not None]):
+                yield event
+        for event in formats[0].closing():
             yield event
     finally:
-        if not handle.is_finished:
-            engine.abort(handle)
+        abort_unfinished(engine, handles)
+        for task in pumps:
+            task.cancel()
+        if single is not None:
+            await single.aclose()
 
 
-async def final_unless_disconnected(
-    request: Request, handle: RequestHandle, engine: AsyncEngine
-) -> FinalEvent | None:
-    """Waits for the final event while listening for the client leaving (body already read).
+async def finals_unless_disconnected(
+    request: Request, handles: Sequence[RequestHandle], engine: AsyncEngine
+) -> list[FinalEvent] | None:
+    """Waits for every final event while listening for the client leaving (body already read).
 
-    Returns None when the client disconnected first; the request is then cancelled.
+    Returns None when the client disconnected first; the requests are then cancelled.
     """
-    result = asyncio.ensure_future(handle.result())
+    results = asyncio.ensure_future(asyncio.gather(*(handle.result() for handle in handles)))
     disconnect = asyncio.ensure_future(client_disconnected(request))
     try:
-        done, _ = await asyncio.wait({result, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        if result in done:
-            return result.result()
-        engine.abort(handle)
+        done, _ = await asyncio.wait({results, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        if results in done:
+            return list(results.result())
+        abort_unfinished(engine, handles)
         return None
     except asyncio.CancelledError:
-        engine.abort(handle)
+        abort_unfinished(engine, handles)
         raise
     finally:
-        result.cancel()
+        results.cancel()
         disconnect.cancel()
+
+
+def abort_unfinished(engine: AsyncEngine, handles: Sequence[RequestHandle]) -> None:
+    for handle in handles:
+        if not handle.is_finished:
+            engine.abort(handle)
 
 
 async def client_disconnected(request: Request) -> None:

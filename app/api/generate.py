@@ -68,7 +68,7 @@ async def generate(request: Request) -> Response:
         logprobs=body.logprobs is not None,
         prompt_logprobs=body.prompt_logprobs is not None,
     )
-    return await answer(request, resources, generation, answer_format, stream=body.stream)
+    return await answer(request, resources, [generation], [answer_format], stream=body.stream)
 
 
 @router.delete("/generate/{request_id}", response_model=CancelResponse, responses=_ERROR_RESPONSES)

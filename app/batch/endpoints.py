@@ -16,11 +16,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from app.api.admission import submit
-from app.api.answers import failure_error
+from app.api.answers import finals_of
 from app.api.errors import APIError
 from app.api.openai.answers import ChatAnswer, CompletionAnswer
-from app.api.openai.choices import choice_requests, group_usage, whole_group_answer
+from app.api.openai.choices import choice_requests, group_usage, merged_body
 from app.api.openai.errors import openai_error_body, openai_status
 from app.api.openai.routes import check_choices, openai_answer_format, parse_body
 from app.api.openai.schemas import ChatCompletionRequestBody, CompletionRequestBody
@@ -28,7 +27,6 @@ from app.api.request_builder import RequestOrigin
 from app.api.request_id import make_request_id
 from app.api.resources import ServerResources
 from app.batch.requests import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchRequest
-from app.engine.request import FinishReason
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +108,8 @@ class BatchEndpoints:
                 )
                 for i, choice in enumerate(generations)
             ]
-            answer_body, finals = await whole_group_answer(resources, generations, formats)
+            finals = await finals_of(resources, generations)
+            answer_body = merged_body(formats, finals)
             usage = group_usage(finals)
             return EndpointAnswer(
                 origin.request_id,
@@ -120,9 +119,7 @@ class BatchEndpoints:
                 completion_tokens=usage.completion_tokens,
             )
         writer = openai_answer_format(endpoint.answer_format, body, generation, resources)
-        final = await submit(resources, generation).result()
-        if final.finish_reason is FinishReason.ERROR:
-            raise failure_error(final)
+        (final,) = await finals_of(resources, [generation])
         return EndpointAnswer(
             origin.request_id,
             200,

@@ -67,7 +67,7 @@ async def create_message(request: Request) -> Response:
             constrained=generation.constraint is not None,
         ),
     )
-    return await answer(request, resources, generation, writer, stream=bool(body.stream))
+    return await answer(request, resources, [generation], [writer], stream=bool(body.stream))
 
 
 @router.post(

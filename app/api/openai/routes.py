@@ -21,7 +21,7 @@ from app.api.admission import read_body, refuse_if_overloaded
 from app.api.answers import answer
 from app.api.errors import APIError
 from app.api.openai.answers import ChatAnswer, CompletionAnswer
-from app.api.openai.choices import answer_choices, choice_requests
+from app.api.openai.choices import choice_requests, group_answer
 from app.api.openai.errors import V1_PREFIX, OpenAIRoute, invalid_field
 from app.api.openai.logprobs import LogprobsWriter
 from app.api.openai.responses import (
@@ -121,7 +121,7 @@ async def create_response(request: Request) -> Response:
             constrained=generation.constraint is not None,
         ),
     )
-    return await answer(request, resources, generation, writer, stream=body.streamed)
+    return await answer(request, resources, [generation], [writer], stream=body.streamed)
 
 
 _Body = TypeVar(
@@ -144,19 +144,15 @@ async def _generate(
     generation = await resources.builder.build(body.generation_params(), origin)
     if body.choices == 1:
         writer = openai_answer_format(answer_format, body, generation, resources)
-        return await answer(request, resources, generation, writer, stream=body.streamed)
+        return await answer(request, resources, [generation], [writer], stream=body.streamed)
     generations = choice_requests(generation, body.choices)
     formats = [
         openai_answer_format(answer_format, body, choice, resources, index=index, group=True)
         for index, choice in enumerate(generations)
     ]
-    return await answer_choices(
-        request,
-        resources,
-        generations,
-        formats,
-        stream=body.streamed,
-        include_usage=body.include_usage,
+    merged, usage = group_answer(formats, body.include_usage)
+    return await answer(
+        request, resources, generations, formats, stream=body.streamed, body=merged, trailer=usage
     )
 
 
