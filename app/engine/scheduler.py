@@ -49,12 +49,7 @@ from app.engine.step_rows import (
     whole_groups,
 )
 from app.engine.waiting_queue import WaitingQueue
-from app.models.base import (
-    ModelCapabilities,
-    StepBatch,
-    StepOutput,
-    Tokenizer,
-)
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -211,12 +206,12 @@ class Scheduler:
     def schedule(self) -> ScheduledStep | None:
         """Builds the next step: every decoding sequence, then prompt chunks within the budget.
 
-        Decode rows carry the one token sampled last step (and a speculative draft after it,
-        ``self.speculation``, within the budget). Prompt chunks go to sequences in
-        admission order, each at most ``capabilities.max_tokens_per_row`` tokens, until the
-        step holds ``max_num_batched_tokens`` tokens. A model with a fixed batch shape gets
-        an inert row after those for every slot without one, so the step has exactly
-        ``max_num_seqs`` rows. Returns None when no slot is busy.
+        Decode rows carry the one token sampled last step (and ``self.speculation``'s draft).
+        Prompt chunks go to sequences in admission order, each at most
+        ``capabilities.max_tokens_per_row`` tokens, until the step holds
+        ``max_num_batched_tokens`` tokens. A model with a fixed batch shape gets an inert row
+        after those for every slot without one, so the step has exactly ``max_num_seqs``
+        rows. Returns None when no slot is busy.
         """
         if self.kv is not None:
             self.kv.grow_decoding(self.running(), preempt=self._preempt)
@@ -272,6 +267,7 @@ class Scheduler:
                 continue
             if row.num_draft_tokens:
                 self._metrics.count_draft(row.num_draft_tokens, result.num_accepted)
+                self.speculation.record(seq, row.num_draft_tokens, result.num_accepted)
             self._append_tokens(result, now)
             if kv is not None and row.num_draft_tokens:
                 kv.rollback(seq)  # the rejected positions' blocks (a no-op once finished)

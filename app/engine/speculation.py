@@ -18,11 +18,17 @@ in a way a single step cannot see. Constrained rows (a grammar mask per position
 with logit bias, penalties or ``min_tokens`` (processors that read the counts of the tokens
 before each position) decode normally, one token a step.
 
-Back-off (``drafting_rows``): a verified draft costs ``k`` more token positions in the step.
-While few rows decode, a CPU step is bound by reading the weights and the extra positions are
-almost free; with many rows it is bound by compute and they cost as much as they earn. So only
-steps with at most ``max_rows`` decoding rows draft, and drafted tokens count against the
-step's token budget (``max_num_batched_tokens``) like any other.
+Back-off (``worth_drafting``): a drafted token costs a share of the step, and that share grows
+with the rows in the step: while few rows decode, a CPU step is bound by reading the weights
+and extra positions are cheap; with many it is bound by compute. Measured
+(``scripts/bench_speculation.py --step-cost``: SmolLM2 bfloat16, a 2-core AVX2 CPU, context 256,
+4 drafted tokens a row), one drafted token costs 9% of a plain step at 1 row, 15% at 2, 20% at
+4, 34% at 8, 47% at 16 and 53% at 32 (``DRAFT_TOKEN_COST``). A drafted token earns a token when
+accepted, so a row drafts while its own running acceptance (``Sequence.draft_acceptance``, an
+exponential average over its verified drafts, starting at 0.5) is at least the cost at the
+step's number of decoding rows; a row held back creeps up by ``ACCEPTANCE_RECOVERY`` a step,
+so it tries again now and then (text that starts copying its input is found again). Drafted
+tokens also count against the step's token budget (``max_num_batched_tokens``) like any other.
 """
 
 from __future__ import annotations
@@ -35,8 +41,13 @@ from app.engine.kv_admission import KVAdmission
 from app.engine.request import Sequence
 from app.models.base import ModelCapabilities
 
-# Provisional: steps with more decoding rows than this do not draft (see the module docstring).
-DEFAULT_MAX_DRAFTING_ROWS = 4
+# (decoding rows, the cost of one drafted token as a share of a plain step), measured: see the
+# module docstring. Between two row counts the smaller one's cost holds.
+DRAFT_TOKEN_COST = ((1, 0.09), (2, 0.15), (4, 0.20), (8, 0.34), (16, 0.47), (32, 0.53))
+# Weight of the last verified draft in a sequence's running acceptance.
+ACCEPTANCE_WEIGHT = 0.3
+# How much a row held back by the cost gains a step, so that it drafts again now and then.
+ACCEPTANCE_RECOVERY = 0.002
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 2
 _ITEM = array("i").itemsize
@@ -49,7 +60,8 @@ class NgramSpeculation:
     Attributes:
         num_draft_tokens: most tokens drafted per row and step (``K``; 0: off).
         max_ngram / min_ngram: the suffix lengths tried, longest first (``1 <= min <= max``).
-        max_rows: steps with more decoding rows than this draft nothing (the back-off).
+        draft_token_cost: ``(rows, cost)`` pairs, rows increasing: the back-off's measured
+            cost of a drafted token at that many decoding rows (see the module docstring).
 
     Raises:
         ValueError: a setting out of range.
@@ -58,7 +70,7 @@ class NgramSpeculation:
     num_draft_tokens: int
     max_ngram: int = DEFAULT_MAX_NGRAM
     min_ngram: int = DEFAULT_MIN_NGRAM
-    max_rows: int = DEFAULT_MAX_DRAFTING_ROWS
+    draft_token_cost: tuple[tuple[int, float], ...] = DRAFT_TOKEN_COST
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 0:
@@ -68,9 +80,28 @@ class NgramSpeculation:
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
             )
 
-    def drafting_rows(self, num_decoding: int) -> bool:
-        """Whether a step with ``num_decoding`` decoding rows drafts at all (the back-off)."""
-        return num_decoding <= self.max_rows
+    def cost_at(self, num_decoding: int) -> float:
+        """The cost of one drafted token in a step of ``num_decoding`` decoding rows, as a
+        share of the step (the table's entry for the largest row count not above it)."""
+        cost = self.draft_token_cost[0][1]
+        for rows, measured in self.draft_token_cost:
+            if rows <= num_decoding:
+                cost = measured
+        return cost
+
+    def worth_drafting(self, seq: Sequence, num_decoding: int) -> bool:
+        """Whether ``seq``'s drafts earn what they cost in a step of ``num_decoding`` decoding
+        rows. Side effect: a sequence held back gains ``ACCEPTANCE_RECOVERY``."""
+        if seq.draft_acceptance >= self.cost_at(num_decoding):
+            return True
+        seq.draft_acceptance += ACCEPTANCE_RECOVERY
+        return False
+
+    @staticmethod
+    def record(seq: Sequence, drafted: int, accepted: int) -> None:
+        """A verified draft of ``seq``: ``accepted`` of ``drafted`` tokens kept."""
+        share = accepted / drafted
+        seq.draft_acceptance += ACCEPTANCE_WEIGHT * (share - seq.draft_acceptance)
 
     @staticmethod
     def eligible(seq: Sequence) -> bool:
@@ -86,13 +117,14 @@ class NgramSpeculation:
         kv: KVAdmission | None,
     ) -> list[tuple[int, ...]]:
         """A draft for each of ``decoding`` (the step's decoding sequences, in row order; empty
-        where a row does not draft): none when off or when the step backs off, else each
-        eligible row's within the step's token ``budget`` (less one token per decoding row),
-        ``max_tokens_per_row``, its ``max_tokens``, the context length and, with a paged
-        model, the KV blocks free for it (``kv.grow_draft`` takes them: a draft never
-        preempts)."""
-        if not self.num_draft_tokens or not self.drafting_rows(len(decoding)):
+        where a row does not draft): none when off, else each eligible row's whose drafts are
+        worth their cost (``worth_drafting``, which updates the row's estimate), within the
+        step's token ``budget`` (less one token per decoding row), ``max_tokens_per_row``, its
+        ``max_tokens``, the context length and, with a paged model, the KV blocks free for it
+        (``kv.grow_draft`` takes them: a draft never preempts)."""
+        if not self.num_draft_tokens:
             return [()] * len(decoding)
+        rows = len(decoding)
         budget -= len(decoding)
         drafts = []
         for seq in decoding:
@@ -102,7 +134,8 @@ class NgramSpeculation:
                 seq.request.max_tokens - len(seq.generated) - 1,
                 capabilities.context_length - seq.num_computed_tokens - 1,
             )
-            draft = self.draft(seq, limit) if self.eligible(seq) else ()
+            wanted = self.eligible(seq) and self.worth_drafting(seq, rows)
+            draft = self.draft(seq, limit) if wanted else ()
             if draft and kv is not None:
                 draft = draft[: kv.grow_draft(seq, len(draft))]
             budget -= len(draft)

@@ -21,6 +21,8 @@ from app.models.base import SamplingParams
 from app.models.mock import MockModelRunner
 from tests.engine.conftest import make_sequence
 
+FREE = ((1, 0.0),)  # a drafted token costs nothing: every eligible row drafts
+
 
 def _request(
     request_id: str,
@@ -148,7 +150,7 @@ def test_greedy_output_is_the_same_with_speculation_on_and_off(options, k):
         for i, prompt in enumerate(_prompts(12, seed=len(options) + k))
     ]
     off, off_ids, off_steps, _ = _run(requests, NO_SPECULATION, **options)
-    speculation = NgramSpeculation(k, max_rows=8)
+    speculation = NgramSpeculation(k, draft_token_cost=FREE)
     on, on_ids, on_steps, metrics = _run(requests, speculation, **options)
     for a, b, streamed_a, streamed_b in zip(off, on, off_ids, on_ids, strict=True):
         assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, a.finish_reason)
@@ -161,7 +163,7 @@ def test_greedy_output_is_the_same_with_speculation_on_and_off(options, k):
 def test_logprobs_are_those_of_each_token_with_speculation():
     requests = [_request(f"r{i}", p, logprobs=2) for i, p in enumerate(_prompts(4, seed=3))]
     off, *_ = _run(requests, NO_SPECULATION)
-    on, _, _, metrics = _run(requests, NgramSpeculation(4))
+    on, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
     assert _accepted(metrics) > 0
     for a, b in zip(off, on, strict=True):
         assert len(b.logprobs) == len(b.token_ids)
@@ -173,27 +175,46 @@ def test_a_constrained_or_penalised_row_never_drafts():
     biased = SamplingParams(temperature=0.0, seed=0, logit_bias=((97, 1.0),))
     requests = [_request("p", b"abcabcabc", sampling=penalised)]
     requests.append(_request("b", b"abcabcabc", sampling=biased))
-    _, _, _, metrics = _run(requests, NgramSpeculation(4))
+    _, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
     drafted = metrics.registry.get_sample_value("slotserve_spec_decode_num_draft_tokens_total")
     assert drafted == 0
 
 
-def test_drafting_backs_off_with_many_decoding_rows():
-    requests = [_request(f"r{i}", p) for i, p in enumerate(_prompts(6, seed=5))]
-    _, _, _, metrics = _run(requests, NgramSpeculation(4, max_rows=2), slots=6)
-    scheduler, model, _ = _scheduler(NgramSpeculation(4, max_rows=2), slots=6)
-    for request in requests:
-        scheduler.add(make_sequence(request)[0])
-    scheduler.admit_waiting()
-    scheduler.apply(step := scheduler.schedule(), model.step(step.batch))  # the prompts
-    step = scheduler.schedule()
-    assert step is not None and len(step.sequences) == 6
-    assert all(row.num_draft_tokens == 0 for row in step.batch.rows)
+def test_drafting_backs_off_when_a_drafted_token_costs_more_than_it_earns():
+    """Measured rule: a row drafts while its running acceptance is at least the cost of a
+    drafted token at the step's number of decoding rows."""
+    caps = MockModelRunner(max_num_seqs=8).capabilities
+    speculation = NgramSpeculation(4, draft_token_cost=((1, 0.1), (4, 0.6)))
+    sequences = []
+    for index in range(6):
+        seq, _ = make_sequence(_request(f"r{index}", b"ab ab ab a"))
+        seq.generated.append(ord("b"))  # "...ab" occurred before: a draft is found
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        sequences.append(seq)
+    few = speculation.drafts(sequences[:3], 100, caps, None)
+    assert few == [(ord(" "), ord("a"), ord("b"))] * 3  # what followed the latest "b ab"
+    many = speculation.drafts(sequences, 100, caps, None)  # dear from 4 rows on
+    assert many == [()] * 6
+    assert sequences[5].draft_acceptance > 0.5  # it creeps back up, to try again later
+    assert speculation.drafts(sequences[:1], 2, caps, None) == [(ord(" "),)]  # the budget
+
+
+def test_a_row_whose_drafts_are_rejected_stops_drafting():
+    speculation = NgramSpeculation(4, draft_token_cost=((1, 0.3),))
+    seq, _ = make_sequence(_request("r", b"ab ab ab"))
+    assert speculation.worth_drafting(seq, 1)
+    for _ in range(4):
+        speculation.record(seq, 4, 0)
+    assert not speculation.worth_drafting(seq, 1)
+    for _ in range(8):
+        speculation.record(seq, 4, 4)
+    assert speculation.worth_drafting(seq, 1)
 
 
 def test_drafted_tokens_count_against_the_step_budget():
     requests = [_request(f"r{i}", b"ab ab ab ab ab ab " * 3) for i in range(4)]
-    scheduler, model, _ = _scheduler(NgramSpeculation(8), slots=4, budget=10, chunk=10)
+    speculation = NgramSpeculation(8, draft_token_cost=FREE)
+    scheduler, model, _ = _scheduler(speculation, slots=4, budget=10, chunk=10)
     for request in requests:
         scheduler.add(make_sequence(request)[0])
     for _ in range(30):
@@ -214,14 +235,14 @@ def test_rollback_under_preemption_keeps_outputs_and_blocks_consistent():
     requests = [_request(f"r{i}", p, max_tokens=120) for i, p in enumerate(_prompts(6, seed=9))]
     options = {"slots": 6, "kv_blocks": 40}
     off, _, _, off_metrics = _run(requests, NO_SPECULATION, **options)
-    on, _, _, metrics = _run(requests, NgramSpeculation(6, max_rows=8), **options)
+    on, _, _, metrics = _run(requests, NgramSpeculation(6, draft_token_cost=FREE), **options)
     assert metrics.registry.get_sample_value("slotserve_preemptions_total") > 0
     assert _accepted(metrics) > 0
     assert [f.token_ids for f in on] == [f.token_ids for f in off]
 
 
 def test_rejected_positions_give_their_blocks_back():
-    scheduler, model, _ = _scheduler(NgramSpeculation(8), slots=1)
+    scheduler, model, _ = _scheduler(NgramSpeculation(8, draft_token_cost=FREE), slots=1)
     seq, _ = make_sequence(_request("r", b"xy " * 9, max_tokens=100))
     scheduler.add(seq)
     blocks = scheduler.kv_blocks
@@ -241,7 +262,7 @@ def test_rejected_positions_give_their_blocks_back():
 
 
 def test_cancel_while_a_draft_is_in_flight_drops_its_output_and_frees_its_blocks():
-    scheduler, model, metrics = _scheduler(NgramSpeculation(6), slots=2)
+    scheduler, model, metrics = _scheduler(NgramSpeculation(6, draft_token_cost=FREE), slots=2)
     target, sink = make_sequence(_request("t", b"ab ab ab ab ab ", max_tokens=200))
     scheduler.add(target)
     while True:
@@ -275,7 +296,7 @@ def test_cancel_while_a_draft_is_in_flight_drops_its_output_and_frees_its_blocks
 
 def test_metrics_count_drafts_under_vllms_names_too():
     requests = [_request(f"r{i}", p) for i, p in enumerate(_prompts(3, seed=1))]
-    _, _, _, metrics = _run(requests, NgramSpeculation(4))
+    _, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
     drafted = metrics.registry.get_sample_value("slotserve_spec_decode_num_draft_tokens_total")
     assert drafted > 0
     assert metrics.spec_decode_acceptance_rate == pytest.approx(_accepted(metrics) / drafted)

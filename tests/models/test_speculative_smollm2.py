@@ -52,7 +52,11 @@ def _generate(runner: ModelRunner, prompts, options, k: int) -> tuple[list, int]
     return [r.token_ids for r in results], model.accepted
 
 
-def test_greedy_output_is_the_same_with_speculation_on_and_off(runner: ModelRunner) -> None:
+@pytest.mark.parametrize("runner_name", ["runner", "bf16_runner"])
+def test_greedy_output_is_the_same_with_speculation_on_and_off(
+    runner_name: str, request: pytest.FixtureRequest
+) -> None:
+    runner = request.getfixturevalue(runner_name)
     options = SamplingOptions(max_tokens=20, temperature=0, ignore_eos=True)
     prompts = GROUNDED + FREE
     off, _ = _generate(runner, prompts, options, 0)
