@@ -67,7 +67,8 @@ class Scheduler:
             >= the number of slots so every running decode fits.
         clock: seconds, monotonic (``time.perf_counter``); injectable for tests.
         prefix_caching: with a paged model, reuse cached full KV blocks of a prompt's prefix.
-        speculation: n-gram speculative decoding (``--speculative-ngram``); off by default.
+        speculation: n-gram speculative decoding (``--speculative-ngram``); off by default
+            and for a model that does not declare ``verifies_drafts``.
 
     Attributes:
         kv: the KV side of a paged model (admission by blocks, growth, commit), else None.
@@ -102,7 +103,7 @@ class Scheduler:
         self._metrics = metrics
         self._release_slot = release_slot
         self._clock = clock
-        self.speculation = speculation
+        self.speculation = speculation if capabilities.verifies_drafts else NO_SPECULATION
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
         self.kv: KVAdmission | None = None

@@ -116,6 +116,8 @@ class ModelCapabilities:
             handed out: it pads block tables); 0 when not paged.
         weight_kernels: what computes the projections when that is chosen per CPU (the
             GGUF-block kernels: instruction set, why, types), "" otherwise (``/info``).
+        verifies_drafts: the model verifies speculative rows (``StepRow.num_draft_tokens``);
+            the scheduler drafts for no other model.
     """
 
     name: str
@@ -130,6 +132,7 @@ class ModelCapabilities:
     kv_block_size: int = 0
     num_kv_blocks: int = 0
     weight_kernels: str = ""
+    verifies_drafts: bool = False
 
     @property
     def paged(self) -> bool:

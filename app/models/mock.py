@@ -194,6 +194,7 @@ class MockModelRunner:
             max_tokens_per_row=max_tokens_per_row or context_length,
             kv_block_size=MOCK_KV_BLOCK_SIZE if kv_blocks else 0,
             num_kv_blocks=kv_blocks or 0,
+            verifies_drafts=True,
         )
         self.step_ms = step_ms
         self.num_model_calls = 0

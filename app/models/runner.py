@@ -150,6 +150,7 @@ class ModelRunner:
             kv_block_size=KV_BLOCK_SIZE,
             num_kv_blocks=num_kv_blocks,
             weight_kernels=weight_kernels,
+            verifies_drafts=True,
         )
 
     def step(self, batch: StepBatch) -> StepOutput:

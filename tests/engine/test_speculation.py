@@ -19,7 +19,7 @@ from app.engine.scheduler import Scheduler
 from app.engine.speculation import NO_SPECULATION, NgramSpeculation, propose
 from app.models.base import SamplingParams
 from app.models.mock import MockModelRunner
-from tests.engine.conftest import make_sequence
+from tests.engine.conftest import ScriptedModel, make_sequence, run_until_idle
 
 FREE = ((1, 0.0),)  # a drafted token costs nothing: every eligible row drafts
 
@@ -303,3 +303,22 @@ def test_metrics_count_drafts_under_vllms_names_too():
     text = metrics.render(model_name="m").decode()
     for name in ("drafts", "draft_tokens", "accepted_tokens"):
         assert f'vllm:spec_decode_num_{name}_total{{model_name="m"}}' in text
+
+
+def test_a_model_that_does_not_verify_drafts_never_gets_one():
+    model = ScriptedModel({b"ab ab ab ab": list(b" ab ab ab ab ab ab")}, max_num_seqs=2)
+    assert not model.capabilities.verifies_drafts
+    scheduler = Scheduler(
+        capabilities=model.capabilities,
+        tokenizer=model.tokenizer,
+        policy=ContinuousBatching(),
+        metrics=EngineMetrics(),
+        release_slot=model.release,
+        max_num_batched_tokens=64,
+        speculation=NgramSpeculation(4, draft_token_cost=FREE),
+    )
+    seq, sink = make_sequence(_request("r", b"ab ab ab ab", max_tokens=12))
+    scheduler.add(seq)
+    run_until_idle(scheduler, model)
+    assert len(sink.final.token_ids) == 12
+    assert all(row.num_draft_tokens == 0 for step in model.steps for row in step.rows)
