@@ -15,8 +15,9 @@ the KV blocks of the rejected positions back (``KVAdmission.rollback``).
 
 Which rows draft (``eligible``): a row whose tokens do not change the next position's logits
 in a way a single step cannot see. Constrained rows (a grammar mask per position) and rows
-with logit bias, penalties or ``min_tokens`` (processors that read the counts of the tokens
-before each position) decode normally, one token a step.
+with penalties (which count the tokens before each position) decode normally, one token a
+step, and so does a row with ``min_tokens`` until it has generated that many (the hold-back
+depends on the position); logit bias, the same at every position, drafts.
 
 Back-off (``worth_drafting``): a drafted token costs a share of the step, and that share grows
 with the rows in the step: while few rows decode, a CPU step is bound by reading the weights
@@ -105,9 +106,14 @@ class NgramSpeculation:
 
     @staticmethod
     def eligible(seq: Sequence) -> bool:
-        """Whether ``seq`` may draft: unconstrained, and no processor that reads the tokens
-        before each position (logit bias included, kept simple)."""
-        return seq.matcher is None and not seq.request.sampling.uses_processors
+        """Whether ``seq`` may draft: unconstrained, no penalty, and past its ``min_tokens``
+        (no processor whose effect differs between the positions of one row)."""
+        sampling = seq.request.sampling
+        return (
+            seq.matcher is None
+            and not sampling.uses_penalties
+            and len(seq.generated) >= sampling.min_tokens
+        )
 
     def drafts(
         self,

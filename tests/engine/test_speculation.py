@@ -170,14 +170,23 @@ def test_logprobs_are_those_of_each_token_with_speculation():
         assert b.logprobs == a.logprobs
 
 
-def test_a_constrained_or_penalised_row_never_drafts():
+def test_a_penalised_row_never_drafts_and_min_tokens_waits_until_met():
     penalised = SamplingParams(temperature=0.0, seed=0, presence_penalty=0.5)
+    held = SamplingParams(temperature=0.0, seed=0, min_tokens=30)
     biased = SamplingParams(temperature=0.0, seed=0, logit_bias=((97, 1.0),))
-    requests = [_request("p", b"abcabcabc", sampling=penalised)]
-    requests.append(_request("b", b"abcabcabc", sampling=biased))
-    _, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
-    drafted = metrics.registry.get_sample_value("slotserve_spec_decode_num_draft_tokens_total")
-    assert drafted == 0
+    speculation = NgramSpeculation(4, draft_token_cost=FREE)
+    rows = {}
+    for name, sampling in (("penalised", penalised), ("held", held), ("biased", biased)):
+        seq, _ = make_sequence(_request(name, b"abcabcabc", sampling=sampling))
+        rows[name] = seq
+    rows["held"].generated.extend([97] * 29)
+    for seq in rows.values():
+        seq.generated.append(97)
+    assert not speculation.eligible(rows["penalised"])
+    assert speculation.eligible(rows["held"])  # 30 generated: min_tokens is met
+    rows["held"].generated.pop()
+    assert not speculation.eligible(rows["held"])
+    assert speculation.eligible(rows["biased"])  # the same bias at every position
 
 
 def test_drafting_backs_off_when_a_drafted_token_costs_more_than_it_earns():

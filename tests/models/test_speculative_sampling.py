@@ -8,6 +8,7 @@ draft, with its generator left where plain sampling leaves it.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from app.models.base import SamplingParams, StepRow
@@ -78,10 +79,17 @@ def _plain(sampler: Sampler, slot: int, logits: list[torch.Tensor], sampling: Sa
     return [sampler.sample(row[None], [SampleRequest(slot, sampling)])[0] for row in logits]
 
 
-def test_a_seeded_slot_emits_the_tokens_of_plain_sampling_whatever_the_draft():
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.9, top_k=4, seed=123),
+        SamplingParams(temperature=1.0, seed=123, logit_bias=((2, 1.5), (4, -2.0))),
+        SamplingParams(temperature=0.0, seed=123, logit_bias=((1, 0.7),)),
+    ],
+)
+def test_a_seeded_slot_emits_the_tokens_of_plain_sampling_whatever_the_draft(sampling):
     torch.manual_seed(7)
     steps = [torch.randn(VOCAB) * 2 for _ in range(40)]
-    sampling = SamplingParams(temperature=0.9, top_k=4, seed=123)
     plain = Sampler(1, vocab_size=VOCAB)
     plain.start_sequence(0, 123, sampling)
     expected = _plain(plain, 0, steps, sampling)
