@@ -82,6 +82,14 @@ class ServerConfig(BaseSettings):
         description="most tokens per model step (decodes + prompt chunks); "
         "unset: the prefill chunk size",
     )
+    speculative_ngram: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="n-gram (prompt lookup) speculative decoding: draft up to K tokens a step "
+        "from the request's own earlier tokens and verify them in one step (same output); "
+        "0: off",
+    )
     max_tokens_cap: int | None = Field(
         None, ge=0, description="largest max_tokens a request may ask; unset: the context length"
     )

@@ -49,6 +49,7 @@ from app.api.schemas import (
 from app.config import ServerConfig
 from app.engine.policy import make_policy
 from app.engine.request import GenerationRequest
+from app.engine.speculation import NgramSpeculation
 from app.engine.sync_engine import ModelStepError, SyncEngine, SyncHandle
 from app.models.base import Model, ModelCapabilities, TokenLogprobs
 from app.models.loading import load_model
@@ -185,6 +186,7 @@ class LLM:
             policy=make_policy(self.config.scheduling),
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             prefix_caching=self.config.prefix_caching,
+            speculation=NgramSpeculation(self.config.speculative_ngram),
         )
         self._builder = RequestBuilder(
             self._engine, RequestLimits.of(self.config, self.model.capabilities)

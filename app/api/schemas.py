@@ -261,6 +261,14 @@ class InfoResponse(BaseModel):
     prefix_caching: bool = Field(
         False, description="whether prompt prefixes reuse cached KV blocks"
     )
+    speculative_ngram: int = Field(
+        0, description="--speculative-ngram: most tokens drafted per row and step; 0: off"
+    )
+    spec_decode_acceptance_rate: float | None = Field(
+        None,
+        description="drafted tokens the model accepted / drafted tokens, since start; null "
+        "before any draft",
+    )
     weight_kernels: str = Field(
         "",
         description="what computes the projections when chosen by the CPU's features (the "

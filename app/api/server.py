@@ -28,6 +28,7 @@ from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.metrics import EVENT_LOOP_LAG_INTERVAL_S
 from app.engine.model_thread import ModelThread
 from app.engine.policy import make_policy
+from app.engine.speculation import NgramSpeculation
 from app.models.base import Model
 from app.models.loading import load_model
 
@@ -100,6 +101,7 @@ def create_app(
                 max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens
             ),
             prefix_caching=config.prefix_caching,
+            speculation=NgramSpeculation(config.speculative_ngram),
             model_thread=model_thread,
             chat_template=template_override(config.chat_template),
         )

@@ -51,6 +51,8 @@ async def info(request: Request) -> InfoResponse:
         kv_block_size=caps.kv_block_size,
         num_kv_blocks=max(0, caps.num_kv_blocks - 1),
         prefix_caching=resources.engine.prefix_caching,
+        speculative_ngram=resources.engine.speculative_ngram,
+        spec_decode_acceptance_rate=resources.engine.metrics.spec_decode_acceptance_rate,
         weight_kernels=caps.weight_kernels,
     )
 

@@ -45,6 +45,7 @@ from app.engine.chat_template import template_override
 from app.engine.engine import AdmissionLimits, AsyncEngine
 from app.engine.model_thread import ModelThread
 from app.engine.policy import make_policy
+from app.engine.speculation import NgramSpeculation
 from app.models.base import Model
 from app.models.loading import load_model
 
@@ -219,6 +220,7 @@ async def _start_engine(
             max_queued_tokens=max_pending_lines * model.capabilities.context_length,
         ),
         prefix_caching=config.prefix_caching,
+        speculation=NgramSpeculation(config.speculative_ngram),
         model_thread=model_thread,
         chat_template=template_override(config.chat_template),
     )

@@ -30,6 +30,7 @@ from app.engine.prompt_encoder import PromptEncoder
 from app.engine.prompt_operations import PromptOperations
 from app.engine.request import FinishReason, GenerationRequest, Sequence
 from app.engine.scheduler import Scheduler
+from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import ScheduledStep
 from app.models.base import Model, ModelCapabilities
 
@@ -91,6 +92,7 @@ class AsyncEngine(PromptOperations):
         metrics: where to count; a fresh registry by default.
         prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
             (``--no-prefix-caching``: False).
+        speculation: n-gram speculative decoding (``--speculative-ngram``); off by default.
         limits: admission limits (queue length and queued prompt tokens).
         model_thread: where ``model.step`` runs; pass the thread the model was loaded on
             (see :mod:`app.engine.model_thread`). A new one by default. The engine shuts it
@@ -106,6 +108,7 @@ class AsyncEngine(PromptOperations):
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
         prefix_caching: bool = True,
+        speculation: NgramSpeculation = NO_SPECULATION,
         limits: AdmissionLimits | None = None,
         model_thread: ModelThread | None = None,
         chat_template: str | None = None,
@@ -122,6 +125,7 @@ class AsyncEngine(PromptOperations):
             release_slot=model.release,
             max_num_batched_tokens=max_num_batched_tokens or caps.default_max_num_batched_tokens,
             prefix_caching=prefix_caching,
+            speculation=speculation,
         )
         self.metrics.track_queue(
             waiting=lambda: self.scheduler.num_waiting, running=lambda: self.scheduler.num_running
@@ -192,6 +196,11 @@ class AsyncEngine(PromptOperations):
         """Whether a paged model's prompts reuse cached KV blocks (False when not paged)."""
         blocks = self.scheduler.kv_blocks
         return blocks is not None and blocks.prefix_caching
+
+    @property
+    def speculative_ngram(self) -> int:
+        """Most tokens drafted per row and step (``--speculative-ngram``; 0: off)."""
+        return self.scheduler.speculation.num_draft_tokens
 
     @property
     def policy_name(self) -> str:

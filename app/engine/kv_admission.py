@@ -108,14 +108,40 @@ class KVAdmission:
                 if victim is seq:
                     break
 
-    def commit_filled(self, seq: Sequence, new_tokens: int) -> None:
+    def grow_draft(self, seq: Sequence, num_draft_tokens: int) -> int:
+        """Blocks for a speculative row of decoding ``seq`` (its next position and
+        ``num_draft_tokens`` after it), from free blocks only: a draft never preempts.
+
+        Returns:
+            The drafted tokens that fit (the table's room after the next position when the
+            free blocks do not cover all of them).
+        """
+        blocks = self.blocks
+        needed = seq.num_computed_tokens + 1 + num_draft_tokens
+        if blocks.grow(seq, needed):
+            return num_draft_tokens
+        room = len(blocks.table(seq)) * self._block_size - seq.num_computed_tokens - 1
+        return max(0, min(num_draft_tokens, room))
+
+    def rollback(self, seq: Sequence) -> None:
+        """After a speculative row: the blocks past what ``seq``'s next position needs (those
+        of rejected drafted positions) are let go. The positions themselves are stale and
+        never read (the next row starts at ``num_computed_tokens``); no block holding them
+        was registered, since ``commit_filled`` counts accepted positions only."""
+        self.blocks.shrink(seq, seq.num_computed_tokens + 1)
+
+    def commit_filled(
+        self, seq: Sequence, new_tokens: int, accepted_draft: tuple[int, ...] = ()
+    ) -> None:
         """After a completed step that computed ``new_tokens`` positions of ``seq`` (its
         ``num_computed_tokens`` already advanced): registers its blocks that step filled, if
-        any. A cheap test first, inline: it runs for every row of every step."""
+        any. ``accepted_draft``: the drafted tokens the step accepted, computed but not yet
+        appended to ``seq`` (a rejected position is never committed). A cheap test first,
+        inline: it runs for every row of every step."""
         computed = seq.num_computed_tokens
         size = self._block_size
         if computed // size > (computed - new_tokens) // size:  # a block boundary was crossed
-            self.blocks.commit(seq, seq.all_token_ids(), computed)
+            self.blocks.commit(seq, seq.all_token_ids() + accepted_draft, computed)
 
     def free(self, seq: Sequence) -> None:
         """Lets go of ``seq``'s blocks and prompt hashes; a no-op when it holds none."""

@@ -263,6 +263,22 @@ class BlockManager:
         holding.blocks.extend(self._pop_free() for _ in range(needed))
         return True
 
+    def shrink(self, owner: Hashable, num_tokens: int) -> None:
+        """Cuts ``owner``'s table back to the blocks ``num_tokens`` positions need (a rollback
+        of positions computed and then rejected); only blocks past the committed ones go, to
+        the head of the free list (nothing in them is worth keeping). A no-op for an owner
+        holding no blocks or no more than that."""
+        holding = self._holdings.get(owner)
+        if holding is None:
+            return
+        keep = max(self.blocks_for(num_tokens), holding.committed)
+        while len(holding.blocks) > keep:
+            block = holding.blocks.pop()
+            self._ref_counts[block] -= 1
+            if self._ref_counts[block] == 0:
+                self._free[block] = None
+                self._free.move_to_end(block, last=False)
+
     def commit(self, owner: Hashable, token_ids: Sequence[int], num_computed: int) -> None:
         """Registers ``owner``'s blocks that are now full: a step that completed wrote
         positions ``[0, num_computed)`` of ``token_ids``. A block whose prefix another block

@@ -56,6 +56,9 @@ VLLM_FAMILY_NAMES = {
     "slotserve_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
     "slotserve_inter_token_latency_seconds": "vllm:inter_token_latency_seconds",
     "slotserve_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+    "slotserve_spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
+    "slotserve_spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "slotserve_spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 
 
@@ -147,6 +150,21 @@ class EngineMetrics:
             "(recomputed when readmitted).",
             registry=r,
         )
+        self.spec_decode_drafts = Counter(
+            "slotserve_spec_decode_num_drafts",
+            "Rows that verified a speculative draft (--speculative-ngram).",
+            registry=r,
+        )
+        self.spec_decode_draft_tokens = Counter(
+            "slotserve_spec_decode_num_draft_tokens",
+            "Drafted tokens verified by the model (--speculative-ngram).",
+            registry=r,
+        )
+        self.spec_decode_accepted_tokens = Counter(
+            "slotserve_spec_decode_num_accepted_tokens",
+            "Drafted tokens the model accepted (acceptance rate: accepted / drafted).",
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "slotserve_event_loop_lag_seconds",
             "How late the event loop ran a timer it was asked to run every "
@@ -154,6 +172,20 @@ class EngineMetrics:
             buckets=_LOOP_LAG_BUCKETS_S,
             registry=r,
         )
+
+    def count_draft(self, drafted: int, accepted: int) -> None:
+        """One speculative row verified: ``drafted`` tokens, ``accepted`` of them kept."""
+        self.spec_decode_drafts.inc()
+        self.spec_decode_draft_tokens.inc(drafted)
+        self.spec_decode_accepted_tokens.inc(accepted)
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens so far; None before any draft (``/info``)."""
+        sample = self.registry.get_sample_value
+        drafted = sample("slotserve_spec_decode_num_draft_tokens_total") or 0.0
+        accepted = sample("slotserve_spec_decode_num_accepted_tokens_total") or 0.0
+        return accepted / drafted if drafted else None
 
     def track_kv_cache(self, usage: Callable[[], float]) -> None:
         """Binds the KV usage gauge to the block manager's ``usage`` (read at scrape time)."""

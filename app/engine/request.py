@@ -159,6 +159,8 @@ class Sequence:
         admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
         matcher: the request's place in its constraint's language, from admission until it
             finishes (None when unconstrained, waiting or finished).
+        draft_acceptance: speculative decoding's running estimate of the share of its
+            drafted tokens the model accepts (``NgramSpeculation`` reads and updates it).
     """
 
     request: GenerationRequest
@@ -177,6 +179,7 @@ class Sequence:
     first_token_at: float | None = None
     last_token_at: float | None = None
     matcher: ConstraintMatcher | None = None
+    draft_acceptance: float = 0.5
 
     @property
     def request_id(self) -> str:

@@ -22,6 +22,9 @@ A constrained request (structured output) owns a ``ConstraintMatcher`` from admi
 ``finish()``: its sampling rows carry the matcher's mask (``StepRow.token_mask``), each sampled
 token advances it, and the sequence finishes (``stop``) once its language allows no further
 token. Unconstrained rows carry no mask.
+
+With ``--speculative-ngram`` a decoding row may carry a draft (:mod:`app.engine.speculation`);
+``apply`` appends its accepted tokens one by one, and the rejected positions' blocks go back.
 """
 
 from __future__ import annotations
@@ -34,28 +37,19 @@ from app.engine.kv_admission import KVAdmission
 from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
-from app.engine.request import (
-    FinishReason,
-    GenerationRequest,
-    Sequence,
-    SequenceStatus,
-    TokenEvent,
-)
+from app.engine.request import FinishReason, GenerationRequest, Sequence, SequenceStatus, TokenEvent
+from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import (
+    RowResult,
     ScheduledStep,
     decode_row,
     padding_rows,
     prefill_row,
+    row_results,
     whole_groups,
 )
 from app.engine.waiting_queue import WaitingQueue
-from app.models.base import (
-    ModelCapabilities,
-    StepBatch,
-    StepOutput,
-    StepRow,
-    Tokenizer,
-)
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +67,8 @@ class Scheduler:
             >= the number of slots so every running decode fits.
         clock: seconds, monotonic (``time.perf_counter``); injectable for tests.
         prefix_caching: with a paged model, reuse cached full KV blocks of a prompt's prefix.
+        speculation: n-gram speculative decoding (``--speculative-ngram``); off by default
+            and for a model that does not declare ``verifies_drafts``.
 
     Attributes:
         kv: the KV side of a paged model (admission by blocks, growth, commit), else None.
@@ -93,6 +89,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         clock: Callable[[], float] = time.perf_counter,
         prefix_caching: bool = True,
+        speculation: NgramSpeculation = NO_SPECULATION,
     ) -> None:
         if max_num_batched_tokens < capabilities.max_num_seqs:
             raise ValueError(
@@ -106,6 +103,7 @@ class Scheduler:
         self._metrics = metrics
         self._release_slot = release_slot
         self._clock = clock
+        self.speculation = speculation if capabilities.verifies_drafts else NO_SPECULATION
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
         self.kv: KVAdmission | None = None
@@ -209,27 +207,23 @@ class Scheduler:
     def schedule(self) -> ScheduledStep | None:
         """Builds the next step: every decoding sequence, then prompt chunks within the budget.
 
-        Decode rows carry the one token sampled last step. Prompt chunks go to sequences in
-        admission order, each at most ``capabilities.max_tokens_per_row`` tokens, until the
-        step holds ``max_num_batched_tokens`` tokens. A model with a fixed batch shape gets
-        an inert row after those for every slot without one, so the step has exactly
-        ``max_num_seqs`` rows. Returns None when no slot is busy.
+        Decode rows carry the one token sampled last step (and ``self.speculation``'s draft).
+        Prompt chunks go to sequences in admission order, each at most
+        ``capabilities.max_tokens_per_row`` tokens, until the step holds
+        ``max_num_batched_tokens`` tokens. A model with a fixed batch shape gets an inert row
+        after those for every slot without one, so the step has exactly ``max_num_seqs``
+        rows. Returns None when no slot is busy.
         """
         if self.kv is not None:
             self.kv.grow_decoding(self.running(), preempt=self._preempt)
         blocks = self.kv_blocks
         budget = self.max_num_batched_tokens
-        rows: list[StepRow] = []
-        sequences: list[Sequence] = []
-        for seq in self.running():
-            if not seq.is_prefilling:
-                rows.append(decode_row(seq, blocks))
-                sequences.append(seq)
-                budget -= 1
-        prefilling = sorted(
-            (seq for seq in self.running() if seq.is_prefilling),
-            key=lambda seq: seq.admitted_at or 0.0,
-        )
+        sequences = [seq for seq in self.running() if not seq.is_prefilling]
+        drafts = self.speculation.drafts(sequences, budget, self.capabilities, self.kv)
+        rows = [decode_row(s, blocks, d) for s, d in zip(sequences, drafts, strict=True)]
+        budget -= sum(len(row.token_ids) for row in rows)
+        waiting_prompt = (seq for seq in self.running() if seq.is_prefilling)
+        prefilling = sorted(waiting_prompt, key=lambda seq: seq.admitted_at or 0.0)
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -249,53 +243,35 @@ class Scheduler:
         A row whose slot no longer holds the sequence it was built for (cancelled meanwhile)
         is dropped (rule R17). A failure while applying one sequence's token fails only it.
         """
-        if len(output.next_token_ids) != len(step.batch.rows):
-            raise ValueError(
-                f"model returned {len(output.next_token_ids)} results "
-                f"for {len(step.batch.rows)} rows"
-            )
+        results = row_results(step, output)  # ValueError: an output that does not fit
         self._metrics.batch_size.observe(len(step.sequences))
         now = self._clock()
-        live = len(step.sequences)  # the padding's outputs, past these, are dropped here
-        tokens = output.next_token_ids[:live]
-        errors = (output.row_errors or (None,) * live)[:live]
-        row_logprobs = (output.logprobs or (None,) * live)[:live]
-        row_prompt_logprobs = (output.prompt_logprobs or (None,) * live)[:live]
         kv = self.kv
-        for seq, row, token, error, logprobs, prompt_logprobs in zip(
-            step.sequences,
-            step.live_rows,
-            tokens,
-            errors,
-            row_logprobs,
-            row_prompt_logprobs,
-            strict=True,
-        ):
+        for result in results:
+            seq, row = result.sequence, result.row
             if self.slots[row.slot] is not seq:
                 continue
-            if error is not None:
-                self.finish(seq, FinishReason.ERROR, error=error)
+            if result.error is not None:
+                self.finish(seq, FinishReason.ERROR, error=result.error)
                 continue
-            seq.num_computed_tokens += len(row.token_ids)
-            if prompt_logprobs is not None:
+            seq.num_computed_tokens += result.num_computed
+            if result.prompt_logprobs is not None:
                 # the prompt's own positions only: a preempted sequence recomputes from 0,
                 # its generated tokens after the prompt (scored once, when sampled)
                 room = seq.num_prompt_tokens - len(seq.prompt_logprobs)
-                seq.prompt_logprobs.extend(prompt_logprobs[: max(0, room)])
+                seq.prompt_logprobs.extend(result.prompt_logprobs[: max(0, room)])
             if kv is not None:
-                kv.commit_filled(seq, len(row.token_ids))
-            if token is None:
+                kv.commit_filled(seq, result.num_computed, result.token_ids[:-1])
+            if not result.token_ids:
                 if seq.scores_prompt_only and not seq.is_prefilling:
                     self.finish(seq, FinishReason.LENGTH)  # the prompt is scored: done
                 continue
-            if logprobs is not None:
-                seq.logprobs.append(logprobs)
-                seq.unsent_logprobs.append(logprobs)
-            try:
-                self._append_token(seq, token, now)
-            except Exception:
-                logger.exception("request %s: applying token %d failed", seq.request_id, token)
-                self.finish(seq, FinishReason.ERROR, error="failed to decode generated tokens")
+            if row.num_draft_tokens:
+                self._metrics.count_draft(row.num_draft_tokens, result.num_accepted)
+                self.speculation.record(seq, row.num_draft_tokens, result.num_accepted)
+            self._append_tokens(result, now)
+            if kv is not None and row.num_draft_tokens:
+                kv.rollback(seq)  # the rejected positions' blocks (a no-op once finished)
 
     def fail(self, step: ScheduledStep, message: str) -> None:
         """Ends every sequence of a failed step (still in its slot) with an ERROR."""
@@ -361,6 +337,22 @@ class Scheduler:
         self._metrics.preemptions.inc()
 
     # ----------------------------------------------------------------- internals
+
+    def _append_tokens(self, result: RowResult, now: float) -> None:
+        """A row's tokens (one, or an accepted draft and the model's own), each appended as if
+        generated alone; those after the one that finishes the sequence are dropped."""
+        seq = result.sequence
+        for index, token in enumerate(result.token_ids):
+            if seq.status is SequenceStatus.FINISHED:
+                return
+            if result.logprobs is not None:
+                seq.logprobs.append(result.logprobs[index])
+                seq.unsent_logprobs.append(result.logprobs[index])
+            try:
+                self._append_token(seq, token, now)
+            except Exception:
+                logger.exception("request %s: applying token %d failed", seq.request_id, token)
+                self.finish(seq, FinishReason.ERROR, error="failed to decode generated tokens")
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> None:
         seq.generated.append(token)

@@ -14,7 +14,7 @@ import torch
 
 from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager
 from app.engine.request import Sequence
-from app.models.base import KVBlocks, StepBatch, StepRow
+from app.models.base import KVBlocks, StepBatch, StepOutput, StepRow, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,16 +35,80 @@ class ScheduledStep:
         return self.batch.rows[: len(self.sequences)]
 
 
-def decode_row(seq: Sequence, kv: BlockManager | None) -> StepRow:
-    """The row of a decoding sequence: the one token sampled last step, sampled again."""
+@dataclass(frozen=True, slots=True)
+class RowResult:
+    """What one live row of a step produced, for its sequence.
+
+    Attributes:
+        sequence / row: the sequence the row was built for, and the row.
+        token_ids: the tokens to append, in order: none (a prompt chunk that samples
+            nothing, or a failed row), the one sampled, or an accepted draft's tokens followed
+            by the model's own.
+        logprobs: one entry per ``token_ids`` entry when the request asked, else None.
+        prompt_logprobs: the chunk's prompt logprobs, when asked.
+        error: a client-safe message when the row failed.
+        num_accepted: drafted tokens accepted (0 without a draft).
+    """
+
+    sequence: Sequence
+    row: StepRow
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] | None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None
+    error: str | None
+    num_accepted: int
+
+    @property
+    def num_computed(self) -> int:
+        """Positions of the row the sequence keeps: its tokens less the rejected draft."""
+        return len(self.row.token_ids) - self.row.num_draft_tokens + self.num_accepted
+
+
+def row_results(step: ScheduledStep, output: StepOutput) -> list[RowResult]:
+    """``output`` read row by row for the step's sequences (the padding's outputs dropped).
+
+    Raises:
+        ValueError: ``output`` does not have one result per row, or a row accepted more
+            drafted tokens than it had (or fewer than none).
+    """
+    if len(output.next_token_ids) != len(step.batch.rows):
+        raise ValueError(
+            f"model returned {len(output.next_token_ids)} results for {len(step.batch.rows)} rows"
+        )
+    results = []
+    for index, (seq, row) in enumerate(zip(step.sequences, step.live_rows, strict=True)):
+        token = output.next_token_ids[index]
+        accepted = output.num_accepted[index] if output.num_accepted else 0
+        if not 0 <= accepted <= row.num_draft_tokens:
+            raise ValueError(f"row {index}: {accepted} accepted of {row.num_draft_tokens}")
+        logprobs = output.logprobs[index] if output.logprobs else None
+        drafted = output.draft_logprobs[index] if output.draft_logprobs else None
+        results.append(
+            RowResult(
+                sequence=seq,
+                row=row,
+                token_ids=() if token is None else (*row.draft_token_ids[:accepted], token),
+                logprobs=None if logprobs is None else (*(drafted or ()), logprobs),
+                prompt_logprobs=output.prompt_logprobs[index] if output.prompt_logprobs else None,
+                error=output.row_errors[index] if output.row_errors else None,
+                num_accepted=accepted,
+            )
+        )
+    return results
+
+
+def decode_row(seq: Sequence, kv: BlockManager | None, draft: tuple[int, ...] = ()) -> StepRow:
+    """The row of a decoding sequence: the one token sampled last step, sampled again; with
+    a speculative ``draft``, those tokens after it, to verify (``num_draft_tokens``)."""
     return StepRow(
         slot=slot_of(seq),
-        token_ids=(seq.generated[-1],),
+        token_ids=(seq.generated[-1], *draft),
         position=seq.num_computed_tokens,
         sample=True,
         sampling=seq.request.sampling,
         token_mask=next_token_mask(seq),
         kv_blocks=kv_blocks_of(seq, kv),
+        num_draft_tokens=len(draft),
     )
 
 

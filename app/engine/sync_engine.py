@@ -25,6 +25,7 @@ from app.engine.prompt_encoder import PromptEncoder
 from app.engine.prompt_operations import PromptOperations
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, Sequence, StreamEvent
 from app.engine.scheduler import Scheduler
+from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import ScheduledStep
 from app.models.base import Model, ModelCapabilities
 
@@ -85,6 +86,7 @@ class SyncEngine(PromptOperations):
         metrics: where to count; a fresh registry by default.
         prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
             (``--no-prefix-caching``: False).
+        speculation: n-gram speculative decoding (``--speculative-ngram``); off by default.
 
     Attributes:
         num_model_steps: ``model.step`` calls made so far, failed ones included.
@@ -98,6 +100,7 @@ class SyncEngine(PromptOperations):
         max_num_batched_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
         prefix_caching: bool = True,
+        speculation: NgramSpeculation = NO_SPECULATION,
     ) -> None:
         caps = model.capabilities
         self.model = model
@@ -110,6 +113,7 @@ class SyncEngine(PromptOperations):
             release_slot=model.release,
             max_num_batched_tokens=max_num_batched_tokens or caps.default_max_num_batched_tokens,
             prefix_caching=prefix_caching,
+            speculation=speculation,
         )
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}

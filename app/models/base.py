@@ -116,6 +116,8 @@ class ModelCapabilities:
             handed out: it pads block tables); 0 when not paged.
         weight_kernels: what computes the projections when that is chosen per CPU (the
             GGUF-block kernels: instruction set, why, types), "" otherwise (``/info``).
+        verifies_drafts: the model verifies speculative rows (``StepRow.num_draft_tokens``);
+            the scheduler drafts for no other model.
     """
 
     name: str
@@ -130,6 +132,7 @@ class ModelCapabilities:
     kv_block_size: int = 0
     num_kv_blocks: int = 0
     weight_kernels: str = ""
+    verifies_drafts: bool = False
 
     @property
     def paged(self) -> bool:
@@ -200,6 +203,12 @@ class StepRow:
             :mod:`app.models.sampling.token_mask`). Only read when ``sample`` is True.
         kv_blocks: the row's block table, for a paged model (``ModelCapabilities.paged``);
             None otherwise and in inert rows.
+        num_draft_tokens: speculative decoding: the last ``num_draft_tokens`` of
+            ``token_ids`` are a draft to verify (``sample`` is then True). The model samples
+            at each of the row's last ``num_draft_tokens + 1`` positions in order, one random
+            draw per position, and stops at the first sample that differs from the drafted
+            token after it; it keeps ``[0, position + 1 + accepted)`` of the row (the rest is
+            rolled back) and reports ``StepOutput.num_accepted``. 0: an ordinary row.
     """
 
     slot: int
@@ -210,6 +219,12 @@ class StepRow:
     inert: bool = False
     token_mask: torch.Tensor | None = field(default=None, compare=False)
     kv_blocks: KVBlocks | None = None
+    num_draft_tokens: int = 0
+
+    @property
+    def draft_token_ids(self) -> tuple[int, ...]:
+        """The drafted tokens this row verifies (empty for an ordinary row)."""
+        return self.token_ids[len(self.token_ids) - self.num_draft_tokens :]
 
     @property
     def starts_sequence(self) -> bool:
@@ -280,11 +295,22 @@ class StepBatch:
         prompt: list[tuple[TokenLogprobs | None, ...] | None] = [None] * len(self.rows)
         for index, entries in zip(live, output.prompt_logprobs or (None,) * len(live), strict=True):
             prompt[index] = entries
+        accepted = [0] * len(self.rows)
+        draft_logprobs: list[tuple[TokenLogprobs, ...] | None] = [None] * len(self.rows)
+        for index, count, entries in zip(
+            live,
+            output.num_accepted or (0,) * len(live),
+            output.draft_logprobs or (None,) * len(live),
+            strict=True,
+        ):
+            accepted[index], draft_logprobs[index] = count, entries
         return StepOutput(
             tuple(tokens),
             tuple(errors) if output.row_errors else None,
             tuple(logprobs) if output.logprobs else None,
             tuple(prompt) if output.prompt_logprobs else None,
+            tuple(accepted) if output.num_accepted else None,
+            tuple(draft_logprobs) if output.draft_logprobs else None,
         )
 
 
@@ -321,12 +347,20 @@ class StepOutput:
     (``SamplingParams.logprobs``), else None; ``logprobs`` itself is None when no row asked.
     ``prompt_logprobs[i]``: for a prompt chunk of a request with ``prompt_logprobs``, one
     entry per token of the chunk (None for the prompt's first token), else None.
+
+    Speculative decoding (rows with ``num_draft_tokens``): ``num_accepted[i]`` is how many of
+    row ``i``'s drafted tokens were accepted (0 for other rows; ``num_accepted`` itself is None
+    when no row drafted): the row's output is ``draft_token_ids[:num_accepted[i]]`` followed by
+    ``next_token_ids[i]``. ``draft_logprobs[i]``: the logprobs of those accepted drafted
+    tokens, when the row asked for logprobs (``logprobs[i]`` stays the last token's).
     """
 
     next_token_ids: tuple[int | None, ...]
     row_errors: tuple[str | None, ...] | None = None
     logprobs: tuple[TokenLogprobs | None, ...] | None = None
     prompt_logprobs: tuple[tuple[TokenLogprobs | None, ...] | None, ...] | None = None
+    num_accepted: tuple[int, ...] | None = None
+    draft_logprobs: tuple[tuple[TokenLogprobs, ...] | None, ...] | None = None
 
 
 class Tokenizer(Protocol):

@@ -40,6 +40,7 @@ from app.models.base import (
     TokenLogprobs,
 )
 from app.models.sampling.token_mask import unpack_token_masks
+from app.models.sampling.verification import accepted_length
 
 MOCK_EOS_TOKEN_ID = 256
 MOCK_FAIL_MARKER = b"<<fail>>"
@@ -83,10 +84,14 @@ class MockModel:
     Args:
         eos_one_in: on each completed character, EOS comes with probability 1/eos_one_in
             (decided by the hash), so mean output length is about this many characters.
+        order: 0 hashes the prefix's length and last 32 tokens (text that never repeats);
+            ``n`` > 0 hashes only the last ``n`` tokens, a Markov chain whose text soon
+            repeats itself (what n-gram speculation drafts well: tests of acceptance).
     """
 
-    def __init__(self, eos_one_in: int = 24) -> None:
+    def __init__(self, eos_one_in: int = 24, order: int = 0) -> None:
         self.eos_one_in = eos_one_in
+        self.order = order
 
     def next_tokens(self, batch: list[list[int]]) -> list[int]:
         """batch[i] is the token prefix of one sequence. Returns one next token per entry."""
@@ -101,8 +106,11 @@ class MockModel:
             return ord("?")  # a prompt's own broken tail (cannot happen for valid UTF-8)
         # Hash the length and the last 32 tokens: a function of the whole prefix that costs
         # O(1) per token, so long generations stay cheap.
-        tail_bytes = bytes(token & 0xFF for token in prefix[-32:])
-        digest = zlib.crc32(tail_bytes, len(prefix) & 0xFFFFFFFF)
+        if self.order:
+            digest = zlib.crc32(bytes(token & 0xFF for token in prefix[-self.order :]))
+        else:
+            tail_bytes = bytes(token & 0xFF for token in prefix[-32:])
+            digest = zlib.crc32(tail_bytes, len(prefix) & 0xFFFFFFFF)
         if digest % self.eos_one_in == 0:
             return MOCK_EOS_TOKEN_ID
         return _ALPHABET_BYTES[(digest // self.eos_one_in) % len(_ALPHABET_BYTES)][0]
@@ -150,6 +158,11 @@ class MockModelRunner:
             prefix contains ``<<fail>>`` fail on their own (``StepOutput.row_errors``).
         kv_blocks: blocks of ``MOCK_KV_BLOCK_SIZE`` positions in a paged pool, the null block
             included; None: not paged (per-slot prefixes only).
+        order: see ``MockModel``.
+
+    A speculative row (``StepRow.num_draft_tokens``) is verified greedily, the mock being
+    deterministic: its token after each of the row's last ``k + 1`` positions, the drafted
+    tokens accepted while they agree (:func:`accepted_length`), the rest rolled back.
 
     Attributes:
         num_model_calls: ``next_tokens`` calls so far (for static-vs-continuous comparisons).
@@ -165,8 +178,9 @@ class MockModelRunner:
         eos_one_in: int = 24,
         fail_every: int = 0,
         kv_blocks: int | None = None,
+        order: int = 0,
     ) -> None:
-        self.model = MockModel(eos_one_in=eos_one_in)
+        self.model = MockModel(eos_one_in=eos_one_in, order=order)
         self.fail_every = fail_every
         self.tokenizer = ByteTokenizer()
         self.capabilities = ModelCapabilities(
@@ -180,6 +194,7 @@ class MockModelRunner:
             max_tokens_per_row=max_tokens_per_row or context_length,
             kv_block_size=MOCK_KV_BLOCK_SIZE if kv_blocks else 0,
             num_kv_blocks=kv_blocks or 0,
+            verifies_drafts=True,
         )
         self.step_ms = step_ms
         self.num_model_calls = 0
@@ -228,12 +243,32 @@ class MockModelRunner:
             prefixes = [self._prefixes[batch.rows[i].slot] for i in sampled]  # read-only
             tokens = self.model.next_tokens(prefixes) if prefixes else []
             result: list[int | None] = [None] * len(batch.rows)
+            accepted = [0] * len(batch.rows)
             for index, token in zip(sampled, tokens, strict=True):
-                mask = batch.rows[index].token_mask
+                row = batch.rows[index]
+                if row.num_draft_tokens:
+                    accepted[index], token = self._verify(row)
+                mask = row.token_mask
                 result[index] = token if mask is None else _within(mask, token, prefixes[index])
+            drafted = any(row.num_draft_tokens for row in batch.rows)
             return StepOutput(
-                tuple(result), errors if any(errors) else None, _certain_logprobs(batch, result)
+                tuple(result),
+                errors if any(errors) else None,
+                _certain_logprobs(batch, result),
+                num_accepted=tuple(accepted) if drafted else None,
+                draft_logprobs=_certain_draft_logprobs(batch, accepted) if drafted else None,
             )
+
+    def _verify(self, row: StepRow) -> tuple[int, int]:
+        """A speculative row: (drafted tokens accepted, the model's own next token); the
+        slot's prefix is cut back to the accepted positions."""
+        prefix = self._prefixes[row.slot]
+        draft = row.draft_token_ids
+        first = len(prefix) - len(draft)  # the prefix that the first sample follows
+        targets = self.model.next_tokens([prefix[: first + i] for i in range(len(draft) + 1)])
+        count = accepted_length(draft, targets)
+        del prefix[first + count :]
+        return count, targets[count]
 
     def release(self, slot: int) -> None:
         with self._lock:
@@ -268,6 +303,24 @@ class MockModelRunner:
         for position, token in enumerate(row.token_ids, start=row.position):
             block, offset = divmod(position, MOCK_KV_BLOCK_SIZE)
             self._pool[table[block] * MOCK_KV_BLOCK_SIZE + offset] = token
+
+
+def _certain_draft_logprobs(
+    batch: StepBatch, accepted: list[int]
+) -> tuple[tuple[TokenLogprobs, ...] | None, ...] | None:
+    """The accepted drafted tokens' logprobs (certain, as every mock token) for the rows that
+    asked; None when none did."""
+    if not any(row.sampling.logprobs is not None for row in batch.rows):
+        return None
+    return tuple(
+        None
+        if row.sampling.logprobs is None or not row.num_draft_tokens
+        else tuple(
+            TokenLogprobs(token, 0.0, ((token, 0.0),) if row.sampling.logprobs else ())
+            for token in row.draft_token_ids[:count]
+        )
+        for row, count in zip(batch.rows, accepted, strict=True)
+    )
 
 
 def _certain_logprobs(

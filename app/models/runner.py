@@ -37,7 +37,8 @@ from app.models.forward.kv_cache import (
     blocks_for,
 )
 from app.models.sampling.logprobs import token_logprobs
-from app.models.sampling.sampler import Sampler, SampleRequest
+from app.models.sampling.sampler import Sampler
+from app.models.sampling.verification import sample_rows
 from app.models.weights.record import Quantization
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ class ModelRunner:
             kv_block_size=KV_BLOCK_SIZE,
             num_kv_blocks=num_kv_blocks,
             weight_kernels=weight_kernels,
+            verifies_drafts=True,
         )
 
     def step(self, batch: StepBatch) -> StepOutput:
@@ -188,6 +190,7 @@ class ModelRunner:
                     r.sample,
                     r.sampling.batch_invariant,
                     r.kv_blocks.block_ids if r.kv_blocks is not None else None,
+                    num_logits=r.num_draft_tokens + 1,
                 )
                 for r in rows
             ],
@@ -198,22 +201,24 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.model.forward(plan, self.cache, hidden_out=hidden)
             prompt_logprobs = self._prompt_logprobs(scored, plan, hidden[0]) if hidden else {}
-            requests = [SampleRequest(r.slot, r.sampling, r.token_mask) for r in rows if r.sample]
-            sampled = self._sampler.sample(logits, requests)
-            logprobs = self._sampler.logprobs(logits, requests, sampled)
-        for row in rows:
-            self._slot_lengths[row.slot] = row.position + len(row.token_ids)
-        tokens = iter(sampled)
-        row_logprobs = iter(logprobs or ())
+            samples = sample_rows(self._sampler, logits, rows)
+        for row, sample in zip(rows, samples, strict=True):
+            # a speculative row keeps its accepted positions; the rest is rolled back
+            rejected = row.num_draft_tokens - (sample.num_accepted if sample else 0)
+            self._slot_lengths[row.slot] = row.position + len(row.token_ids) - rejected
+        asked = any(s is not None and s.logprobs is not None for s in samples)
+        drafted = any(row.num_draft_tokens for row in rows)
         return StepOutput(
-            tuple(next(tokens) if row.sample else None for row in rows),
-            logprobs=(
-                tuple(next(row_logprobs) if row.sample else None for row in rows)
-                if logprobs
-                else None
-            ),
+            tuple(s.token if s is not None else None for s in samples),
+            logprobs=tuple(s.logprobs if s else None for s in samples) if asked else None,
             prompt_logprobs=(
                 tuple(prompt_logprobs.get(row.slot) for row in rows) if prompt_logprobs else None
+            ),
+            num_accepted=tuple(s.num_accepted if s else 0 for s in samples) if drafted else None,
+            draft_logprobs=(
+                tuple(s.draft_logprobs if s else None for s in samples)
+                if drafted and asked
+                else None
             ),
         )
 
@@ -331,6 +336,8 @@ class ModelRunner:
             most = self.capabilities.max_tokens_per_row
             if not 1 <= count <= most:
                 raise ValueError(f"slot {row.slot}: {count} tokens, expected 1..{most}")
+            if not 0 <= row.num_draft_tokens < count:
+                raise ValueError(f"slot {row.slot}: {row.num_draft_tokens} drafted of {count}")
             self._check_blocks(row)
             if row.starts_sequence:
                 if row.position % KV_BLOCK_SIZE:

@@ -56,6 +56,9 @@ class RowSpec:
     # The row's block table (KVBlocks.block_ids); None: the slot's fixed blocks
     # (KVCache.slot_blocks, a cache made for slots).
     block_ids: Sequence[int] | None = None
+    # Logits at the row's last num_logits positions when it wants logits (a speculative row
+    # verifying num_logits - 1 drafted tokens); 1: the last position only.
+    num_logits: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +173,8 @@ class ForwardPlan:
         decode: the single-token rows' attention group, or None when there are none.
         prefills: one group per multi-token row.
         logits_index: ``[R]`` int64, packed index of the last token of each row that wants
-            logits, in the order of the rows given to :meth:`build`.
+            logits (its last ``num_logits`` tokens, in order), in the order of the rows given
+            to :meth:`build`.
         exact_tokens: int64 packed indices of the tokens of ``batch_invariant`` rows, or None
             when there are none.
         exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
@@ -222,7 +226,14 @@ class ForwardPlan:
             slots.extend([row.slot] * len(row.token_ids))
             last_index[row.slot] = len(token_ids) - 1
         logit_rows = [r for r in rows if r.want_logits]
-        exact_logits = [i for i, r in enumerate(logit_rows) if r.batch_invariant]
+        logits_index: list[int] = []
+        exact_logits: list[int] = []
+        for r in logit_rows:
+            span = range(len(logits_index), len(logits_index) + r.num_logits)
+            if r.batch_invariant:
+                exact_logits.extend(span)
+            last = last_index[r.slot]
+            logits_index.extend(range(last - r.num_logits + 1, last + 1))
 
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
@@ -243,7 +254,7 @@ class ForwardPlan:
             cache_index=cache.write_index(flat_tensor),
             decode=decode,
             prefills=tuple(prefills),
-            logits_index=as_tensor([last_index[r.slot] for r in logit_rows]),
+            logits_index=as_tensor(logits_index),
             exact_tokens=as_tensor(exact_tokens) if exact_tokens else None,
             exact_logits=as_tensor(exact_logits) if exact_logits else None,
             row_starts=row_starts,

@@ -136,6 +136,27 @@ class Sampler:
         if draws:
             torch.rand(draws, generator=self._generators[slot])
 
+    def generator_state(self, slot: int) -> torch.Tensor:
+        """The slot's generator state, to rewind to (:meth:`keep_draws`)."""
+        return self._generators[slot].get_state()
+
+    def keep_draws(
+        self, slot: int, state: torch.Tensor, *, drawn: int, kept: int, random: bool
+    ) -> None:
+        """A speculative row drew ``drawn`` positions for ``slot`` starting from generator
+        ``state`` and keeps the first ``kept``: a ``random`` (not greedy) row's generator is
+        rewound and advanced by ``kept`` draws (one uniform each, as :meth:`_sample_random`
+        draws them), and the slot's counts forget the rest, so the draws stay per position,
+        not per step."""
+        if random:
+            generator = self._generators[slot]
+            generator.set_state(state)
+            for _ in range(kept):
+                torch.rand(1, generator=generator)
+        counts = self._states[slot]
+        if counts is not None and drawn > kept:
+            counts.undraw(drawn - kept)
+
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
         """Token ids for ``logits [R, vocab]``, one per request, in order; each drawn token
         is counted in its slot's state.

@@ -192,3 +192,15 @@ class SlotTokenCounts:
         self.sampled_here += 1
         if self.seen is not None:
             self.seen.generate(token_id)
+
+    def undraw(self, count: int) -> None:
+        """Forget the last ``count`` draws: the positions of a speculative row after its first
+        rejection, which the sequence never generated.
+
+        Raises:
+            ValueError: the state keeps the penalties' counts (such a row never drafts).
+        """
+        if self.seen is not None:
+            raise ValueError("a row with penalties cannot verify a draft")
+        self.generated -= count
+        self.sampled_here -= count

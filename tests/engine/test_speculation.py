@@ -1,0 +1,333 @@
+"""N-gram speculative decoding in the batched step (issue 32), on the mock.
+
+The mock is deterministic, so a verified draft is accepted exactly where the mock would have
+produced the same tokens one step at a time: the oracle is the same run with speculation off.
+``order=3`` makes the mock a Markov chain over its last 3 bytes, whose text soon repeats, so
+drafts are found and accepted (each test checks that some were, so it can fail).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.engine.metrics import EngineMetrics
+from app.engine.policy import ContinuousBatching
+from app.engine.request import FinishReason, GenerationRequest, StopCriteria
+from app.engine.scheduler import Scheduler
+from app.engine.speculation import NO_SPECULATION, NgramSpeculation, propose
+from app.models.base import SamplingParams
+from app.models.mock import MockModelRunner
+from tests.engine.conftest import ScriptedModel, make_sequence, run_until_idle
+
+FREE = ((1, 0.0),)  # a drafted token costs nothing: every eligible row drafts
+
+
+def _request(
+    request_id: str,
+    prompt: bytes,
+    *,
+    max_tokens: int = 60,
+    stop: tuple[str, ...] = (),
+    logprobs: int | None = None,
+    sampling: SamplingParams | None = None,
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=request_id,
+        prompt_token_ids=tuple(prompt),
+        max_tokens=max_tokens,
+        sampling=sampling or SamplingParams(temperature=0.0, seed=0, logprobs=logprobs),
+        stop=StopCriteria(stop_strings=stop),
+    )
+
+
+def _scheduler(
+    speculation: NgramSpeculation,
+    *,
+    slots: int = 4,
+    kv_blocks: int | None = 200,
+    chunk: int | None = None,
+    budget: int | None = None,
+    context: int = 512,
+) -> tuple[Scheduler, MockModelRunner, EngineMetrics]:
+    model = MockModelRunner(
+        max_num_seqs=slots,
+        context_length=context,
+        kv_blocks=kv_blocks,
+        eos_one_in=1000,
+        max_tokens_per_row=chunk,
+        order=3,
+    )
+    metrics = EngineMetrics()
+    caps = model.capabilities
+    scheduler = Scheduler(
+        capabilities=caps,
+        tokenizer=model.tokenizer,
+        policy=ContinuousBatching(),
+        metrics=metrics,
+        release_slot=model.release,
+        max_num_batched_tokens=budget or max(caps.max_num_seqs, caps.max_tokens_per_row),
+        speculation=speculation,
+    )
+    return scheduler, model, metrics
+
+
+def _run(requests: list[GenerationRequest], speculation: NgramSpeculation, **options):
+    """Runs ``requests`` to the end; returns their finals, the model steps and the metrics."""
+    scheduler, model, metrics = _scheduler(speculation, **options)
+    sinks = []
+    for request in requests:
+        seq, sink = make_sequence(request)
+        scheduler.add(seq)
+        sinks.append(sink)
+    steps = 0
+    while scheduler.has_work:
+        scheduler.admit_waiting()
+        step = scheduler.schedule()
+        assert step is not None
+        scheduler.apply(step, model.step(step.batch))
+        steps += 1
+        assert steps < 20_000
+    if scheduler.kv_blocks is not None:
+        scheduler.kv_blocks.check()
+        assert scheduler.kv_blocks.num_used_blocks == 0, "leaked blocks"
+    return [sink.final for sink in sinks], [sink.streamed_ids for sink in sinks], steps, metrics
+
+
+def _accepted(metrics: EngineMetrics) -> float:
+    return metrics.registry.get_sample_value("slotserve_spec_decode_num_accepted_tokens_total")
+
+
+def _prompts(count: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    words = [b"alpha", b"beta", b"gamma", b"delta", "中文".encode(), b"x"]
+    return [b" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))) for _ in range(count)]
+
+
+# ----------------------------------------------------------------------- the proposer
+
+
+def test_propose_takes_the_longest_suffix_and_its_latest_occurrence():
+    tokens = [1, 2, 3, 9, 2, 3, 7, 8, 1, 2, 3]
+    # suffix (1, 2, 3) occurred at 0: what followed it
+    assert propose(tokens, 3, 4, 2) == (9, 2, 3)
+    # only (2, 3) of length 2 allowed: the latest occurrence before the suffix, at 4
+    assert propose(tokens, 2, 2, 2) == (7, 8)
+    assert propose([1, 2, 3, 4], 3, 4, 2) == ()  # nothing repeats
+    assert propose([5, 5], 3, 4, 1) == (5,)
+
+
+def test_propose_matches_token_boundaries_only():
+    # 256 packs as bytes 00 01 00 00: a misaligned byte match must not count
+    tokens = [1, 256, 0, 7, 256, 0]
+    assert propose(tokens, 2, 2, 2) == (7, 256)
+
+
+def test_settings_out_of_range_are_refused():
+    with pytest.raises(ValueError):
+        NgramSpeculation(num_draft_tokens=-1)
+    with pytest.raises(ValueError):
+        NgramSpeculation(num_draft_tokens=2, min_ngram=3, max_ngram=2)
+
+
+# ----------------------------------------------------------------------- greedy identity
+
+
+@pytest.mark.parametrize(
+    ("options", "k"),
+    [
+        ({"slots": 1}, 4),
+        ({"slots": 4}, 3),
+        ({"slots": 8, "chunk": 7}, 5),
+        ({"slots": 3, "kv_blocks": None}, 4),
+        ({"slots": 4, "budget": 6, "chunk": 6}, 8),
+    ],
+)
+def test_greedy_output_is_the_same_with_speculation_on_and_off(options, k):
+    requests = [
+        _request(f"r{i}", prompt, max_tokens=20 + 7 * (i % 5), stop=("ab",) if i % 4 == 0 else ())
+        for i, prompt in enumerate(_prompts(12, seed=len(options) + k))
+    ]
+    off, off_ids, off_steps, _ = _run(requests, NO_SPECULATION, **options)
+    speculation = NgramSpeculation(k, draft_token_cost=FREE)
+    on, on_ids, on_steps, metrics = _run(requests, speculation, **options)
+    for a, b, streamed_a, streamed_b in zip(off, on, off_ids, on_ids, strict=True):
+        assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, a.finish_reason)
+        assert streamed_b == streamed_a
+    assert _accepted(metrics) > 0, "no draft was ever accepted: the test proves nothing"
+    if "budget" not in options and "chunk" not in options:  # drafts never compete with prompts
+        assert on_steps < off_steps
+
+
+def test_logprobs_are_those_of_each_token_with_speculation():
+    requests = [_request(f"r{i}", p, logprobs=2) for i, p in enumerate(_prompts(4, seed=3))]
+    off, *_ = _run(requests, NO_SPECULATION)
+    on, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
+    assert _accepted(metrics) > 0
+    for a, b in zip(off, on, strict=True):
+        assert len(b.logprobs) == len(b.token_ids)
+        assert b.logprobs == a.logprobs
+
+
+def test_a_penalised_row_never_drafts_and_min_tokens_waits_until_met():
+    penalised = SamplingParams(temperature=0.0, seed=0, presence_penalty=0.5)
+    held = SamplingParams(temperature=0.0, seed=0, min_tokens=30)
+    biased = SamplingParams(temperature=0.0, seed=0, logit_bias=((97, 1.0),))
+    speculation = NgramSpeculation(4, draft_token_cost=FREE)
+    rows = {}
+    for name, sampling in (("penalised", penalised), ("held", held), ("biased", biased)):
+        seq, _ = make_sequence(_request(name, b"abcabcabc", sampling=sampling))
+        rows[name] = seq
+    rows["held"].generated.extend([97] * 29)
+    for seq in rows.values():
+        seq.generated.append(97)
+    assert not speculation.eligible(rows["penalised"])
+    assert speculation.eligible(rows["held"])  # 30 generated: min_tokens is met
+    rows["held"].generated.pop()
+    assert not speculation.eligible(rows["held"])
+    assert speculation.eligible(rows["biased"])  # the same bias at every position
+
+
+def test_drafting_backs_off_when_a_drafted_token_costs_more_than_it_earns():
+    """Measured rule: a row drafts while its running acceptance is at least the cost of a
+    drafted token at the step's number of decoding rows."""
+    caps = MockModelRunner(max_num_seqs=8).capabilities
+    speculation = NgramSpeculation(4, draft_token_cost=((1, 0.1), (4, 0.6)))
+    sequences = []
+    for index in range(6):
+        seq, _ = make_sequence(_request(f"r{index}", b"ab ab ab a"))
+        seq.generated.append(ord("b"))  # "...ab" occurred before: a draft is found
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        sequences.append(seq)
+    few = speculation.drafts(sequences[:3], 100, caps, None)
+    assert few == [(ord(" "), ord("a"), ord("b"))] * 3  # what followed the latest "b ab"
+    many = speculation.drafts(sequences, 100, caps, None)  # dear from 4 rows on
+    assert many == [()] * 6
+    assert sequences[5].draft_acceptance > 0.5  # it creeps back up, to try again later
+    assert speculation.drafts(sequences[:1], 2, caps, None) == [(ord(" "),)]  # the budget
+
+
+def test_a_row_whose_drafts_are_rejected_stops_drafting():
+    speculation = NgramSpeculation(4, draft_token_cost=((1, 0.3),))
+    seq, _ = make_sequence(_request("r", b"ab ab ab"))
+    assert speculation.worth_drafting(seq, 1)
+    for _ in range(4):
+        speculation.record(seq, 4, 0)
+    assert not speculation.worth_drafting(seq, 1)
+    for _ in range(8):
+        speculation.record(seq, 4, 4)
+    assert speculation.worth_drafting(seq, 1)
+
+
+def test_drafted_tokens_count_against_the_step_budget():
+    requests = [_request(f"r{i}", b"ab ab ab ab ab ab " * 3) for i in range(4)]
+    speculation = NgramSpeculation(8, draft_token_cost=FREE)
+    scheduler, model, _ = _scheduler(speculation, slots=4, budget=10, chunk=10)
+    for request in requests:
+        scheduler.add(make_sequence(request)[0])
+    for _ in range(30):
+        scheduler.admit_waiting()
+        step = scheduler.schedule()
+        if step is None:
+            break
+        assert step.batch.num_tokens <= 10
+        scheduler.apply(step, model.step(step.batch))
+
+
+# ----------------------------------------------------------------------- the KV cache
+
+
+def test_rollback_under_preemption_keeps_outputs_and_blocks_consistent():
+    """A pool too small for every sequence: preemptions happen between speculative steps; the
+    outputs equal speculation off (and no block leaks or stays half-registered)."""
+    requests = [_request(f"r{i}", p, max_tokens=120) for i, p in enumerate(_prompts(6, seed=9))]
+    options = {"slots": 6, "kv_blocks": 40}
+    off, _, _, off_metrics = _run(requests, NO_SPECULATION, **options)
+    on, _, _, metrics = _run(requests, NgramSpeculation(6, draft_token_cost=FREE), **options)
+    assert metrics.registry.get_sample_value("slotserve_preemptions_total") > 0
+    assert _accepted(metrics) > 0
+    assert [f.token_ids for f in on] == [f.token_ids for f in off]
+
+
+def test_rejected_positions_give_their_blocks_back():
+    scheduler, model, _ = _scheduler(NgramSpeculation(8, draft_token_cost=FREE), slots=1)
+    seq, _ = make_sequence(_request("r", b"xy " * 9, max_tokens=100))
+    scheduler.add(seq)
+    blocks = scheduler.kv_blocks
+    assert blocks is not None
+    drafted = False
+    while scheduler.has_work:
+        scheduler.admit_waiting()
+        step = scheduler.schedule()
+        assert step is not None
+        drafted |= any(row.num_draft_tokens for row in step.batch.rows)
+        scheduler.apply(step, model.step(step.batch))
+        if seq.slot is not None:
+            # nothing past the next position is held once a step is applied
+            assert len(blocks.table(seq)) <= blocks.blocks_for(seq.num_computed_tokens + 1)
+            blocks.check()
+    assert drafted
+
+
+def test_cancel_while_a_draft_is_in_flight_drops_its_output_and_frees_its_blocks():
+    scheduler, model, metrics = _scheduler(NgramSpeculation(6, draft_token_cost=FREE), slots=2)
+    target, sink = make_sequence(_request("t", b"ab ab ab ab ab ", max_tokens=200))
+    scheduler.add(target)
+    while True:
+        scheduler.admit_waiting()
+        step = scheduler.schedule()
+        assert step is not None
+        if any(row.num_draft_tokens for row in step.batch.rows):
+            break
+        scheduler.apply(step, model.step(step.batch))
+    output = model.step(step.batch)  # the model ran the draft ...
+    generated = len(target.generated)
+    assert scheduler.cancel(target)  # ... and the cancel arrived meanwhile: it wins
+    scheduler.apply(step, output)
+    assert sink.final.finish_reason is FinishReason.CANCELLED
+    assert len(sink.final.token_ids) == generated
+    blocks = scheduler.kv_blocks
+    assert blocks is not None and blocks.num_used_blocks == 0
+    blocks.check()
+    # the slot serves the next request exactly as a fresh scheduler would
+    follower = _request("f", b"gamma gamma gamma", max_tokens=50)
+    seq, follow_sink = make_sequence(follower)
+    scheduler.add(seq)
+    while scheduler.has_work:
+        scheduler.admit_waiting()
+        step = scheduler.schedule()
+        assert step is not None
+        scheduler.apply(step, model.step(step.batch))
+    (alone,), *_ = _run([follower], NO_SPECULATION, slots=2)
+    assert follow_sink.final.token_ids == alone.token_ids
+
+
+def test_metrics_count_drafts_under_vllms_names_too():
+    requests = [_request(f"r{i}", p) for i, p in enumerate(_prompts(3, seed=1))]
+    _, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
+    drafted = metrics.registry.get_sample_value("slotserve_spec_decode_num_draft_tokens_total")
+    assert drafted > 0
+    assert metrics.spec_decode_acceptance_rate == pytest.approx(_accepted(metrics) / drafted)
+    text = metrics.render(model_name="m").decode()
+    for name in ("drafts", "draft_tokens", "accepted_tokens"):
+        assert f'vllm:spec_decode_num_{name}_total{{model_name="m"}}' in text
+
+
+def test_a_model_that_does_not_verify_drafts_never_gets_one():
+    model = ScriptedModel({b"ab ab ab ab": list(b" ab ab ab ab ab ab")}, max_num_seqs=2)
+    assert not model.capabilities.verifies_drafts
+    scheduler = Scheduler(
+        capabilities=model.capabilities,
+        tokenizer=model.tokenizer,
+        policy=ContinuousBatching(),
+        metrics=EngineMetrics(),
+        release_slot=model.release,
+        max_num_batched_tokens=64,
+        speculation=NgramSpeculation(4, draft_token_cost=FREE),
+    )
+    seq, sink = make_sequence(_request("r", b"ab ab ab ab", max_tokens=12))
+    scheduler.add(seq)
+    run_until_idle(scheduler, model)
+    assert len(sink.final.token_ids) == 12
+    assert all(row.num_draft_tokens == 0 for step in model.steps for row in step.rows)

@@ -1,0 +1,83 @@
+"""N-gram speculative decoding on SmolLM2 (issue 32): the same tokens with it on and off.
+
+Greedy requests give the same tokens with speculation on and off, and a seeded sampled
+request gives the same tokens alone without speculation as in a crowd with it: its verify
+rows (several positions of one row) are computed as exactly as its decode rows (the seeded,
+batch-invariant path), and its draws are per position. Each test checks that drafts were
+accepted, so it can fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.llm import LLM, SamplingOptions
+from app.models.base import StepBatch, StepOutput
+from app.models.runner import ModelRunner
+from tests.models.conftest import MAX_NUM_SEQS
+
+pytestmark = pytest.mark.slow
+
+GROUNDED = [
+    "Copy the list exactly. List: apples, pears, plums, figs, dates, limes, kiwis. "
+    "Copy: apples, pears,",
+    "def add(a, b):\n    return a + b\n\n# the same function again\ndef add(a, b):\n",
+]
+FREE = ["Once upon a time", "The weather today is"]
+
+
+class CountingDrafts:
+    """The runner, counting the drafted tokens its steps accepted."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.capabilities = runner.capabilities
+        self.tokenizer = runner.tokenizer
+        self.accepted = 0
+
+    def step(self, batch: StepBatch) -> StepOutput:
+        output = self.runner.step(batch)
+        self.accepted += sum(output.num_accepted or ())
+        return output
+
+    def release(self, slot: int) -> None:
+        self.runner.release(slot)
+
+
+def _generate(runner: ModelRunner, prompts, options, k: int) -> tuple[list, int]:
+    model = CountingDrafts(runner)
+    llm = LLM(model, max_num_seqs=MAX_NUM_SEQS, speculative_ngram=k)
+    results = llm.generate(prompts, options)
+    assert all(runner.slot_length(slot) == 0 for slot in range(MAX_NUM_SEQS))
+    return [r.token_ids for r in results], model.accepted
+
+
+@pytest.mark.parametrize("runner_name", ["runner", "bf16_runner"])
+def test_greedy_output_is_the_same_with_speculation_on_and_off(
+    runner_name: str, request: pytest.FixtureRequest
+) -> None:
+    runner = request.getfixturevalue(runner_name)
+    options = SamplingOptions(max_tokens=20, temperature=0, ignore_eos=True)
+    prompts = GROUNDED + FREE
+    off, _ = _generate(runner, prompts, options, 0)
+    on, accepted = _generate(runner, prompts, options, 4)
+    assert on == off
+    assert accepted > 0
+
+
+def test_a_seeded_request_in_a_speculating_crowd_gets_its_tokens_alone(
+    bf16_runner: ModelRunner,
+) -> None:
+    target = SamplingOptions(max_tokens=20, temperature=0.7, seed=11, ignore_eos=True)
+    (alone,), _ = _generate(bf16_runner, GROUNDED[:1], [target], 0)
+    crowd_options = [
+        target,
+        SamplingOptions(max_tokens=12, temperature=0, ignore_eos=True),
+        SamplingOptions(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True),
+        SamplingOptions(max_tokens=9, temperature=0, ignore_eos=True),
+    ]
+    crowd, accepted = _generate(
+        bf16_runner, [GROUNDED[0], GROUNDED[1], FREE[0], FREE[1]], crowd_options, 4
+    )
+    assert crowd[0] == alone
+    assert accepted > 0
