@@ -94,6 +94,123 @@ class JsonArrayItems:
             self._item.clear()
 
 
+@dataclass(frozen=True, slots=True)
+class CallHead:
+    """A ``required`` call whose name has been generated: its index, id and name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentsPiece:
+    """More of the arguments' JSON text of call ``index``, as generated."""
+
+    index: int
+    text: str
+
+
+class RequiredCallStream:
+    """A ``required`` answer (a JSON array of ``{"name", "arguments"}``) read while it streams:
+    each call's head once its name is generated, then its arguments' text in pieces as they
+    come, so a client sees a call being made (API.md: "the name first, then pieces of
+    arguments"). Strings and escapes are followed, so brackets inside them do not count. Ids
+    are ``<prefix><index>``, as ``OutputReader`` gives them. Arguments generated before the
+    name wait for it."""
+
+    def __init__(self, call_id_prefix: str) -> None:
+        self._prefix = call_id_prefix
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+        self._index = -1
+        self._key: str | None = None  # the item's key whose value comes (None: a key comes)
+        self._string: list[str] = []  # the key, or the name, being read
+        self._capturing = False  # inside the arguments' value
+        self._named = False
+        self._waiting = ""  # arguments text before the name
+
+    def feed(self, text: str) -> list[CallHead | ArgumentsPiece]:
+        """The heads and argument pieces ``text`` decides."""
+        out: list[CallHead | ArgumentsPiece] = []
+        piece: list[str] = []
+        for char in text:
+            if self._capturing:
+                piece.append(char)
+            if self._in_string:
+                self._string_char(char, out)
+                continue
+            if char == '"':
+                self._in_string = True
+                self._string.clear()
+            elif char in "[{":
+                self._depth += 1
+                if self._depth == 2:  # an item begins
+                    self._index += 1
+                    self._key, self._named, self._waiting = None, False, ""
+                elif self._depth == 3 and self._key == "arguments" and not self._capturing:
+                    self._capturing = True
+                    piece.append(char)
+            elif char in "]}":
+                self._depth -= 1
+                if self._capturing and self._depth == 2:  # the arguments' value ended
+                    self._capturing = False
+                    self._flush(piece, out)
+                elif self._capturing and self._depth < 2:  # ended with the item: drop '}'
+                    piece.pop()
+                    self._capturing = False
+                    self._flush(piece, out)
+            elif self._depth == 2 and not self._capturing:
+                if char == ":":
+                    pass
+                elif char == ",":
+                    self._key = None
+                elif not char.isspace() and self._key == "arguments":  # a scalar value
+                    self._capturing = True
+                    piece.append(char)
+            elif self._capturing and self._depth == 2 and (char == "," or char.isspace()):
+                piece.pop()  # a scalar value ended
+                self._capturing = False
+                self._flush(piece, out)
+                if char == ",":
+                    self._key = None
+        self._flush(piece, out)
+        return out
+
+    def _string_char(self, char: str, out: list[CallHead | ArgumentsPiece]) -> None:
+        if self._escaped:
+            self._escaped = False
+        elif char == "\\":
+            self._escaped = True
+        elif char == '"':
+            self._in_string = False
+            if self._depth == 2 and not self._capturing:
+                if self._key is None:
+                    self._key = "".join(self._string)
+                    return
+                if self._key == "name" and not self._named:
+                    self._named = True
+                    name = json.loads('"' + "".join(self._string) + '"')
+                    out.append(CallHead(self._index, f"{self._prefix}{self._index}", name))
+                    if self._waiting:
+                        out.append(ArgumentsPiece(self._index, self._waiting))
+                        self._waiting = ""
+            return
+        if self._depth == 2 and not self._capturing:
+            self._string.append(char)
+
+    def _flush(self, piece: list[str], out: list[CallHead | ArgumentsPiece]) -> None:
+        if not piece:
+            return
+        text = "".join(piece)
+        piece.clear()
+        if self._named:
+            out.append(ArgumentsPiece(self._index, text))
+        else:
+            self._waiting += text
+
+
 class OutputReader:
     """Reads one output (see the module doc). Not shared: one per request and choice.
 

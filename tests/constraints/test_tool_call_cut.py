@@ -12,7 +12,15 @@ import openai
 import pytest
 
 from app.api.openai.tools import FunctionBody, NamedToolChoice, ToolBody, tool_plan
-from app.api.output_reader import CallPiece, JsonArrayItems, OutputReader, TextPiece
+from app.api.output_reader import (
+    ArgumentsPiece,
+    CallHead,
+    CallPiece,
+    JsonArrayItems,
+    OutputReader,
+    RequiredCallStream,
+    TextPiece,
+)
 from tests.constraints.test_tools import ASK, PARAMETERS, TIME, WEATHER
 
 TOOLS = [
@@ -43,6 +51,49 @@ def test_required_calls_come_out_as_each_completes(size):
     pieces = read_in_pieces(reader, TWO_CALLS, size)
     assert calls_of(pieces) == [("c_0", "add", {"a": "]}"}), ("c_1", "now", {})]
     assert not [p for p in pieces if isinstance(p, TextPiece)]
+
+
+def streamed_calls(text: str, size: int) -> dict[int, list[str]]:
+    """RequiredCallStream over ``text`` fed ``size`` characters at a time: per call index,
+    [id, name, arguments text]; a head always comes before its pieces."""
+    stream = RequiredCallStream("c_")
+    calls: dict[int, list[str]] = {}
+    for start in range(0, len(text), size):
+        for piece in stream.feed(text[start : start + size]):
+            if isinstance(piece, CallHead):
+                assert piece.index not in calls
+                calls[piece.index] = [piece.id, piece.name, ""]
+            else:
+                assert isinstance(piece, ArgumentsPiece) and piece.index in calls
+                calls[piece.index][2] += piece.text
+    return calls
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_required_calls_stream_their_name_then_argument_pieces(size):
+    spaced = '[ {"name":"add" ,"arguments" : {"a": "]}\\"x", "b": [1, {"c": 2}]} } ,'
+    spaced += '{"arguments": {}, "name": "now"}]'
+    for text, expected in (
+        (TWO_CALLS, [("c_0", "add", {"a": "]}"}), ("c_1", "now", {})]),
+        (spaced, [("c_0", "add", {"a": ']}"x', "b": [1, {"c": 2}]}), ("c_1", "now", {})]),
+    ):
+        calls = streamed_calls(text, size)
+        got = [(calls[i][0], calls[i][1], json.loads(calls[i][2])) for i in sorted(calls)]
+        assert got == [(i, n, a) for i, n, a in expected]
+
+
+@pytest.mark.parametrize("cut", range(1, len(TWO_CALLS)))
+def test_a_streamed_cut_has_sent_the_completed_calls_whole(cut):
+    """A stream cut by the length limit: every call completed before the cut was streamed
+    whole (its pieces parse to its arguments); the partial one's pieces are a prefix."""
+    calls = streamed_calls(TWO_CALLS[:cut], 1)
+    whole = OutputReader(tool_plan(TOOLS, "required", None), None, "c_").read_whole(TWO_CALLS[:cut])
+    for done in calls_of(whole):
+        index = int(done[0].removeprefix("c_"))
+        assert (calls[index][0], calls[index][1], json.loads(calls[index][2])) == done
+    full = streamed_calls(TWO_CALLS, 1000)
+    for index, (_, _, arguments) in calls.items():
+        assert full[index][2].startswith(arguments)
 
 
 @pytest.mark.parametrize("cut", range(1, len(TWO_CALLS)))
@@ -105,15 +156,28 @@ async def test_required_calls_cut_by_max_tokens_on_smollm2(smollm2_server):
     for call in choice.message.tool_calls or ():
         jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
 
-    calls: dict[int, tuple[str, str]] = {}
+    # streamed as generated (API.md): each call's name first, then its arguments in pieces;
+    # the calls the whole answer kept were streamed whole, the cut one only begun
+    calls: dict[int, list[str]] = {}
     content = ""
+    pieces = 0
     async with await client.chat.completions.create(**request, stream=True) as stream:
         async for chunk in stream:
             delta = chunk.choices[0].delta
             content += delta.content or ""
             for piece in delta.tool_calls or ():
-                calls[piece.index] = (piece.function.name, piece.function.arguments)
+                if piece.function.name:
+                    calls[piece.index] = [piece.function.name, ""]
+                calls[piece.index][1] += piece.function.arguments or ""
+                pieces += 1
             finish = chunk.choices[0].finish_reason
     assert finish == "length" and content == ""
-    expected = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]
-    assert [calls[index] for index in sorted(calls)] == expected
+    kept = choice.message.tool_calls or ()
+    assert pieces > 2 * len(calls)  # pieces, not one delta a call
+    for index, call in enumerate(kept):
+        name, arguments = calls[index]
+        assert (name, json.loads(arguments)) == (
+            call.function.name,
+            json.loads(call.function.arguments),
+        )
+    assert len(calls) in (len(kept), len(kept) + 1)

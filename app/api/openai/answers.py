@@ -36,7 +36,16 @@ from app.api.openai.responses import (
     Usage,
 )
 from app.api.openai.tools import ToolCall, ToolMode, ToolPlan
-from app.api.output_reader import CallPiece, OutputPiece, OutputReader, ReasoningPiece, TextPiece
+from app.api.output_reader import (
+    ArgumentsPiece,
+    CallHead,
+    CallPiece,
+    OutputPiece,
+    OutputReader,
+    ReasoningPiece,
+    RequiredCallStream,
+    TextPiece,
+)
 from app.api.reasoning import ReasoningSplitter
 from app.engine.request import FinalEvent, TokenEvent
 from app.models.base import TokenLogprobs
@@ -159,18 +168,23 @@ class ChatAnswer(_OpenAIAnswer):
     ``ToolPlan``) are ``tool_calls``, the rest ``content``; a stream sends each as it is
     decided. A named function's arguments stream as ``delta.tool_calls`` pieces as they are
     generated (its id and name in a chunk of their own after the role's); a ``required``
-    answer's calls go out one by one as each is complete. An answer cut by ``max_tokens``
-    keeps the calls completed before the cut and drops the partial one, never as content.
+    answer's calls stream the same way, each call's id and name as soon as the name is
+    generated, then its arguments in pieces (``RequiredCallStream``). A whole answer cut by
+    ``max_tokens`` keeps the calls completed before the cut and drops the partial one (a
+    stream has sent the partial one's pieces, with ``finish_reason: "length"``); never as
+    content.
     """
 
     tools: ToolPlan | None = None
     reasoning: ReasoningSplitter | None = None
     _reader: OutputReader = field(init=False)
+    _calls: RequiredCallStream = field(init=False)
     _unsent_logprobs: list[TokenLogprobs] = field(init=False)  # of text not yet decided
 
     def __post_init__(self) -> None:
         reader = OutputReader(self.tools, self.reasoning, self._call_id_prefix)
         object.__setattr__(self, "_reader", reader)
+        object.__setattr__(self, "_calls", RequiredCallStream(self._call_id_prefix))
         object.__setattr__(self, "_unsent_logprobs", [])
 
     def response(self, final: FinalEvent) -> dict[str, object]:
@@ -219,6 +233,13 @@ class ChatAnswer(_OpenAIAnswer):
             piece = ToolCallOut(index=0, function=FunctionCallOut(arguments=event.text))
             yield self._delta_event(ChatDelta(tool_calls=[piece]), logprobs)
             return
+        if self._streams_required_calls:
+            self._reader.feed(event.text)  # counts the completed calls (finish_reason)
+            for call_piece in self._calls.feed(event.text):
+                yield self._delta_event(ChatDelta(tool_calls=[_streamed(call_piece)]), logprobs)
+                logprobs = []
+            self._unsent_logprobs.extend(logprobs)
+            return
         for piece in self._reader.feed(event.text):
             yield self._delta_event(_delta(piece), logprobs)
             logprobs = []
@@ -229,7 +250,8 @@ class ChatAnswer(_OpenAIAnswer):
             made_calls = _parses(final.text)
         else:
             for piece in self._reader.finish():
-                yield self._delta_event(_delta(piece), [])
+                if not self._streams_required_calls:
+                    yield self._delta_event(_delta(piece), [])
             made_calls = self._reader.calls_made > 0
         last = ChatChunkChoice(
             index=self.index,
@@ -243,6 +265,10 @@ class ChatAnswer(_OpenAIAnswer):
     @property
     def _streams_arguments(self) -> bool:
         return self.tools is not None and self.tools.mode is ToolMode.NAMED
+
+    @property
+    def _streams_required_calls(self) -> bool:
+        return self.tools is not None and self.tools.mode is ToolMode.REQUIRED
 
     @property
     def _constrained_to_calls(self) -> bool:
@@ -277,6 +303,14 @@ def _delta(piece: OutputPiece) -> ChatDelta:
     if isinstance(piece, TextPiece):
         return ChatDelta(content=piece.text)
     return ChatDelta(tool_calls=[_call(piece.call, piece.index)])
+
+
+def _streamed(piece: CallHead | ArgumentsPiece) -> ToolCallOut:
+    """A ``required`` call's head (index, id, name, no arguments yet) or its next piece."""
+    if isinstance(piece, CallHead):
+        head = FunctionCallOut(name=piece.name, arguments="")
+        return ToolCallOut(index=piece.index, id=piece.id, type="function", function=head)
+    return ToolCallOut(index=piece.index, function=FunctionCallOut(arguments=piece.text))
 
 
 def _parses(text: str) -> bool:
