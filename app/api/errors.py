@@ -123,3 +123,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(APIError(500, "internal", "internal server error"))
+
+
+def as_api_error(request: Request, exc: Exception) -> APIError:
+    """An exception FastAPI or Starlette raised for ``request`` (a validation error, an unknown
+    path or method) as the ``APIError`` every wire format writes in its own shape."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return validation_error(exc)
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        message = f"unknown path {request.method} {request.url.path}"
+        return APIError(404, "not_found", message, headers=exc.headers)
+    code = "method_not_allowed" if exc.status_code == 405 else "invalid_request"
+    return APIError(exc.status_code, code, str(exc.detail), headers=exc.headers)

@@ -49,14 +49,35 @@ class CallPiece:
 OutputPiece = ReasoningPiece | TextPiece | CallPiece
 
 
+class JsonString:
+    """Whether a JSON text read a character at a time is inside a string, escapes followed
+    (so brackets and quotes inside strings do not count)."""
+
+    __slots__ = ("inside", "_escaped")
+
+    def __init__(self) -> None:
+        self.inside = False
+        self._escaped = False
+
+    def closed_by(self, char: str) -> bool:
+        """Inside a string: whether ``char`` is its closing quote (then it is no longer inside)."""
+        if self._escaped:
+            self._escaped = False
+        elif char == "\\":
+            self._escaped = True
+        elif char == '"':
+            self.inside = False
+            return True
+        return False
+
+
 class JsonArrayItems:
     """The items of a JSON array whose text arrives in pieces: each item's text once it is
     complete (strings and escapes followed, so brackets inside strings do not count)."""
 
     def __init__(self) -> None:
         self._depth = 0
-        self._in_string = False
-        self._escaped = False
+        self._string = JsonString()
         self._item: list[str] = []
 
     def feed(self, text: str) -> list[str]:
@@ -65,17 +86,12 @@ class JsonArrayItems:
         for char in text:
             if self._depth >= 2 or (self._depth == 1 and char not in " \t\r\n,]"):
                 self._item.append(char)
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif char == "\\":
-                    self._escaped = True
-                elif char == '"':
-                    self._in_string = False
+            if self._string.inside:
+                if self._string.closed_by(char):
                     self._item_done_at_top(done)
                 continue
             if char == '"':
-                self._in_string = True
+                self._string.inside = True
             elif char in "[{":
                 self._depth += 1
             elif char in "]}":
@@ -86,7 +102,7 @@ class JsonArrayItems:
         return done
 
     def _item_done_at_top(self, done: list[str], *, scalar_end: bool = False) -> None:
-        if self._depth != 1 or self._in_string or not self._item:
+        if self._depth != 1 or self._string.inside or not self._item:
             return
         closing = self._item[-1]
         if scalar_end or closing in ']}"':
@@ -122,8 +138,7 @@ class RequiredCallStream:
     def __init__(self, call_id_prefix: str) -> None:
         self._prefix = call_id_prefix
         self._depth = 0
-        self._in_string = False
-        self._escaped = False
+        self._quoted = JsonString()
         self._index = -1
         self._key: str | None = None  # the item's key whose value comes (None: a key comes)
         self._string: list[str] = []  # the key, or the name, being read
@@ -138,11 +153,11 @@ class RequiredCallStream:
         for char in text:
             if self._capturing:
                 piece.append(char)
-            if self._in_string:
+            if self._quoted.inside:
                 self._string_char(char, out)
                 continue
             if char == '"':
-                self._in_string = True
+                self._quoted.inside = True
                 self._string.clear()
             elif char in "[{":
                 self._depth += 1
@@ -179,12 +194,7 @@ class RequiredCallStream:
         return out
 
     def _string_char(self, char: str, out: list[CallHead | ArgumentsPiece]) -> None:
-        if self._escaped:
-            self._escaped = False
-        elif char == "\\":
-            self._escaped = True
-        elif char == '"':
-            self._in_string = False
+        if self._quoted.closed_by(char):
             if self._depth == 2 and not self._capturing:
                 if self._key is None:
                     self._key = "".join(self._string)

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.errors import APIError, validation_error
+from app.api.errors import APIError, as_api_error
 
 MESSAGES_PATH = "/v1/messages"
 OVERLOADED_STATUS = 529  # Anthropic's status for "overloaded"
@@ -71,17 +71,6 @@ def _under_messages_or(previous: Callable) -> Callable:
     async def handle(request: Request, exc: Exception) -> Response:
         if not is_messages_path(request.url.path):
             return await previous(request, exc)
-        return anthropic_error_response(_as_api_error(request, exc))
+        return anthropic_error_response(as_api_error(request, exc))
 
     return handle
-
-
-def _as_api_error(request: Request, exc: Exception) -> APIError:
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, RequestValidationError):
-        return validation_error(exc)
-    assert isinstance(exc, StarletteHTTPException)
-    if exc.status_code == 404:
-        return APIError(404, "not_found", f"unknown path {request.method} {request.url.path}")
-    return APIError(exc.status_code, "invalid_request", str(exc.detail), headers=exc.headers)

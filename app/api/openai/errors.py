@@ -20,7 +20,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.errors import APIError, validation_error
+from app.api.errors import APIError, as_api_error, validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -103,19 +103,6 @@ def _under_v1_or(native: Callable) -> Callable:
         path = request.url.path
         if path != V1_PREFIX and not path.startswith(V1_PREFIX + "/"):
             return await native(request, exc)
-        return openai_error_response(_as_api_error(request, exc))
+        return openai_error_response(as_api_error(request, exc))
 
     return handle
-
-
-def _as_api_error(request: Request, exc: Exception) -> APIError:
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, RequestValidationError):
-        return validation_error(exc)
-    assert isinstance(exc, StarletteHTTPException)
-    if exc.status_code == 404:
-        message = f"unknown path {request.method} {request.url.path}"
-        return APIError(404, "not_found", message, headers=exc.headers)
-    code = "method_not_allowed" if exc.status_code == 405 else "invalid_request"
-    return APIError(exc.status_code, code, str(exc.detail), headers=exc.headers)
