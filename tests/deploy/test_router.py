@@ -109,14 +109,18 @@ async def test_a_cancel_through_the_edge_reaches_the_replica_holding_it(cluster)
         finish = [c["finish_reason"] for chunk in chunks for c in chunk["choices"]]
         assert finish[-1] == "cancelled", finish[-3:]
     assert all(m.value("vllm:num_requests_running") == 0 for m in metrics.values())
-    # The edge's log: one of the two cancels was answered 404 by a replica, then by the other
-    # (nginx lists every replica it tried, "a, b").
-    deletes = [
+    # The edge's log (nginx lists every replica it tried, "a, b"): both cancels were answered
+    # 200 by the replica holding the stream, wherever the edge began (a 404 from another one is
+    # tried on the next); the repeated cancel, which no replica holds, was tried on both before
+    # its 404. Whether one of the 200s needed a second try depends on where the router and the
+    # edge's round robin each put it (they agreed on both in a CI-like run): not asserted.
+    cancels = [
         line
         for line in (cluster.workdir / "access.log").read_text().splitlines()
-        if '"DELETE /generate/job-' in line and " 200 " in line
+        if '"DELETE /generate/job-' in line
     ]
-    assert len(deletes) == 2 and any(", " in line.split("upstream=")[1] for line in deletes)
+    assert [" 200 " in line for line in cancels] == [True, True, False], cancels
+    assert " 404 " in cancels[-1] and ", " in cancels[-1].split("upstream=")[1], cancels[-1]
 
 
 def _running_count(http: httpx.AsyncClient, cluster: RoutedCluster, count: int):
