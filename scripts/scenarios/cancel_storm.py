@@ -172,18 +172,19 @@ def loop_iteration_ms(window: Window) -> float | None:
     return 1000.0 * window.seconds / calls if calls else None
 
 
-def steady_window(run: Run) -> Window:
-    """The run's steady-state window, or the whole run where that window saw no token generated
-    (a busy machine can stretch the mock's start past the window: the baseline's rate was then
-    0 and the recovery ratio undefined, a flake of tests/scripts/test_bench.py)."""
-    window = run.window()
-    if window.counter("slotserve_generated_tokens_total") > 0:
-        return window
-    return run.whole()
+def steady_windows(baseline: Run, storm: Run) -> tuple[Window, Window]:
+    """Both runs' steady-state windows, or both whole runs where either window saw no token
+    generated (a busy machine can stretch the mock's start past the window: the baseline's
+    rate was then 0 and the recovery ratio undefined, a flake of tests/scripts/test_bench.py;
+    the two are compared over the same kind of span, or the ratio is skewed)."""
+    windows = baseline.window(), storm.window()
+    if all(w.counter("slotserve_generated_tokens_total") > 0 for w in windows):
+        return windows
+    return baseline.whole(), storm.whole()
 
 
 def cancel_numbers(baseline: Run, storm: Run, s: CancelSizes) -> Numbers:
-    base_w, storm_w = steady_window(baseline), steady_window(storm)
+    base_w, storm_w = steady_windows(baseline, storm)
     ok_tokens = storm_w.tokens_received(storm.records(Outcome.OK))
     cancelled_tokens = storm_w.tokens_received(storm.records(Outcome.CANCELLED))
     base_rate = base_w.tokens_received(baseline.records(Outcome.OK)) / base_w.seconds

@@ -136,8 +136,20 @@ def test_cancel_storm_rates_fall_back_to_the_whole_run_when_the_window_saw_no_to
     """The failing input of the quick run's flake: a busy machine delayed the mock past the
     baseline's window, whose generated-token count was 0, and scenario 5's recovery came out
     None."""
-    from scenarios.cancel_storm import steady_window
+    from scenarios.cancel_storm import steady_windows
 
-    empty, whole, busy = _Counted(0.0), _Counted(480.0), _Counted(96.0)
-    assert steady_window(_Marked(empty, whole)) is whole
-    assert steady_window(_Marked(busy, whole)) is busy
+    empty, busy = _Counted(0.0), _Counted(96.0)
+    base_whole, storm_whole, storm_busy = _Counted(480.0), _Counted(400.0), _Counted(90.0)
+    # either window empty: both runs whole (one whole against one window skewed the ratio)
+    assert steady_windows(_Marked(empty, base_whole), _Marked(storm_busy, storm_whole)) == (
+        base_whole,
+        storm_whole,
+    )
+    assert steady_windows(_Marked(busy, base_whole), _Marked(empty, storm_whole)) == (
+        base_whole,
+        storm_whole,
+    )
+    assert steady_windows(_Marked(busy, base_whole), _Marked(storm_busy, storm_whole)) == (
+        busy,
+        storm_busy,
+    )
