@@ -61,22 +61,7 @@ def local_cluster(
         raise ClusterError("nginx is not installed (apt-get install nginx)")
     workdir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        servers = {
-            replica_id: Server(
-                ServerSpec.app(
-                    f"replica-{replica_id}",
-                    *server_args,
-                    "--replica-id",
-                    replica_id,
-                    ready_timeout_s=startup_timeout_s,
-                ),
-                workdir,
-            )
-            for replica_id in replica_ids
-        }
-        for server in servers.values():
-            stack.callback(server.stop)
-            server.start()
+        servers = start_replicas(stack, replica_ids, server_args, workdir, startup_timeout_s)
         try:
             for server in servers.values():
                 server.wait_ready_blocking()
@@ -95,3 +80,31 @@ def local_cluster(
             servers=servers,
             workdir=workdir,
         )
+
+
+def start_replicas(
+    stack: ExitStack,
+    replica_ids: Sequence[str],
+    server_args: Sequence[str],
+    workdir: Path,
+    startup_timeout_s: float,
+) -> dict[str, Server]:
+    """Starts one ``python -m app serve *server_args --replica-id ID`` per id (not yet waited
+    for), each stopped when ``stack`` closes; by id."""
+    servers = {
+        replica_id: Server(
+            ServerSpec.app(
+                f"replica-{replica_id}",
+                *server_args,
+                "--replica-id",
+                replica_id,
+                ready_timeout_s=startup_timeout_s,
+            ),
+            workdir,
+        )
+        for replica_id in replica_ids
+    }
+    for server in servers.values():
+        stack.callback(server.stop)
+        server.start()
+    return servers

@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.cluster import ClusterError, find_nginx
+from harness.cluster import ClusterError, find_nginx, start_replicas
 from harness.edge_conf import render_local_edge
 from harness.server import Server, ServerFailed, ServerSpec, free_port, running
 
@@ -116,22 +116,7 @@ def routed_cluster(
         raise ClusterError("nginx is not installed (apt-get install nginx)")
     workdir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        servers = {
-            replica_id: Server(
-                ServerSpec.app(
-                    f"replica-{replica_id}",
-                    *server_args,
-                    "--replica-id",
-                    replica_id,
-                    ready_timeout_s=startup_timeout_s,
-                ),
-                workdir,
-            )
-            for replica_id in replica_ids
-        }
-        for server in servers.values():
-            stack.callback(server.stop)
-            server.start()
+        servers = start_replicas(stack, replica_ids, server_args, workdir, startup_timeout_s)
         try:
             for server in servers.values():
                 server.wait_ready_blocking()
