@@ -284,6 +284,11 @@ class _CountingKernels:
         self.attention_calls += 1
         return self.inner.decode_attention(*args, **kwargs)
 
+    def decode_layers(self, layout, *args, **kwargs):
+        """Every layer's attention, in one C call (GGUF-block projections)."""
+        self.attention_calls += layout.decoder.n_layers
+        return self.inner.decode_layers(layout, *args, **kwargs)
+
 
 def _prefill(
     model: DecoderModel, cache: KVCache, prompts: list[list[int]], *, slot: int = 0

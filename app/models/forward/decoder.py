@@ -42,10 +42,14 @@ from app.models.forward.kv_cache import KVCache
 from app.models.forward.rope import rope_tables
 from app.models.hparams import Activation, HParams
 from app.models.kernels.fused_decode import (
+    BlockLayer,
+    DecoderLayout,
     FusedDecodeKernels,
     check_attention_shapes,
+    decoder_layout,
     load_fused_decode,
 )
+from app.models.weights.ggml import EXACT_ROWS_ANY, GGML_MAX_ROWS, GGMLLinear
 from app.models.weights.projections import Projection, project
 from app.models.weights.record import ModelWeights, Quantization
 
@@ -90,6 +94,10 @@ class DecoderModel:
         self._rms_eps = torch.tensor(hparams.rms_norm_eps, dtype=torch.float32, device=device)
         self.fused_decode: FusedDecodeKernels | None = None
         self.fused_decode_status = "eager decode (--fused-decode false)"
+        # With GGUF-block projections, the fused step's layer loop runs in one C call
+        # (``sl_decode_layers``); false keeps it in Python (the tests compare the two).
+        self.decode_layers = True
+        self._layout: tuple[KVCache, tuple[DecoderLayout | None, int]] | None = None
         if fused_decode:
             self.fused_decode, self.fused_decode_status = _fused_decode_for(hparams, dtype, device)
 
@@ -186,6 +194,18 @@ class DecoderModel:
         # per thread.
         scores = torch.empty((threads, hp.group_size * rows.key_length), dtype=torch.float32)
         hidden = w.embedding(plan.token_ids)
+        layout = self._decoder_layout(cache, rows.count)
+        if layout is not None:  # the loop below, in one C call
+            hidden = hidden.contiguous()
+            kernels.decode_layers(
+                layout,
+                hidden,
+                plan.positions,
+                rows.block_tables,
+                scores,
+                threads=torch.get_num_threads(),
+            )
+            return self._logits(hidden, plan, None)
         normed = kernels.rms_norm(hidden, w.layers[0].attn_norm, eps)
         for index, layer in enumerate(w.layers):
             attended = kernels.decode_attention(
@@ -215,6 +235,52 @@ class DecoderModel:
             normed = kernels.rms_norm(down, following, eps, residual=hidden)
             hidden = down
         return self._logits(hidden, plan, None)
+
+    def _decoder_layout(self, cache: KVCache, num_rows: int) -> DecoderLayout | None:
+        """The C view of this model's layers for ``sl_decode_layers`` when every projection
+        computes on GGUF blocks for ``num_rows`` rows (built once per cache), else None: the
+        layer loop stays in Python (dense or int4 projections, a mixture of experts, a wide
+        copy taking the call, ``decode_layers`` false)."""
+        if not self.decode_layers:
+            return None
+        if self._layout is None or self._layout[0] is not cache:
+            self._layout = (cache, self._build_layout(cache))
+        layout, max_rows = self._layout[1]
+        return layout if layout is not None and num_rows <= max_rows else None
+
+    def _build_layout(self, cache: KVCache) -> tuple[DecoderLayout | None, int]:
+        """``(layout, most rows it takes)``, or ``(None, 0)`` when a layer does not fit."""
+        hp, layers = self.hparams, []
+        max_rows = EXACT_ROWS_ANY
+        for index, layer in enumerate(self.weights.layers):
+            projections = (layer.qkv, layer.attn_output, layer.gate_up, layer.down)
+            if layer.experts is not None or not all(
+                isinstance(p, GGMLLinear) for p in projections
+            ):
+                return None, 0
+            if any(p.wide is not None for p in projections):  # type: ignore[union-attr]
+                max_rows = GGML_MAX_ROWS
+            layers.append(
+                BlockLayer(
+                    tuple((p.prepared, p.bias) for p in projections),  # type: ignore[union-attr]
+                    layer.attn_norm,
+                    layer.ffn_norm,
+                    layer.qk_norm,
+                    cache.keys[index],
+                    cache.values[index],
+                )
+            )
+        layout = decoder_layout(
+            self.weights.layers[0].qkv.kernels,  # type: ignore[union-attr]
+            layers,
+            ffn=hp.feed_forward_length,
+            n_heads=hp.head_count,
+            n_kv_heads=hp.head_count_kv,
+            rope_cos=self._rope_cos,
+            rope_sin=self._rope_sin,
+            eps=hp.rms_norm_eps,
+        )
+        return layout, max_rows
 
     def _logits(
         self, hidden: torch.Tensor, plan: ForwardPlan, exact: torch.Tensor | None

@@ -9,6 +9,8 @@
  *                             and the three functions the library exports (called via ctypes)
  *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul: row-wise kernels
  *   fused_decode_attention.c  sl_decode_attention: rope, K/V cache write, paged attention
+ *   fused_decode_layers.c     sl_decode_layers: every layer of a step in one call, for models
+ *                             whose projections compute on GGUF blocks
  *
  * bfloat16 values are uint16_t bit patterns. Arithmetic is float32; results are rounded to
  * bfloat16 (round to nearest even) at the same points where the eager torch path rounds, so
@@ -104,6 +106,50 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
                          int64_t scores_per_thread, bf16 *out, int64_t rows, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t threads,
                          const bf16 *q_norm, const bf16 *k_norm, float eps);
+
+/* The GGUF-block library's sl_quant_matmul (app/models/kernels/ggml_quant_matmul.c). */
+typedef int (*sl_matmul_fn)(int isa, int n_segments, const int32_t *qtypes,
+                            const void *const *weights, const int64_t *seg_rows, int64_t k,
+                            const void *x, int x_bf16, int64_t m, int64_t ldx, const float *bias,
+                            const void *residual, int64_t ldr, void *y, int y_bf16, int64_t ldy,
+                            void *scratch, int threads);
+
+/* One projection's sl_quant_matmul arguments (ctypes mirror: fused_decode.py's
+ * _BlockProjection). */
+typedef struct {
+    int64_t n_segments;
+    const int32_t *qtypes;
+    const void *const *weights;
+    const int64_t *seg_rows;
+    int64_t out_features;
+    const float *bias; /* [out_features] or NULL */
+} sl_block_projection;
+
+/* One decoder layer (ctypes mirror: _DecoderLayer). */
+typedef struct {
+    sl_block_projection qkv, output, gate_up, down;
+    const bf16 *attn_norm, *ffn_norm; /* [hidden] each */
+    const bf16 *q_norm, *k_norm;      /* [head_dim] each, or NULL */
+    bf16 *keys, *values;              /* [n_kv_heads, pool_len, head_dim] each */
+} sl_decoder_layer;
+
+/* The model (ctypes mirror: _Decoder). */
+typedef struct {
+    sl_matmul_fn matmul;
+    int64_t isa, threads; /* sl_quant_matmul's instruction set and OpenMP team */
+    int64_t n_layers;
+    const sl_decoder_layer *layers;
+    int64_t hidden, ffn, n_heads, n_kv_heads, head_dim;
+    const bf16 *rope_cos, *rope_sin;
+    int64_t pool_len, block_size;
+    float eps;
+} sl_decoder;
+
+int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,
+                     const int64_t *positions, const int64_t *block_tables, int64_t table_stride,
+                     float *scores, int64_t scores_per_thread, int64_t attention_threads,
+                     bf16 *workspace);
+int64_t sl_decode_layers_workspace(const sl_decoder *model, int64_t rows);
 
 #if SL_TILED_ATTENTION
 void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, const bf16 *pool,

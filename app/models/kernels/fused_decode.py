@@ -4,7 +4,9 @@ use into one library and called through :mod:`ctypes`.
 The C source is split by job: ``fused_decode.h`` (the bfloat16 type and arithmetic the kernels
 share, and the exported functions' prototypes), ``fused_decode_norms.c`` (``sl_rms_norm``,
 ``sl_silu_mul``), ``fused_decode_attention.c`` (``sl_decode_attention``) and
-``fused_attention_tiles.c`` (its inner loops with AVX-512 BF16, a cache block at a time).
+``fused_attention_tiles.c`` (its inner loops with AVX-512 BF16, a cache block at a time) and
+``fused_decode_layers.c`` (``sl_decode_layers``: every layer of a step in one call, for models
+whose projections compute on GGUF blocks, see :class:`DecoderLayout`).
 
 Why: a one-row int4 decode step of SmolLM2 spent ~6 ms of ~15 in the ~20 small torch ops per
 layer between the projections (two RMSNorms, rope, the K/V cache write, SDPA, silu, residual
@@ -32,6 +34,7 @@ import torch
 
 from app.models.forward.kv_cache import KV_BLOCK_SIZE
 from app.models.kernels.build import KernelBuildError, build_library, torch_libgomp
+from app.models.kernels.ggml_quant import GGMLKernels, PreparedSegments
 
 SOURCE_DIR = Path(__file__).parent
 # Every file of the library's source, in build order; the cache key hashes them all.
@@ -40,6 +43,7 @@ SOURCES = (
     "fused_decode_norms.c",
     "fused_decode_attention.c",
     "fused_attention_tiles.c",
+    "fused_decode_layers.c",
 )
 # Built for this machine (the cache key holds the CPU): -march=native.
 CFLAGS = ("-march=native",)
@@ -191,6 +195,210 @@ class FusedDecodeKernels:
         )
         return out
 
+    def decode_layers(
+        self,
+        layout: DecoderLayout,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        block_tables: torch.Tensor,
+        scores: torch.Tensor,
+        *,
+        threads: int,
+    ) -> None:
+        """Every decoder layer of a step of single-token rows in one call (``sl_decode_layers``):
+        what :meth:`rms_norm`, the GGUF-block projections, :meth:`decode_attention` and
+        :meth:`silu_mul` compute layer by layer, in the same order, bit for bit.
+
+        Args:
+            layout: the model's layers (:func:`decoder_layout`).
+            hidden: ``[rows, hidden]`` bfloat16, contiguous: the embedded tokens; overwritten
+                with the last layer's residual sum (before the output norm).
+            positions, block_tables, scores: as :meth:`decode_attention` takes them.
+            threads: OpenMP threads of the projections (the attention's: ``scores.shape[0]``).
+
+        Raises:
+            ValueError: ``hidden`` is not bfloat16 rows of the model's width, or a projection
+                refused its arguments.
+        """
+        rows = hidden.shape[0]
+        self._check(hidden)
+        if hidden.dim() != 2 or hidden.shape[1] != layout.decoder.hidden or not (
+            hidden.is_contiguous()
+        ):
+            raise ValueError(f"hidden {tuple(hidden.shape)} for width {layout.decoder.hidden}")
+        layout.decoder.threads = threads
+        workspace = torch.empty(
+            self.library.sl_decode_layers_workspace(layout.pointer, rows), dtype=torch.bfloat16
+        )
+        status = self.library.sl_decode_layers(
+            layout.pointer,
+            hidden.data_ptr(),
+            rows,
+            positions.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            scores.data_ptr(),
+            scores.shape[-1],
+            scores.shape[0],
+            workspace.data_ptr(),
+        )
+        if status != 0:
+            raise ValueError(f"a GGUF-block projection refused its arguments ({status})")
+
+
+class _BlockProjection(ctypes.Structure):
+    """``sl_block_projection`` (fused_decode.h)."""
+
+    _fields_ = (
+        ("n_segments", _c_int64),
+        ("qtypes", _c_void_p),
+        ("weights", _c_void_p),
+        ("seg_rows", _c_void_p),
+        ("out_features", _c_int64),
+        ("bias", _c_void_p),
+    )
+
+
+class _DecoderLayer(ctypes.Structure):
+    """``sl_decoder_layer`` (fused_decode.h)."""
+
+    _fields_ = (
+        ("qkv", _BlockProjection),
+        ("output", _BlockProjection),
+        ("gate_up", _BlockProjection),
+        ("down", _BlockProjection),
+        ("attn_norm", _c_void_p),
+        ("ffn_norm", _c_void_p),
+        ("q_norm", _c_void_p),
+        ("k_norm", _c_void_p),
+        ("keys", _c_void_p),
+        ("values", _c_void_p),
+    )
+
+
+class _Decoder(ctypes.Structure):
+    """``sl_decoder`` (fused_decode.h)."""
+
+    _fields_ = (
+        ("matmul", _c_void_p),
+        ("isa", _c_int64),
+        ("threads", _c_int64),
+        ("n_layers", _c_int64),
+        ("layers", ctypes.POINTER(_DecoderLayer)),
+        ("hidden", _c_int64),
+        ("ffn", _c_int64),
+        ("n_heads", _c_int64),
+        ("n_kv_heads", _c_int64),
+        ("head_dim", _c_int64),
+        ("rope_cos", _c_void_p),
+        ("rope_sin", _c_void_p),
+        ("pool_len", _c_int64),
+        ("block_size", _c_int64),
+        ("eps", _c_float),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayer:
+    """One decoder layer as :func:`decoder_layout` takes it: the four projections' prepared
+    GGUF-block arguments and float32 biases (``[out]`` or None), the RMSNorm weights
+    (``[hidden]`` bfloat16, or None when folded), the per-head q/k norm (``[n_heads +
+    n_kv_heads, head_dim]`` bfloat16 or None) and the layer's K/V cache
+    (``[n_kv_heads, pool_len, head_dim]`` bfloat16 each)."""
+
+    projections: tuple[tuple[PreparedSegments, torch.Tensor | None], ...]
+    attn_norm: torch.Tensor | None
+    ffn_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderLayout:
+    """A model's layers as ``sl_decode_layers`` reads them: C structures of pointers into
+    tensors that ``keep`` holds, so they stay valid while the layout lives."""
+
+    decoder: _Decoder
+    layers: ctypes.Array
+    keep: tuple[object, ...]
+
+    @property
+    def pointer(self) -> int:
+        """The address of the ``sl_decoder``."""
+        return ctypes.addressof(self.decoder)
+
+
+def decoder_layout(
+    ggml: GGMLKernels,
+    layers: list[BlockLayer],
+    *,
+    ffn: int,
+    n_heads: int,
+    n_kv_heads: int,
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    eps: float,
+) -> DecoderLayout:
+    """The C view of a model whose projections are all GGUF blocks, built once per KV cache.
+
+    Raises:
+        ValueError: a tensor that is not CPU bfloat16 and contiguous, or mismatched shapes.
+    """
+    keep: list[object] = [rope_cos, rope_sin]
+
+    def pointer(tensor: torch.Tensor | None) -> int | None:
+        if tensor is None:
+            return None
+        if tensor.dtype not in (torch.bfloat16, torch.float32) or not tensor.is_contiguous():
+            raise ValueError(f"a layout tensor must be contiguous, got {tensor.dtype}")
+        keep.append(tensor)
+        return tensor.data_ptr()
+
+    structs = (_DecoderLayer * len(layers))()
+    hidden = head_dim = pool_len = 0
+    for struct, layer in zip(structs, layers, strict=True):
+        projections = []
+        for prepared, bias in layer.projections:
+            keep.append(prepared)
+            projections.append(
+                _BlockProjection(
+                    len(prepared.segments),
+                    ctypes.addressof(prepared.qtypes),
+                    ctypes.addressof(prepared.pointers),
+                    ctypes.addressof(prepared.seg_rows),
+                    prepared.out_features,
+                    pointer(bias),
+                )
+            )
+        struct.qkv, struct.output, struct.gate_up, struct.down = projections
+        q_norm = k_norm = None
+        if layer.qk_norm is not None:
+            q_norm, k_norm = pointer(layer.qk_norm[0]), pointer(layer.qk_norm[n_heads])
+        struct.attn_norm, struct.ffn_norm = pointer(layer.attn_norm), pointer(layer.ffn_norm)
+        struct.q_norm, struct.k_norm = q_norm, k_norm
+        struct.keys, struct.values = pointer(layer.keys), pointer(layer.values)
+        hidden = layer.projections[1][0].out_features
+        _, pool_len, head_dim = layer.keys.shape
+    decoder = _Decoder(
+        ctypes.cast(ggml.library.sl_quant_matmul, _c_void_p).value,
+        int(ggml.isa),
+        1,
+        len(layers),
+        ctypes.cast(structs, ctypes.POINTER(_DecoderLayer)),
+        hidden,
+        ffn,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        pointer(rope_cos),
+        pointer(rope_sin),
+        pool_len,
+        KV_BLOCK_SIZE,
+        eps,
+    )
+    return DecoderLayout(decoder, structs, tuple(keep))
+
 
 def check_attention_shapes(n_heads: int, n_kv_heads: int, head_dim: int) -> str | None:
     """Why ``decode_attention`` cannot serve these head shapes, or None when it can."""
@@ -242,6 +450,21 @@ def _declare(library: ctypes.CDLL) -> None:
         _c_float,  # eps
     ]
     library.sl_decode_attention.restype = None
+    library.sl_decode_layers.argtypes = [
+        _c_void_p,  # model (sl_decoder *)
+        _c_void_p,  # hidden
+        _c_int64,  # rows
+        _c_void_p,  # positions
+        _c_void_p,  # block_tables
+        _c_int64,  # table_stride
+        _c_void_p,  # scores
+        _c_int64,  # scores_per_thread
+        _c_int64,  # attention_threads
+        _c_void_p,  # workspace
+    ]
+    library.sl_decode_layers.restype = ctypes.c_int
+    library.sl_decode_layers_workspace.argtypes = [_c_void_p, _c_int64]
+    library.sl_decode_layers_workspace.restype = _c_int64
 
 
 @functools.cache

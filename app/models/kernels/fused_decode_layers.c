@@ -1,0 +1,77 @@
+/*
+ * Every decoder layer of a single-token-rows step in one call, for models whose projections
+ * compute on GGUF blocks: the loop of DecoderModel._forward_fused_decode moved into C, so a
+ * step costs the kernels' time and not ~7 ctypes calls, tensor allocations and Python
+ * statements per layer (on SmolLM2, 30 layers, one row: ~3 ms of a ~12 ms step went between
+ * the kernels; docs/MODEL_PERF.md).
+ *
+ * The same kernels run in the same order with the same arguments as the Python loop, so the
+ * hidden states are bit for bit what that loop computes (tests/models/test_fused_decode_layers.py).
+ * The projections are the GGUF-block library's sl_quant_matmul, reached through a function
+ * pointer (the two libraries are built apart: that one chooses its instruction set at run
+ * time, this one is built for the machine). Part of the fused decode library (fused_decode.h
+ * says which file holds what).
+ */
+#include "fused_decode.h"
+
+/*
+ * Run layers [0, n_layers) over `rows` single-token rows.
+ *
+ * hidden:     [rows, hidden] bfloat16, contiguous: the embedded tokens in, the last layer's
+ *             residual sum out (before the output norm).
+ * positions, block_tables, table_stride, scores, scores_per_thread, attention_threads: as
+ *             sl_decode_attention takes them (the same for every layer).
+ * workspace:  sl_decode_layers_workspace(model, rows) bfloat16 values.
+ * Returns 0, or the first non-zero status of a projection (then hidden is undefined).
+ */
+int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,
+                     const int64_t *positions, const int64_t *block_tables, int64_t table_stride,
+                     float *scores, int64_t scores_per_thread, int64_t attention_threads,
+                     bf16 *workspace) {
+    const int64_t dim = model->hidden, ffn = model->ffn;
+    const int64_t q_width = model->n_heads * model->head_dim;
+    const int64_t qkv_width = q_width + 2 * model->n_kv_heads * model->head_dim;
+    bf16 *normed = workspace;                /* [rows, dim] */
+    bf16 *qkv = normed + rows * dim;         /* [rows, qkv_width] */
+    bf16 *attended = qkv + rows * qkv_width; /* [rows, q_width] */
+    bf16 *sum = attended + rows * q_width;   /* [rows, dim]: the attention's residual sum */
+    bf16 *gate_up = sum + rows * dim;        /* [rows, 2 * ffn] */
+    bf16 *activated = gate_up + rows * 2 * ffn; /* [rows, ffn] */
+    const sl_matmul_fn matmul = model->matmul;
+    const float eps = model->eps;
+
+    sl_rms_norm(hidden, dim, NULL, model->layers[0].attn_norm, normed, rows, dim, eps);
+    for (int64_t index = 0; index < model->n_layers; ++index) {
+        const sl_decoder_layer *layer = &model->layers[index];
+        int status;
+#define SL_PROJECT(p, x, width, y)                                                             \
+    matmul(model->isa, (p)->n_segments, (p)->qtypes, (p)->weights, (p)->seg_rows, width, x, 1, \
+           rows, width, (p)->bias, NULL, 0, y, 1, (p)->out_features, NULL, model->threads)
+        if ((status = SL_PROJECT(&layer->qkv, normed, dim, qkv)) != 0) return status;
+        sl_decode_attention(qkv, qkv_width, model->rope_cos, model->rope_sin, positions,
+                            block_tables, table_stride, layer->keys, layer->values,
+                            model->pool_len, model->block_size, scores, scores_per_thread,
+                            attended, rows, model->n_heads, model->n_kv_heads, model->head_dim,
+                            attention_threads, layer->q_norm, layer->k_norm, eps);
+        if ((status = SL_PROJECT(&layer->output, attended, q_width, sum)) != 0) return status;
+        /* sum += hidden; normed = norm(sum): sum now holds the residual stream */
+        sl_rms_norm(sum, dim, hidden, layer->ffn_norm, normed, rows, dim, eps);
+        if ((status = SL_PROJECT(&layer->gate_up, normed, dim, gate_up)) != 0) return status;
+        sl_silu_mul(gate_up, activated, rows, ffn);
+        if ((status = SL_PROJECT(&layer->down, activated, ffn, hidden)) != 0) return status;
+#undef SL_PROJECT
+        /* hidden += sum; normed = the next layer's attention norm of it (after the last
+         * layer the norm is the output norm, torch's: only the add is wanted here) */
+        const bf16 *following = index + 1 < model->n_layers ? model->layers[index + 1].attn_norm
+                                                             : NULL;
+        sl_rms_norm(hidden, dim, sum, following, normed, rows, dim, eps);
+    }
+    return 0;
+}
+
+/* bfloat16 values of sl_decode_layers' workspace for `rows` rows. */
+int64_t sl_decode_layers_workspace(const sl_decoder *model, int64_t rows) {
+    const int64_t q_width = model->n_heads * model->head_dim;
+    const int64_t qkv_width = q_width + 2 * model->n_kv_heads * model->head_dim;
+    return rows * (model->hidden + qkv_width + q_width + model->hidden + 3 * model->ffn);
+}
