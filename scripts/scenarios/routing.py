@@ -11,8 +11,9 @@ new question, rendered as text and sent to ``/v1/completions`` (streamed, ``igno
 every answer has ``answer_tokens`` tokens); the answer joins the conversation.
 
 Each setup gets fresh replicas (cold caches) and sees the same workload:
-  - ``router``: vllm-router, ``cache_aware`` (harness.router), its balance thresholds lowered
-    so that a shared system prompt does not send every new chat to one replica;
+  - ``router``: vllm-router, ``cache_aware`` (harness.router), with ``RouterSettings`` (its
+    balance threshold lowered so that a shared system prompt does not send every new chat to
+    one replica);
   - ``nginx``: docker/nginx.conf's routing for requests without an id (least_conn, which under
     this even load deals requests round robin);
   - ``nginx-sticky``: the same nginx, each request with ``X-Conversation-Id`` (hash affinity);
@@ -24,8 +25,12 @@ Measured per setup: the prefix-cache hit rate from the replicas' own counters
 (``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``, summed over replicas)
 and the same rate over the conversations' own tokens (every request's system-prompt blocks taken
 out of hits and its system-prompt tokens out of queries: every setup finds those, so only this
-part tells the routings apart), client-side TTFT (send to the first streamed text) by turn,
-and throughput (completion tokens / wall time of the whole workload).
+part tells the routings apart), the share of the prompt tokens that the system prompt's whole
+blocks are (``shared_floor``: every routing finds at least that, so 1 / the baseline's is the
+most any routing's hit rate can be of the baseline's; ``bench_routing.py`` works it out),
+client-side TTFT (send to the first streamed text) by turn, and throughput (completion tokens /
+wall time of the whole workload). ``compare_rounds`` repeats it all with other seeds;
+``median_result`` and ``ratios`` sum the rounds up.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -45,12 +50,58 @@ from harness.router import routed_cluster
 from loadgen.stats import percentile
 
 SETUPS = ("router", "nginx", "nginx-sticky", "router-round-robin", "sglang-router")
-# Balance by load only when replicas differ by this many requests (default 64: never, here).
-ROUTER_BALANCE = ("--balance-abs-threshold", "4", "--balance-rel-threshold", "1.5")
+# The cache-aware policy's settings (why these: ``RouterSettings``).
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS = 4
+BALANCE_REL = 1.5
+# The tokens of a turn around the user's question (``run_conversation``).
+TURN_FRAME = "\nUser: " + "\nAssistant:"
 WORDS = (
     "bread flour oven crust yeast rye dough bake shop order cake price open close weekend "
     "delivery gluten butter sugar recipe morning fresh slice loaf sourdough croissant"
 ).split()
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    """The cache-aware policy's settings (vllm-router's and SGLang's, the same flags).
+
+    The policy, per request: when the replicas' in-flight requests differ by more than
+    ``balance_abs`` and the busiest has more than ``balance_rel`` times the idlest's, the idlest
+    gets it (and its prefix tree learns the prompt there); otherwise the replica whose tree
+    holds the longest prefix of the prompt gets it when that prefix is more than
+    ``cache_threshold`` of the prompt, else the idlest does. The trees' eviction is left at the
+    router's defaults (``--eviction-interval-secs`` 120, ``--max-tree-size`` 2^25 characters a
+    replica): it never runs in a run of this size, and need not, the chats a replica gets
+    fitting its KV cache.
+
+    Why these values, for chats over a shared system prompt (README, "Behind a cache-aware
+    router", has the runs):
+      - ``cache_threshold`` 0.3 (the default). A turn after the first finds the whole previous
+        prompt on its own replica, 80% or more of its prompt here (the router's tree learns the
+        prompts, not the answers), and at most the system prompt elsewhere, so any threshold
+        under 0.8 keeps a chat where its history is. A first turn finds the system prompt (88%
+        here) on whichever replica has it: no threshold tells it apart from a later turn, so
+        first turns are spread by the balance rule alone.
+      - ``balance_abs`` 4, half of the scenario's 8 slots (default 64: never, at this load, so
+        every chat follows the system prompt to one replica), ``balance_rel`` 1.5 (the
+        default; 3 measured the same). A replica takes new chats until it runs 5 more requests
+        than the idlest, then the idlest gets them: 48 of the 120 requests on the busiest
+        replica at most. 8 let one take 63 of them, 16 took 94 (TTFT 1.1 s); 2 spread them
+        evenly but moved running chats off their cache as a replica's in-flight count swung
+        with its users' pauses (own-token hit rate 0.45 against 0.63).
+    """
+
+    cache_threshold: float = CACHE_THRESHOLD
+    balance_abs: int = BALANCE_ABS
+    balance_rel: float = BALANCE_REL
+
+    def flags(self) -> tuple[str, ...]:
+        return (
+            ("--cache-threshold", f"{self.cache_threshold:g}")
+            + ("--balance-abs-threshold", str(self.balance_abs))
+            + ("--balance-rel-threshold", f"{self.balance_rel:g}")
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +118,7 @@ class RoutingBench:
     answer_tokens: int = 64
     think_s: float = 1.0
     seed: int = 0
+    router: RouterSettings = RouterSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +146,7 @@ class SetupResult:
     turn_ttft_p95_s: dict[int, float] = field(default_factory=dict)
     requests_per_replica: list[float] = field(default_factory=list)
     errors: int = 0
+    shared_floor: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +179,7 @@ def started(setup: str, bench: RoutingBench, workdir: Path) -> Iterator[Entry]:
     replica_ids = [f"r{i}" for i in range(bench.replicas)]
     if setup.startswith("router") or setup == "sglang-router":
         policy = "round_robin" if setup == "router-round-robin" else "cache_aware"
-        flags = ROUTER_BALANCE if policy == "cache_aware" else ()
+        flags = bench.router.flags() if policy == "cache_aware" else ()
         with routed_cluster(
             replica_ids,
             workdir,
@@ -172,6 +225,18 @@ def question(bench: RoutingBench, conversation: int, turn: int) -> str:
     """The user's text of one turn: seeded words, named after its chat (never shared)."""
     rng = random.Random(bench.seed * 100_003 + conversation * 101 + turn)
     return f"(chat {conversation}) " + " ".join(rng.choices(WORDS, k=bench.question_words)) + "?"
+
+
+def own_tokens(bench: RoutingBench, seeds: Sequence[int] = (0,)) -> float:
+    """A conversation's own tokens at its end for a byte-level model (the mock): its questions
+    with their frame and its answers, the mean over the chats of ``seeds``' workloads."""
+    total = sum(
+        len((TURN_FRAME + question(replace(bench, seed=seed), c, t)).encode())
+        for seed in seeds
+        for c in range(bench.conversations)
+        for t in range(1, bench.turns + 1)
+    )
+    return total / (len(seeds) * bench.conversations) + bench.turns * bench.answer_tokens
 
 
 async def run_conversation(
@@ -303,6 +368,7 @@ def summarize(
             for a, b in zip(after, before, strict=True)
         ],
         errors=errors,
+        shared_floor=round(len(records) * shared.block_tokens / queries, 4) if queries else 0.0,
     )
 
 
@@ -313,6 +379,128 @@ def compare(bench: RoutingBench, workdir: Path) -> list[SetupResult]:
         with started(setup, bench, workdir / setup) as entry:
             results.append(asyncio.run(measure(setup, entry, bench)))
     return results
+
+
+def compare_rounds(bench: RoutingBench, workdir: Path, rounds: int) -> list[list[SetupResult]]:
+    """``rounds`` runs of ``compare``, round ``i`` with seed ``bench.seed + i`` (other questions
+    and pauses; within a round every setup sees the same workload)."""
+    return [
+        compare(replace(bench, seed=bench.seed + i), workdir / f"round-{i}") for i in range(rounds)
+    ]
+
+
+def _median(values: Sequence[float]) -> float:
+    return round(percentile(values, 50), 4) if values else float("nan")
+
+
+def median_result(results: Sequence[SetupResult]) -> SetupResult:
+    """One setup over several rounds: the median of every number (of each turn's TTFT, of
+    each rank of the per-replica counts, busiest first), errors summed."""
+    by_turn = [sorted(r.turn_ttft_p50_s) for r in results]
+    turns = sorted(set(by_turn[0]).intersection(*by_turn))
+    counts = [sorted(r.requests_per_replica, reverse=True) for r in results]
+
+    def middle(name: str) -> float:
+        return _median([getattr(r, name) for r in results])
+
+    return SetupResult(
+        setup=results[0].setup,
+        hit_rate=middle("hit_rate"),
+        history_hit_rate=middle("history_hit_rate"),
+        prefix_hits=middle("prefix_hits"),
+        prefix_queries=middle("prefix_queries"),
+        wall_s=middle("wall_s"),
+        completion_tokens=int(middle("completion_tokens")),
+        tokens_per_s=middle("tokens_per_s"),
+        ttft_p50_s=middle("ttft_p50_s"),
+        ttft_p95_s=middle("ttft_p95_s"),
+        turn_ttft_p50_s={t: _median([r.turn_ttft_p50_s[t] for r in results]) for t in turns},
+        turn_ttft_p95_s={t: _median([r.turn_ttft_p95_s[t] for r in results]) for t in turns},
+        requests_per_replica=[_median(rank) for rank in zip(*counts, strict=False)],
+        errors=sum(r.errors for r in results),
+        shared_floor=middle("shared_floor"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Ratios:
+    """``setup`` against ``baseline``: each round's ratio of a number, then their median.
+
+    Attributes:
+        hit_rate: over all prompt tokens (the issue's "hit rate").
+        history_hit_rate: over the conversation's own tokens (beyond the shared prefix).
+        hit_rate_bound: the most ``hit_rate`` can be for any routing: 1 / the baseline's
+            ``shared_floor`` (a routing finds at most every prompt token; the baseline finds at
+            least the shared system prompt, cached on every replica).
+        turn_ttft_p50, turn_ttft_p95: the last turn's TTFT percentiles (lower is better).
+        tokens_per_s: throughput.
+        per_round: every round's ratios, by name.
+    """
+
+    setup: str
+    baseline: str
+    hit_rate: float
+    history_hit_rate: float
+    hit_rate_bound: float
+    turn_ttft_p50: float
+    turn_ttft_p95: float
+    tokens_per_s: float
+    per_round: dict[str, list[float]]
+
+
+def ratios(rounds: Sequence[Sequence[SetupResult]], setup: str, baseline: str, turn: int) -> Ratios:
+    """How ``setup`` compares with ``baseline`` over ``rounds`` (both must be in every round)."""
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 4) if b else float("nan")
+
+    per_round: dict[str, list[float]] = {
+        name: []
+        for name in (
+            "hit_rate",
+            "history_hit_rate",
+            "hit_rate_bound",
+            "turn_ttft_p50",
+            "turn_ttft_p95",
+            "tokens_per_s",
+        )
+    }
+    for results in rounds:
+        ours, theirs = (next(r for r in results if r.setup == name) for name in (setup, baseline))
+        per_round["hit_rate"].append(ratio(ours.hit_rate, theirs.hit_rate))
+        per_round["history_hit_rate"].append(ratio(ours.history_hit_rate, theirs.history_hit_rate))
+        per_round["hit_rate_bound"].append(ratio(1.0, theirs.shared_floor))
+        per_round["turn_ttft_p50"].append(
+            ratio(ours.turn_ttft_p50_s[turn], theirs.turn_ttft_p50_s[turn])
+        )
+        per_round["turn_ttft_p95"].append(
+            ratio(ours.turn_ttft_p95_s[turn], theirs.turn_ttft_p95_s[turn])
+        )
+        per_round["tokens_per_s"].append(ratio(ours.tokens_per_s, theirs.tokens_per_s))
+    middle = {name: _median(values) for name, values in per_round.items()}
+    return Ratios(setup=setup, baseline=baseline, per_round=per_round, **middle)
+
+
+def print_ratios(found: Ratios, turn: int) -> None:
+    """``found`` in words, each median beside its rounds'."""
+
+    def rounds(name: str) -> str:
+        return ", ".join(f"{v:.2f}" for v in found.per_round[name])
+
+    print(f"{found.setup} / {found.baseline}, median of {len(found.per_round['hit_rate'])} rounds:")
+    print(
+        f"  hit rate, all prompt tokens: {found.hit_rate:.2f}x ({rounds('hit_rate')}); "
+        f"bound {found.hit_rate_bound:.2f}x ({rounds('hit_rate_bound')})"
+    )
+    print(
+        f"  hit rate, the conversation's own tokens: {found.history_hit_rate:.2f}x "
+        f"({rounds('history_hit_rate')})"
+    )
+    print(
+        f"  turn {turn} TTFT p50 {found.turn_ttft_p50:.2f}x ({rounds('turn_ttft_p50')}), "
+        f"p95 {found.turn_ttft_p95:.2f}x ({rounds('turn_ttft_p95')})"
+    )
+    print(f"  throughput {found.tokens_per_s:.2f}x ({rounds('tokens_per_s')})")
 
 
 def print_table(results: Sequence[SetupResult], turns: int) -> None:

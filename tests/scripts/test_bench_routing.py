@@ -1,15 +1,26 @@
-"""scripts/bench_routing.py: the hit-rate arithmetic on made-up counters, and one small run
-through the cache-aware router with mock replicas (every process stopped at the end)."""
+"""scripts/bench_routing.py: the hit-rate arithmetic and its bound on made-up counters, the
+medians and ratios over rounds, the mock's KV pool sized to a share of the chats, and one small
+run through the cache-aware router with mock replicas (every process stopped at the end)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from bench_routing import main
+from bench_routing import main, mock_context, mock_kv_bytes, server_args
 from harness.metrics import Metrics
 from harness.router import find_router
-from scenarios.routing import RoutingBench, SharedPrefix, TurnRecord, summarize
+from scenarios.routing import (
+    RouterSettings,
+    RoutingBench,
+    SetupResult,
+    SharedPrefix,
+    TurnRecord,
+    median_result,
+    own_tokens,
+    ratios,
+    summarize,
+)
 
 
 def counters(hits: float, queries: float, served: float) -> Metrics:
@@ -32,6 +43,76 @@ def test_history_hit_rate_leaves_out_the_shared_system_prompt() -> None:
     assert result.requests_per_replica == [2, 2]
     assert result.turn_ttft_p50_s == {1: 0.01, 2: 0.02}
     assert result.tokens_per_s == 4 * 64 / 2.0
+    # The system prompt's blocks are this share of the prompt tokens: no routing finds less.
+    assert result.shared_floor == round(4 * 496 / 2400, 4)
+
+
+def made_up(setup: str, hit: float, own: float, turn_p50: float, tok_s: float) -> SetupResult:
+    return SetupResult(
+        setup=setup,
+        hit_rate=hit,
+        history_hit_rate=own,
+        prefix_hits=hit * 1000,
+        prefix_queries=1000,
+        wall_s=10.0,
+        completion_tokens=int(tok_s * 10),
+        tokens_per_s=tok_s,
+        ttft_p50_s=turn_p50,
+        ttft_p95_s=2 * turn_p50,
+        turn_ttft_p50_s={1: 0.1, 2: turn_p50},
+        turn_ttft_p95_s={1: 0.2, 2: 2 * turn_p50},
+        requests_per_replica=[10, 12, 8],
+        shared_floor=0.6,
+    )
+
+
+def test_medians_and_ratios_over_rounds() -> None:
+    rounds = [
+        [made_up("router", 0.9, 0.6, 0.05, 500), made_up("nginx", 0.75, 0.3, 0.2, 500)],
+        [made_up("router", 0.8, 0.5, 0.10, 510), made_up("nginx", 0.70, 0.2, 0.2, 500)],
+        [made_up("router", 0.85, 0.7, 0.08, 490), made_up("nginx", 0.80, 0.35, 0.1, 490)],
+    ]
+    router = median_result([results[0] for results in rounds])
+    assert (router.hit_rate, router.history_hit_rate, router.tokens_per_s) == (0.85, 0.6, 500)
+    assert router.turn_ttft_p50_s == {1: 0.1, 2: 0.08}
+    assert router.requests_per_replica == [12, 10, 8]  # busiest first
+    found = ratios(rounds, "router", "nginx", turn=2)
+    assert found.per_round["hit_rate"] == [1.2, round(0.8 / 0.7, 4), round(0.85 / 0.8, 4)]
+    assert found.hit_rate == round(0.8 / 0.7, 4)
+    assert found.history_hit_rate == 2.0  # of 2.0, 2.5 and 0.7 / 0.35
+    assert found.turn_ttft_p50 == 0.5  # of 0.25, 0.5 and 0.8
+    assert found.tokens_per_s == 1.0
+    assert found.hit_rate_bound == round(1 / 0.6, 4)
+
+
+def test_the_mock_pool_holds_a_share_of_the_chats() -> None:
+    bench = RoutingBench(setups=("router",), server_args=())
+    per_chat = own_tokens(bench)
+    # 5 turns of 64-token answers, each with a question of 8 words in its frame.
+    assert 5 * (64 + 40) < per_chat < 5 * (64 + 120)
+    eight, all_of_them = mock_kv_bytes(bench, 8, 1), mock_kv_bytes(bench, 24, 1)
+    system = -(-(500 + 96) // 16) * 16 * 4  # whole blocks, 4 bytes a position
+    assert 8 * per_chat * 4 < eight - system <= 8 * (per_chat + 16) * 4
+    assert all_of_them - system > 3 * (eight - system) - 64
+    flags = server_args("mock", 20, 8, 64, f"{eight}B", mock_context(bench))
+    assert flags[flags.index("--kv-cache-memory") + 1] == f"{eight}B"
+    assert flags[flags.index("--mock-context-length") + 1] == "2048"
+    # A workload too small for the server's least pool (one whole context) gets that least.
+    small = RoutingBench(setups=("router",), server_args=(), conversations=3, system_tokens=64)
+    assert mock_kv_bytes(small, 1, 1) == 2048 * 4
+    assert "--kv-cache-memory" not in server_args("mock", 20, 8, 64, None)
+
+
+def test_router_settings_become_its_flags() -> None:
+    flags = RouterSettings(0.3, 4, 1.5).flags()
+    assert flags == (
+        "--cache-threshold",
+        "0.3",
+        "--balance-abs-threshold",
+        "4",
+        "--balance-rel-threshold",
+        "1.5",
+    )
 
 
 @pytest.mark.slow
@@ -41,10 +122,13 @@ def test_a_small_run_through_the_router_writes_its_report(tmp_path) -> None:
     out, plot = tmp_path / "routing.json", tmp_path / "routing.png"
     main(
         ["--setups", "router", "--replicas", "2", "--conversations", "3", "--turns", "2"]
-        + ["--system-tokens", "64", "--answer-tokens", "4", "--think-s", "0"]
+        + ["--system-tokens", "64", "--answer-tokens", "4", "--think-s", "0", "--rounds", "2"]
         + ["--mock-step-ms", "2", "--out", str(out), "--plot", str(plot)]
     )
-    [setup] = json.loads(out.read_text())["setups"]
+    report = json.loads(out.read_text())
+    assert "--kv-cache-memory" in report["config"]["server_args"]
+    assert len(report["rounds"]) == 2 and report["ratios"] == []  # no baseline in this run
+    [setup] = report["setups"]
     assert setup["setup"] == "router" and setup["errors"] == 0
     assert sum(setup["requests_per_replica"]) == 6
     assert setup["prefix_queries"] > 0 and 0 < setup["hit_rate"] < 1
