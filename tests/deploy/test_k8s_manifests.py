@@ -200,3 +200,20 @@ def test_the_router_parses_its_arguments_as_meant():
     assert parsed.service_discovery_namespace == K8S_NAMESPACE
     assert (parsed.policy, parsed.port) == ("cache_aware", ROUTER_PORT)
     assert parsed.health_check_endpoint == "/health"
+    # Load balancing at half the replicas' slots, not the default 64 (README: a shared system
+    # prompt would send every new chat to one replica); compose's router says the same.
+    slots = next(
+        int(env["value"])
+        for env in container(replicas, "slotserve")["env"]
+        if env["name"] == "SLOTSERVE_MAX_NUM_SEQS"
+    )
+    balance = (parsed.cache_threshold, parsed.balance_abs_threshold, parsed.balance_rel_threshold)
+    assert balance == (0.3, slots // 2, 1.5)
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    in_compose = launch_router.parse_router_args(compose["services"]["router"]["command"])
+    assert balance == (
+        in_compose.cache_threshold,
+        in_compose.balance_abs_threshold,
+        in_compose.balance_rel_threshold,
+    )
