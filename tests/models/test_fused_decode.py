@@ -174,6 +174,39 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
         torch.testing.assert_close(got[row].float(), reference, rtol=2**-7, atol=2e-3)
 
 
+@pytest.mark.parametrize("window", [1, 5, 16, 17, 40])
+def test_a_windowed_row_attends_to_its_window_only(
+    kernels: FusedDecodeKernels, window: int
+) -> None:
+    """Gemma 3's local layers: with ``window``, a row at position p attends to positions
+    p - window + 1 .. p (windows inside one block, across block edges, longer than the row),
+    with the model's own score factor."""
+    n_heads, n_kv, head_dim, cache_len = 4, 1, 32, 64
+    slots = torch.tensor([2, 0, 1])
+    positions = torch.tensor([3, 20, 47])
+    tables = _scattered_tables(3, cache_len, seed=4)
+    keys_before = _random(3, n_kv, cache_len, head_dim, seed=1)
+    values_before = _random(3, n_kv, cache_len, head_dim, seed=2)
+    qkv = _random(3, (n_heads + 2 * n_kv) * head_dim, seed=3, scale=2.0)
+    cos = torch.ones(cache_len, head_dim, dtype=BF16)  # no rotation: the reference stays plain
+    sin = torch.zeros(cache_len, head_dim, dtype=BF16)
+    scores = torch.empty((1, n_heads // n_kv * cache_len), dtype=torch.float32)
+    pooled_keys, pooled_values = _to_pool(keys_before, tables), _to_pool(values_before, tables)
+    got = kernels.decode_attention(
+        qkv, cos, sin, positions, tables[slots].contiguous(), pooled_keys, pooled_values, scores,
+        n_heads=n_heads, n_kv_heads=n_kv, window=window, scale=0.125,
+    )  # fmt: skip
+    keys, values = _from_pool(pooled_keys, tables), _from_pool(pooled_values, tables)
+    heads = qkv.view(3, -1, head_dim)
+    for row, (slot, position) in enumerate(zip(slots.tolist(), positions.tolist(), strict=True)):
+        first = max(0, position + 1 - window)
+        q = heads[row, :n_heads].float()[None, :, None, :]
+        k = keys[slot, :, first : position + 1].float()[None]
+        v = values[slot, :, first : position + 1].float()[None]
+        reference = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.125)
+        torch.testing.assert_close(got[row].float(), reference.reshape(-1), rtol=2**-7, atol=2e-3)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_rows_of_one_sequence_see_each_other_causally(
     kernels: FusedDecodeKernels, threads: int

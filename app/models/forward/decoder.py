@@ -98,6 +98,9 @@ class DecoderModel:
         # (``sl_decode_layers``); false keeps it in Python (the tests compare the two).
         self.decode_layers = True
         self._layout: tuple[KVCache, tuple[DecoderLayout | None, int]] | None = None
+        # Whether the Python loop of the fused step computes this block (Llama-style ones);
+        # Gemma 3's takes the fused step only with GGUF-block projections, in C.
+        self._python_fused = not _beyond_python_fused(hparams)
         if fused_decode:
             self.fused_decode, self.fused_decode_status = _fused_decode_for(hparams, dtype, device)
 
@@ -121,7 +124,9 @@ class DecoderModel:
         logprobs. Call under ``torch.inference_mode()``.
         """
         if hidden_out is None and self.fused_decode is not None and plan.token_rows is not None:
-            return self._forward_fused_decode(plan, cache, self.fused_decode)
+            layout = self._decoder_layout(cache, plan.token_rows.count)
+            if layout is not None or self._python_fused:
+                return self._forward_fused_decode(plan, cache, self.fused_decode, layout)
         w, hp = self.weights, self.hparams
         hidden = w.embedding(plan.token_ids)
         if self._embedding_scale is not None:
@@ -177,7 +182,11 @@ class DecoderModel:
         return project(w.lm_head, normed, None)
 
     def _forward_fused_decode(
-        self, plan: ForwardPlan, cache: KVCache, kernels: FusedDecodeKernels
+        self,
+        plan: ForwardPlan,
+        cache: KVCache,
+        kernels: FusedDecodeKernels,
+        layout: DecoderLayout | None,
     ) -> torch.Tensor:
         """:meth:`forward` for a step planned as single-token rows (``plan.token_rows``: decode
         rows and the tokens of short prompt chunks, none ``batch_invariant``), with the glue
@@ -194,8 +203,9 @@ class DecoderModel:
         # per thread.
         scores = torch.empty((threads, hp.group_size * rows.key_length), dtype=torch.float32)
         hidden = w.embedding(plan.token_ids)
-        layout = self._decoder_layout(cache, rows.count)
         if layout is not None:  # the loop below, in one C call
+            if self._embedding_scale is not None:
+                hidden = hidden * self._embedding_scale
             hidden = hidden.contiguous()
             kernels.decode_layers(
                 layout,
@@ -252,7 +262,13 @@ class DecoderModel:
         """``(layout, most rows it takes)``, or ``(None, 0)`` when a layer does not fit."""
         hp, layers = self.hparams, []
         max_rows = EXACT_ROWS_ANY
+        local = hp.local_attention
         for index, layer in enumerate(self.weights.layers):
+            is_local = local is not None and local.layers[index]
+            rope = self._local_rope if is_local and self._local_rope is not None else (
+                self._rope_cos,
+                self._rope_sin,
+            )
             projections = (layer.qkv, layer.attn_output, layer.gate_up, layer.down)
             if layer.experts is not None or not all(
                 isinstance(p, GGMLLinear) for p in projections
@@ -268,6 +284,10 @@ class DecoderModel:
                     layer.qk_norm,
                     cache.keys[index],
                     cache.values[index],
+                    *rope,
+                    layer.attn_post_norm,
+                    layer.ffn_post_norm,
+                    local.window if is_local and local is not None else 0,
                 )
             )
         layout = decoder_layout(
@@ -276,9 +296,9 @@ class DecoderModel:
             ffn=hp.feed_forward_length,
             n_heads=hp.head_count,
             n_kv_heads=hp.head_count_kv,
-            rope_cos=self._rope_cos,
-            rope_sin=self._rope_sin,
             eps=hp.rms_norm_eps,
+            gelu_tanh=hp.ffn_activation is Activation.GELU_TANH,
+            attention_scale=hp.attention_scale,
         )
         return layout, max_rows
 
@@ -337,17 +357,36 @@ def _fused_decode_for(
     if beyond:
         return None, (
             f"eager decode ({hparams.architecture}: {', '.join(beyond)}; the fused kernels "
-            "compute Llama-style blocks)"
+            "compute Llama-style and Gemma 3 blocks)"
         )
     unfit = check_attention_shapes(hparams.head_count, hparams.head_count_kv, hparams.head_dim)
     if unfit is not None:
         return None, f"eager decode ({unfit})"
     kernels, how = load_fused_decode()
-    return kernels, how if kernels is not None else f"eager decode (fused kernels: {how})"
+    if kernels is None:
+        return None, f"eager decode (fused kernels: {how})"
+    python_beyond = _beyond_python_fused(hparams)
+    if python_beyond:
+        how += (
+            f"; {hparams.architecture} ({', '.join(python_beyond)}) in the C layer loop only: "
+            "with GGUF-block projections, else eager decode"
+        )
+    return kernels, how
 
 
 def _beyond_fused_kernels(hparams: HParams) -> list[str]:
-    """What of this model the fused decode kernels do not compute (empty: they fit)."""
+    """What of this model no fused decode step computes (empty: the C layer loop fits)."""
+    beyond = []
+    if hparams.rotary_dims != hparams.head_dim:
+        beyond.append("partial rotary")
+    if hparams.experts is not None:
+        beyond.append("mixture of experts")
+    return beyond
+
+
+def _beyond_python_fused(hparams: HParams) -> list[str]:
+    """What of this model the Python loop of the fused step does not compute (the C layer
+    loop, ``sl_decode_layers``, does: Gemma 3's block)."""
     beyond = []
     if hparams.ffn_activation is not Activation.SILU:
         beyond.append(f"{hparams.ffn_activation.value} MLP")
@@ -359,10 +398,6 @@ def _beyond_fused_kernels(hparams: HParams) -> list[str]:
         beyond.append("scaled embedding")
     if hparams.attention_scale is not None:
         beyond.append("attention scale")
-    if hparams.rotary_dims != hparams.head_dim:
-        beyond.append("partial rotary")
-    if hparams.experts is not None:
-        beyond.append("mixture of experts")
     return beyond
 
 

@@ -7,7 +7,7 @@
  *
  *   fused_decode.h            this header: the bfloat16 type and arithmetic the kernels share,
  *                             and the three functions the library exports (called via ctypes)
- *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul: row-wise kernels
+ *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul, sl_gelu_tanh_mul: row-wise kernels
  *   fused_decode_attention.c  sl_decode_attention: rope, K/V cache write, paged attention
  *   fused_decode_layers.c     sl_decode_layers: every layer of a step in one call, for models
  *                             whose projections compute on GGUF blocks
@@ -99,13 +99,15 @@ static inline float exp_approx(float x) {
 void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
                  bf16 *out, int64_t rows, int64_t dim, float eps);
 void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn);
+void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn);
 void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_cos,
                          const bf16 *rope_sin, const int64_t *positions,
                          const int64_t *block_tables, int64_t table_stride, bf16 *keys,
                          bf16 *values, int64_t pool_len, int64_t block_size, float *scores,
                          int64_t scores_per_thread, bf16 *out, int64_t rows, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t threads,
-                         const bf16 *q_norm, const bf16 *k_norm, float eps);
+                         const bf16 *q_norm, const bf16 *k_norm, float eps, int64_t window,
+                         float scale);
 
 /* The GGUF-block library's sl_quant_matmul (app/models/kernels/ggml_quant_matmul.c). */
 typedef int (*sl_matmul_fn)(int isa, int n_segments, const int32_t *qtypes,
@@ -128,9 +130,12 @@ typedef struct {
 /* One decoder layer (ctypes mirror: _DecoderLayer). */
 typedef struct {
     sl_block_projection qkv, output, gate_up, down;
-    const bf16 *attn_norm, *ffn_norm; /* [hidden] each */
-    const bf16 *q_norm, *k_norm;      /* [head_dim] each, or NULL */
-    bf16 *keys, *values;              /* [n_kv_heads, pool_len, head_dim] each */
+    const bf16 *attn_norm, *ffn_norm;           /* [hidden] each (NULL: folded) */
+    const bf16 *attn_post_norm, *ffn_post_norm; /* [hidden] each, or NULL (Gemma 3's) */
+    const bf16 *q_norm, *k_norm;                /* [head_dim] each, or NULL */
+    bf16 *keys, *values;               /* [n_kv_heads, pool_len, head_dim] each */
+    const bf16 *rope_cos, *rope_sin;   /* [max_positions, head_dim] each: this layer's rope */
+    int64_t window;                    /* 0, or the layer's sliding window */
 } sl_decoder_layer;
 
 /* The model (ctypes mirror: _Decoder). */
@@ -140,9 +145,10 @@ typedef struct {
     int64_t n_layers;
     const sl_decoder_layer *layers;
     int64_t hidden, ffn, n_heads, n_kv_heads, head_dim;
-    const bf16 *rope_cos, *rope_sin;
     int64_t pool_len, block_size;
+    int64_t gelu_tanh; /* the gated MLP's activation: 0 silu, 1 GELU (tanh approximation) */
     float eps;
+    float attention_scale; /* 0: 1 / sqrt(head_dim) */
 } sl_decoder;
 
 int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,

@@ -118,6 +118,15 @@ class FusedDecodeKernels:
         self.library.sl_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
         return out
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``gelu_tanh(gate) * up`` (GELU's tanh approximation, Gemma's MLP) for
+        ``gate_up [rows, 2 * ffn]`` -> ``[rows, ffn]``."""
+        rows, width = gate_up.shape
+        self._check(gate_up)
+        out = torch.empty((rows, width // 2), dtype=torch.bfloat16)
+        self.library.sl_gelu_tanh_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+        return out
+
     def decode_attention(
         self,
         qkv: torch.Tensor,
@@ -134,6 +143,8 @@ class FusedDecodeKernels:
         threads: int = 1,
         qk_norm: torch.Tensor | None = None,
         eps: float = 0.0,
+        window: int = 0,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """Rope, K/V cache write and attention for single-token rows.
 
@@ -155,6 +166,9 @@ class FusedDecodeKernels:
                 of the query heads then the key heads (Qwen3; ``LayerWeights.qk_norm``: one
                 ``q_norm`` row repeated, then one ``k_norm`` row repeated), applied before rope
                 with epsilon ``eps``.
+            window: 0, or a sliding window: a row attends to the ``window`` positions up to its
+                own (Gemma 3's local layers).
+            scale: the scores' factor (None: ``1 / sqrt(head_dim)``).
 
         Returns:
             ``[rows, n_heads * head_dim]`` attention output (before the output projection).
@@ -192,6 +206,8 @@ class FusedDecodeKernels:
             q_norm,
             k_norm,
             eps,
+            window,
+            scale or 0.0,
         )
         return out
 
@@ -269,10 +285,15 @@ class _DecoderLayer(ctypes.Structure):
         ("down", _BlockProjection),
         ("attn_norm", _c_void_p),
         ("ffn_norm", _c_void_p),
+        ("attn_post_norm", _c_void_p),
+        ("ffn_post_norm", _c_void_p),
         ("q_norm", _c_void_p),
         ("k_norm", _c_void_p),
         ("keys", _c_void_p),
         ("values", _c_void_p),
+        ("rope_cos", _c_void_p),
+        ("rope_sin", _c_void_p),
+        ("window", _c_int64),
     )
 
 
@@ -290,21 +311,29 @@ class _Decoder(ctypes.Structure):
         ("n_heads", _c_int64),
         ("n_kv_heads", _c_int64),
         ("head_dim", _c_int64),
-        ("rope_cos", _c_void_p),
-        ("rope_sin", _c_void_p),
         ("pool_len", _c_int64),
         ("block_size", _c_int64),
+        ("gelu_tanh", _c_int64),
         ("eps", _c_float),
+        ("attention_scale", _c_float),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class BlockLayer:
-    """One decoder layer as :func:`decoder_layout` takes it: the four projections' prepared
-    GGUF-block arguments and float32 biases (``[out]`` or None), the RMSNorm weights
-    (``[hidden]`` bfloat16, or None when folded), the per-head q/k norm (``[n_heads +
-    n_kv_heads, head_dim]`` bfloat16 or None) and the layer's K/V cache
-    (``[n_kv_heads, pool_len, head_dim]`` bfloat16 each)."""
+    """One decoder layer as :func:`decoder_layout` takes it.
+
+    Attributes:
+        projections: QKV, output, gate/up and down: each its prepared GGUF-block arguments and
+            float32 bias (``[out]`` or None).
+        attn_norm, ffn_norm: ``[hidden]`` bfloat16 RMSNorm weights, or None when folded.
+        qk_norm: ``[n_heads + n_kv_heads, head_dim]`` bfloat16 per-head norm, or None.
+        keys, values: the layer's K/V cache, ``[n_kv_heads, pool_len, head_dim]`` bfloat16.
+        rope_cos, rope_sin: ``[max_positions, head_dim]`` bfloat16: this layer's rope tables.
+        attn_post_norm, ffn_post_norm: ``[hidden]`` bfloat16 norms of the attention and MLP
+            outputs before their residual adds (Gemma 3), or None.
+        window: 0, or the layer's sliding window (Gemma 3's local layers).
+    """
 
     projections: tuple[tuple[PreparedSegments, torch.Tensor | None], ...]
     attn_norm: torch.Tensor | None
@@ -312,6 +341,11 @@ class BlockLayer:
     qk_norm: torch.Tensor | None
     keys: torch.Tensor
     values: torch.Tensor
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    attn_post_norm: torch.Tensor | None = None
+    ffn_post_norm: torch.Tensor | None = None
+    window: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,16 +370,18 @@ def decoder_layout(
     ffn: int,
     n_heads: int,
     n_kv_heads: int,
-    rope_cos: torch.Tensor,
-    rope_sin: torch.Tensor,
     eps: float,
+    gelu_tanh: bool = False,
+    attention_scale: float | None = None,
 ) -> DecoderLayout:
     """The C view of a model whose projections are all GGUF blocks, built once per KV cache.
+    ``gelu_tanh``: the gated MLP's activation is GELU (tanh approximation), else SiLU;
+    ``attention_scale``: the scores' factor (None: ``1 / sqrt(head_dim)``).
 
     Raises:
-        ValueError: a tensor that is not CPU bfloat16 and contiguous, or mismatched shapes.
+        ValueError: a tensor that is not contiguous bfloat16 or float32.
     """
-    keep: list[object] = [rope_cos, rope_sin]
+    keep: list[object] = []
 
     def pointer(tensor: torch.Tensor | None) -> int | None:
         if tensor is None:
@@ -376,8 +412,12 @@ def decoder_layout(
         if layer.qk_norm is not None:
             q_norm, k_norm = pointer(layer.qk_norm[0]), pointer(layer.qk_norm[n_heads])
         struct.attn_norm, struct.ffn_norm = pointer(layer.attn_norm), pointer(layer.ffn_norm)
+        struct.attn_post_norm = pointer(layer.attn_post_norm)
+        struct.ffn_post_norm = pointer(layer.ffn_post_norm)
         struct.q_norm, struct.k_norm = q_norm, k_norm
         struct.keys, struct.values = pointer(layer.keys), pointer(layer.values)
+        struct.rope_cos, struct.rope_sin = pointer(layer.rope_cos), pointer(layer.rope_sin)
+        struct.window = layer.window
         hidden = layer.projections[1][0].out_features
         _, pool_len, head_dim = layer.keys.shape
     decoder = _Decoder(
@@ -391,11 +431,11 @@ def decoder_layout(
         n_heads,
         n_kv_heads,
         head_dim,
-        pointer(rope_cos),
-        pointer(rope_sin),
         pool_len,
         KV_BLOCK_SIZE,
+        int(gelu_tanh),
         eps,
+        attention_scale or 0.0,
     )
     return DecoderLayout(decoder, structs, tuple(keep))
 
@@ -425,6 +465,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.sl_rms_norm.restype = None
     library.sl_silu_mul.argtypes = [_c_void_p, _c_void_p, _c_int64, _c_int64]
     library.sl_silu_mul.restype = None
+    library.sl_gelu_tanh_mul.argtypes = [_c_void_p, _c_void_p, _c_int64, _c_int64]
+    library.sl_gelu_tanh_mul.restype = None
     library.sl_decode_attention.argtypes = [
         _c_void_p,  # qkv
         _c_int64,  # qkv_stride
@@ -448,6 +490,8 @@ def _declare(library: ctypes.CDLL) -> None:
         _c_void_p,  # q_norm
         _c_void_p,  # k_norm
         _c_float,  # eps
+        _c_int64,  # window
+        _c_float,  # scale
     ]
     library.sl_decode_attention.restype = None
     library.sl_decode_layers.argtypes = [

@@ -80,6 +80,8 @@ struct attention_args {
     const bf16 *q_norm;
     const bf16 *k_norm;
     float eps;
+    int64_t window; /* > 0: a key is visible while position - key < window */
+    float scale;    /* the scores' factor */
 };
 
 /* One head of the QKV row, RMS-normalised into scratch when the model norms its heads
@@ -138,6 +140,20 @@ static inline const bf16 *walk_next(struct block_walk *w, int64_t blocks) {
     return w->block + w->offset++ * w->head_dim;
 }
 
+/* A walk of positions first, first + 1, ... (a windowed layer's keys): the block holding
+ * `first` entered, its earlier positions skipped. */
+static inline struct block_walk walk_from(const struct attention_args *a, const bf16 *pool,
+                                          const int64_t *table, int64_t kv, int64_t first,
+                                          int64_t blocks) {
+    struct block_walk walk = walk_start(a, pool, table, kv);
+    if (first > 0) {
+        walk.next_block = first / a->block_size;
+        walk_next(&walk, blocks);
+        walk.offset = first % a->block_size;
+    }
+    return walk;
+}
+
 enum { MAX_HEAD_DIM = 256, MAX_GROUP = 16 };
 
 /* The new key (normed when the model norms its heads, rotated) and value of rows [begin, end)
@@ -175,7 +191,7 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
                         float *scores) {
     const int64_t head_dim = a->head_dim, n_heads = a->n_heads, n_kv_heads = a->n_kv_heads;
     const int64_t group = n_heads / n_kv_heads;
-    const float scale = 1.0f / sqrtf((float)head_dim);
+    const float scale = a->scale;
     float query[MAX_GROUP][MAX_HEAD_DIM];
     float key[MAX_HEAD_DIM];
     float acc[MAX_GROUP][MAX_HEAD_DIM];
@@ -187,27 +203,31 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
         SL_TILED_ATTENTION && a->block_size == SL_TILE_POSITIONS && head_dim % 64 == 0;
     for (int64_t r = begin; r < end; ++r) {
         const int64_t position = a->positions[r];
-        const int64_t length = position + 1;
+        /* positions first .. position are attended: all of them, or the window's */
+        const int64_t first = a->window > 0 && position + 1 > a->window ? position + 1 - a->window
+                                                                          : 0;
+        const int64_t length = position + 1 - first;
         const bf16 *row = a->qkv + r * a->qkv_stride;
         const bf16 *cos = a->rope_cos + position * head_dim;
         const bf16 *sin = a->rope_sin + position * head_dim;
         const int64_t *table = a->block_tables + r * a->table_stride;
+        const int tiled_row = tiled && first == 0;
         for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
             for (int64_t g = 0; g < group; ++g) {
                 const bf16 *head = normed_head(row + (kv * group + g) * head_dim, a->q_norm,
                                                a->eps, normed, head_dim);
                 rope_head(head, cos, sin, query[g], head_dim);
             }
-            const int64_t blocks = (length + a->block_size - 1) / a->block_size;
+            const int64_t blocks = (position + a->block_size) / a->block_size;
 #if SL_TILED_ATTENTION
-            if (tiled) {
+            if (tiled_row) {
                 sl_tile_scores(query[0], MAX_HEAD_DIM, group, a->keys, table, kv * a->pool_len,
                                head_dim, length, scale, scores);
             }
 #endif
-            if (!tiled) {
+            if (!tiled_row) {
                 /* Scores: each cached key is read once for the whole query group. */
-                struct block_walk keys_walk = walk_start(a, a->keys, table, kv);
+                struct block_walk keys_walk = walk_from(a, a->keys, table, kv, first, blocks);
                 for (int64_t t = 0; t < length; ++t) {
                     const bf16 *k = walk_next(&keys_walk, blocks);
                     for (int64_t g = 0; g < group; ++g) {
@@ -257,14 +277,14 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
                 memset(acc[g], 0, (size_t)head_dim * sizeof(float));
             }
 #if SL_TILED_ATTENTION
-            if (tiled) {
+            if (tiled_row) {
                 sl_tile_values(scores, group, a->values, table, kv * a->pool_len, head_dim,
                                length, acc[0], MAX_HEAD_DIM);
             }
 #endif
-            if (!tiled) {
+            if (!tiled_row) {
                 /* Weighted sum of the values: each cached value is read once for the group. */
-                struct block_walk values_walk = walk_start(a, a->values, table, kv);
+                struct block_walk values_walk = walk_from(a, a->values, table, kv, first, blocks);
                 for (int64_t t = 0; t < length; ++t) {
                     const bf16 *v = walk_next(&values_walk, blocks);
                     for (int64_t d = 0; d < head_dim; ++d) {
@@ -312,9 +332,13 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
  *            every key head before the rotary embedding (Qwen3's per-head q/k norm), rounded as
  *            sl_rms_norm rounds; eps is their epsilon.
  *
+ * window:    0, or a sliding window (Gemma 3's local layers): then row r attends to positions
+ *            max(0, positions[r] - window + 1)..positions[r] only.
+ * scale:     the scores' factor; 0: 1 / sqrt(head_dim).
+ *
  * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). Row r
  * attends to positions 0..positions[r] of its blocks (its own new key included), with scores
- * scaled by 1 / sqrt(head_dim) and a float32 softmax; the output is rounded once.
+ * times `scale` and a float32 softmax; the output is rounded once.
  */
 void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_cos,
                          const bf16 *rope_sin, const int64_t *positions,
@@ -322,11 +346,13 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
                          bf16 *values, int64_t pool_len, int64_t block_size, float *scores,
                          int64_t scores_per_thread, bf16 *out, int64_t rows, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t threads,
-                         const bf16 *q_norm, const bf16 *k_norm, float eps) {
+                         const bf16 *q_norm, const bf16 *k_norm, float eps, int64_t window,
+                         float scale) {
     const struct attention_args args = {
         qkv,      qkv_stride, rope_cos,   rope_sin, positions, block_tables,
         table_stride, keys,   values,     pool_len, block_size, out,
-        n_heads,  n_kv_heads, head_dim,   q_norm,   k_norm,    eps};
+        n_heads,  n_kv_heads, head_dim,   q_norm,   k_norm,    eps,
+        window,   scale > 0.0f ? scale : 1.0f / sqrtf((float)head_dim)};
 #ifndef _OPENMP
     threads = 1; /* built without OpenMP (app/models/kernels/fused_decode.py says when) */
     (void)scores_per_thread;

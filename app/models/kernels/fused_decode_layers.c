@@ -1,6 +1,7 @@
 /*
  * Every decoder layer of a single-token-rows step in one call, for models whose projections
- * compute on GGUF blocks: the loop of DecoderModel._forward_fused_decode moved into C, so a
+ * compute on GGUF blocks (Llama-style blocks, and Gemma 3's: norms after attention and MLP,
+ * GELU, sliding-window layers with their own rope, its attention scale): the loop of DecoderModel._forward_fused_decode moved into C, so a
  * step costs the kernels' time and not ~7 ctypes calls, tensor allocations and Python
  * statements per layer (on SmolLM2, 30 layers, one row: ~3 ms of a ~12 ms step went between
  * the kernels; docs/MODEL_PERF.md).
@@ -31,41 +32,67 @@ int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,
     const int64_t dim = model->hidden, ffn = model->ffn;
     const int64_t q_width = model->n_heads * model->head_dim;
     const int64_t qkv_width = q_width + 2 * model->n_kv_heads * model->head_dim;
-    bf16 *normed = workspace;                /* [rows, dim] */
-    bf16 *qkv = normed + rows * dim;         /* [rows, qkv_width] */
-    bf16 *attended = qkv + rows * qkv_width; /* [rows, q_width] */
-    bf16 *sum = attended + rows * q_width;   /* [rows, dim]: the attention's residual sum */
-    bf16 *gate_up = sum + rows * dim;        /* [rows, 2 * ffn] */
+    bf16 *normed = workspace;                   /* [rows, dim] */
+    bf16 *qkv = normed + rows * dim;            /* [rows, qkv_width] */
+    bf16 *attended = qkv + rows * qkv_width;    /* [rows, q_width] */
+    bf16 *gate_up = attended + rows * q_width;  /* [rows, 2 * ffn] */
     bf16 *activated = gate_up + rows * 2 * ffn; /* [rows, ffn] */
+    /* Three [rows, dim] buffers take turns: the residual stream, a block's output, and its
+     * post norm (Gemma 3); the stream starts in `hidden` and is copied back at the end. */
+    bf16 *buffers[3] = {hidden, activated + rows * ffn, activated + rows * ffn + rows * dim};
+    int stream = 0;
     const sl_matmul_fn matmul = model->matmul;
     const float eps = model->eps;
 
     sl_rms_norm(hidden, dim, NULL, model->layers[0].attn_norm, normed, rows, dim, eps);
     for (int64_t index = 0; index < model->n_layers; ++index) {
         const sl_decoder_layer *layer = &model->layers[index];
+        /* The next layer's attention norm (after the last layer the norm is the output
+         * norm, torch's: only the residual add is wanted here). */
+        const bf16 *following = index + 1 < model->n_layers ? model->layers[index + 1].attn_norm
+                                                             : NULL;
         int status;
 #define SL_PROJECT(p, x, width, y)                                                             \
-    matmul(model->isa, (p)->n_segments, (p)->qtypes, (p)->weights, (p)->seg_rows, width, x, 1, \
-           rows, width, (p)->bias, NULL, 0, y, 1, (p)->out_features, NULL, model->threads)
+    matmul((int)model->isa, (int)(p)->n_segments, (p)->qtypes, (p)->weights, (p)->seg_rows,    \
+           width, x, 1, rows, width, (p)->bias, NULL, 0, y, 1, (p)->out_features, NULL,         \
+           (int)model->threads)
+/* stream += post_norm(out) (or out without a post norm); normed = norm(stream) with
+ * `weight`. The sum is rounded, then normalised: DecoderModel's order. */
+#define SL_RESIDUAL(out_index, post_norm, weight)                                               \
+    do {                                                                                        \
+        int sum_index = out_index;                                                              \
+        if ((post_norm) != NULL) {                                                              \
+            sum_index = 3 - stream - (out_index);                                               \
+            sl_rms_norm(buffers[out_index], dim, NULL, post_norm, buffers[sum_index], rows, dim, \
+                        eps);                                                                   \
+        }                                                                                       \
+        sl_rms_norm(buffers[sum_index], dim, buffers[stream], weight, normed, rows, dim, eps);  \
+        stream = sum_index;                                                                     \
+    } while (0)
         if ((status = SL_PROJECT(&layer->qkv, normed, dim, qkv)) != 0) return status;
-        sl_decode_attention(qkv, qkv_width, model->rope_cos, model->rope_sin, positions,
+        sl_decode_attention(qkv, qkv_width, layer->rope_cos, layer->rope_sin, positions,
                             block_tables, table_stride, layer->keys, layer->values,
                             model->pool_len, model->block_size, scores, scores_per_thread,
                             attended, rows, model->n_heads, model->n_kv_heads, model->head_dim,
-                            attention_threads, layer->q_norm, layer->k_norm, eps);
-        if ((status = SL_PROJECT(&layer->output, attended, q_width, sum)) != 0) return status;
-        /* sum += hidden; normed = norm(sum): sum now holds the residual stream */
-        sl_rms_norm(sum, dim, hidden, layer->ffn_norm, normed, rows, dim, eps);
+                            attention_threads, layer->q_norm, layer->k_norm, eps, layer->window,
+                            model->attention_scale);
+        const int attention_out = (stream + 1) % 3;
+        if ((status = SL_PROJECT(&layer->output, attended, q_width, buffers[attention_out])) != 0)
+            return status;
+        SL_RESIDUAL(attention_out, layer->attn_post_norm, layer->ffn_norm);
         if ((status = SL_PROJECT(&layer->gate_up, normed, dim, gate_up)) != 0) return status;
-        sl_silu_mul(gate_up, activated, rows, ffn);
-        if ((status = SL_PROJECT(&layer->down, activated, ffn, hidden)) != 0) return status;
+        if (model->gelu_tanh)
+            sl_gelu_tanh_mul(gate_up, activated, rows, ffn);
+        else
+            sl_silu_mul(gate_up, activated, rows, ffn);
+        const int mlp_out = (stream + 1) % 3;
+        if ((status = SL_PROJECT(&layer->down, activated, ffn, buffers[mlp_out])) != 0)
+            return status;
+        SL_RESIDUAL(mlp_out, layer->ffn_post_norm, following);
+#undef SL_RESIDUAL
 #undef SL_PROJECT
-        /* hidden += sum; normed = the next layer's attention norm of it (after the last
-         * layer the norm is the output norm, torch's: only the add is wanted here) */
-        const bf16 *following = index + 1 < model->n_layers ? model->layers[index + 1].attn_norm
-                                                             : NULL;
-        sl_rms_norm(hidden, dim, sum, following, normed, rows, dim, eps);
     }
+    if (stream != 0) memcpy(hidden, buffers[stream], (size_t)(rows * dim) * sizeof(bf16));
     return 0;
 }
 
@@ -73,5 +100,5 @@ int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,
 int64_t sl_decode_layers_workspace(const sl_decoder *model, int64_t rows) {
     const int64_t q_width = model->n_heads * model->head_dim;
     const int64_t qkv_width = q_width + 2 * model->n_kv_heads * model->head_dim;
-    return rows * (model->hidden + qkv_width + q_width + model->hidden + 3 * model->ffn);
+    return rows * (model->hidden + qkv_width + q_width + 3 * model->ffn + 2 * model->hidden);
 }
