@@ -1,16 +1,18 @@
 """scripts/bench_routing.py: the hit-rate arithmetic and its bound on made-up counters, the
-medians and ratios over rounds, the mock's KV pool sized to a share of the chats, and one small
-run through the cache-aware router with mock replicas (every process stopped at the end)."""
+medians and ratios over rounds, the mock's KV pool sized to a share of the chats, the long-turn
+workload's turns and pool, and one small run through the cache-aware router with mock replicas
+(every process stopped at the end)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from bench_routing import main, mock_context, mock_kv_bytes, server_args
+from bench_routing import WORKLOADS, main, mock_context, mock_kv_bytes, server_args
 from harness.metrics import Metrics
 from harness.router import find_router
 from scenarios.routing import (
+    TURN_FRAME,
     RouterSettings,
     RoutingBench,
     SetupResult,
@@ -18,6 +20,7 @@ from scenarios.routing import (
     TurnRecord,
     median_result,
     own_tokens,
+    question,
     ratios,
     summarize,
 )
@@ -103,6 +106,38 @@ def test_the_mock_pool_holds_a_share_of_the_chats() -> None:
     assert "--kv-cache-memory" not in server_args("mock", 20, 8, 64, None)
 
 
+def test_the_documents_workload_has_long_turns_and_a_pool_to_match() -> None:
+    chat, documents = (
+        RoutingBench(
+            setups=("router",),
+            server_args=(),
+            question_words=WORKLOADS[name].question_words,
+            answer_tokens=WORKLOADS[name].answer_tokens,
+        )
+        for name in ("chat", "documents")
+    )
+    turns = [
+        len((TURN_FRAME + question(documents, c, t)).encode())
+        for c in range(documents.conversations)
+        for t in range(1, documents.turns + 1)
+    ]
+    assert 300 <= min(turns) and max(turns) <= 600  # a pasted passage, in bytes (mock tokens)
+    assert documents.answer_tokens == 100
+    # The system prompt's share of the prompt tokens, with ~590 of them: well under a third.
+    system, prompts, history = 590, 0, 590
+    for turn in turns[: documents.turns]:
+        history += turn
+        prompts += history
+        history += documents.answer_tokens
+    assert documents.turns * system / prompts < 0.3
+    # The pool holds the same 8 chats, so it grows with them.
+    grown = own_tokens(documents) / own_tokens(chat)
+    system_bytes = -(-(500 + 96) // 16) * 16 * 4
+    eight = [mock_kv_bytes(bench, 8, 1) - system_bytes for bench in (chat, documents)]
+    assert eight[1] / eight[0] == pytest.approx(grown, rel=0.05)
+    assert mock_context(documents) >= 590 + 5 * max(turns) + 5 * 100
+
+
 def test_router_settings_become_its_flags() -> None:
     flags = RouterSettings(0.3, 4, 1.5).flags()
     assert flags == (
@@ -123,12 +158,17 @@ def test_a_small_run_through_the_router_writes_its_report(tmp_path) -> None:
     main(
         ["--setups", "router", "--replicas", "2", "--conversations", "3", "--turns", "2"]
         + ["--system-tokens", "64", "--answer-tokens", "4", "--think-s", "0", "--rounds", "2"]
+        + ["--workload", "chat", "documents", "--question-words", "4"]
         + ["--mock-step-ms", "2", "--out", str(out), "--plot", str(plot)]
     )
     report = json.loads(out.read_text())
-    assert "--kv-cache-memory" in report["config"]["server_args"]
-    assert len(report["rounds"]) == 2 and report["ratios"] == []  # no baseline in this run
-    [setup] = report["setups"]
+    assert report["config"]["out"] == str(out)  # outside the repository: as given
+    assert [part["workload"] for part in report["workloads"]] == ["chat", "documents"]
+    [part, _] = report["workloads"]
+    assert part["question_words"] == 4 and part["answer_tokens"] == 4  # the flags win
+    assert "--kv-cache-memory" in part["server_args"]
+    assert len(part["rounds"]) == 2 and part["ratios"] == []  # no baseline in this run
+    [setup] = part["setups"]
     assert setup["setup"] == "router" and setup["errors"] == 0
     assert sum(setup["requests_per_replica"]) == 6
     assert setup["prefix_queries"] > 0 and 0 < setup["hit_rate"] < 1
