@@ -159,8 +159,9 @@ class Sequence:
         admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
         matcher: the request's place in its constraint's language, from admission until it
             finishes (None when unconstrained, waiting or finished).
-        draft_acceptance: speculative decoding's running estimate of the share of its
-            drafted tokens the model accepts (``NgramSpeculation`` reads and updates it).
+        draft_acceptance: speculative decoding's running estimate of the probability that
+            a drafted token is accepted when those before it were (``NgramSpeculation``
+            reads and updates it).
     """
 
     request: GenerationRequest

@@ -25,6 +25,8 @@ token. Unconstrained rows carry no mask.
 
 With ``--speculative-ngram`` a decoding row may carry a draft (:mod:`app.engine.speculation`);
 ``apply`` appends its accepted tokens one by one, and the rejected positions' blocks go back.
+Each decode-only step is timed from ``schedule`` to the end of ``apply`` (``draft_costs``):
+what a drafted token costs is measured on the steps themselves.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class Scheduler:
         self._release_slot = release_slot
         self._clock = clock
         self.speculation = speculation if capabilities.verifies_drafts else NO_SPECULATION
+        self.draft_costs = self.speculation.cost_model()  # timed steps: what a draft costs
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
         self.kv: KVAdmission | None = None
@@ -214,12 +217,14 @@ class Scheduler:
         after those for every slot without one, so the step has exactly ``max_num_seqs``
         rows. Returns None when no slot is busy.
         """
+        started = self._clock()
         if self.kv is not None:
             self.kv.grow_decoding(self.running(), preempt=self._preempt)
         blocks = self.kv_blocks
         budget = self.max_num_batched_tokens
         sequences = [seq for seq in self.running() if not seq.is_prefilling]
-        drafts = self.speculation.drafts(sequences, budget, self.capabilities, self.kv)
+        costs = self.draft_costs
+        drafts = self.speculation.drafts(sequences, budget, self.capabilities, self.kv, costs)
         rows = [decode_row(s, blocks, d) for s, d in zip(sequences, drafts, strict=True)]
         budget -= sum(len(row.token_ids) for row in rows)
         waiting_prompt = (seq for seq in self.running() if seq.is_prefilling)
@@ -233,9 +238,13 @@ class Scheduler:
             budget -= len(row.token_ids)
         if not rows:
             return None
+        decode_only = len(rows) == len(drafts)
         if self.capabilities.fixed_batch_shape:
             rows.extend(padding_rows(rows, len(self.slots)))
-        return ScheduledStep(StepBatch(tuple(rows)), tuple(sequences))
+        step = ScheduledStep(StepBatch(tuple(rows)), tuple(sequences))
+        drafted = sum(map(len, drafts))
+        costs.scheduled(step, started, len(drafts) if decode_only else 0, drafted)
+        return step
 
     def apply(self, step: ScheduledStep, output: StepOutput) -> None:
         """Applies one step's output: advances state, appends tokens, finishes what is done.
@@ -272,6 +281,7 @@ class Scheduler:
             self._append_tokens(result, now)
             if kv is not None and row.num_draft_tokens:
                 kv.rollback(seq)  # the rejected positions' blocks (a no-op once finished)
+        self.draft_costs.applied(step, self._clock())
 
     def fail(self, step: ScheduledStep, message: str) -> None:
         """Ends every sequence of a failed step (still in its slot) with an ERROR."""

@@ -19,22 +19,49 @@ with penalties (which count the tokens before each position) decode normally, on
 step, and so does a row with ``min_tokens`` until it has generated that many (the hold-back
 depends on the position); logit bias, the same at every position, drafts.
 
-Back-off (``worth_drafting``): a drafted token costs a share of the step, and that share grows
-with the rows in the step: while few rows decode, a CPU step is bound by reading the weights
-and extra positions are cheap; with many it is bound by compute. Measured
-(``scripts/bench_speculation.py --step-cost``: SmolLM2 bfloat16, a 2-core AVX2 CPU, context 256,
-4 drafted tokens a row), one drafted token costs 9% of a plain step at 1 row, 15% at 2, 20% at
-4, 34% at 8, 47% at 16 and 53% at 32 (``DRAFT_TOKEN_COST``). A drafted token earns a token when
-accepted, so a row drafts while its own running acceptance (``Sequence.draft_acceptance``, an
-exponential average over its verified drafts, starting at 0.5) is at least the cost at the
-step's number of decoding rows; a row held back creeps up by ``ACCEPTANCE_RECOVERY`` a step,
-so it tries again now and then (text that starts copying its input is found again). Drafted
-tokens also count against the step's token budget (``max_num_batched_tokens``) like any other.
+Back-off: a row drafts as many tokens as are worth their cost, and the cost is measured on the
+running server, step by step (:class:`DraftCosts`).
+
+*What a drafted token costs.* A decode-only step of ``R`` rows takes ``T0(R)`` seconds plain
+(each row ``T0(R) / R``) and ``T0(R) + D * m`` with ``D`` drafted tokens among its rows. Its
+cost ``c(R) = m / (T0(R) / R)`` is a drafted token's extra time over a plain row's share:
+speculation is worth it exactly when the drafted tokens earn more than ``c`` tokens each
+(``R + accepted`` tokens in ``T0 (1 + c D / R)`` beats ``R`` in ``T0``). The scheduler times
+every step from ``schedule`` to the end of ``apply``, so the figure holds the model's extra
+positions, the verification's sampling per position, the drafting and the KV rollback, on
+the kernels and the cores the server has now. Decode-only steps are kept (a prompt chunk
+would swamp the difference): ``T0(R)`` is the median of the last plain steps at exactly ``R``
+rows, and each step with drafts gives one sample ``c = (T / T0(R) - 1) R / D``; ``c(R)`` is
+the median of the last ``COST_SAMPLES`` samples at ``R``'s row class (1, 2-3, 4-7, ...,
+64+). Medians, because a shared machine's steps spike. A row count whose plain time is
+unknown, or ``PLAIN_EVERY`` drafted steps old, gets a plain step (no row drafts) to measure
+it; until a row class has ``MIN_COST_SAMPLES`` samples, ``DRAFT_TOKEN_COST`` stands in.
+
+*How many tokens a row drafts.* Each row keeps ``Sequence.draft_acceptance``: the running
+probability ``q`` that a drafted token is accepted given that the ones before it were (an
+exponential average over its verified positions, weight ``ACCEPTANCE_WEIGHT``, from 0.5).
+The ``j``-th drafted token is accepted with probability ``q**j`` and costs ``c``, so a row
+drafts ``j`` tokens for every ``j <= K`` with ``q**j >= c``: a row that copies its input
+drafts the full ``K``, a row of free text one or two tokens, and none once ``q < c``. A row
+held back gains ``ACCEPTANCE_RECOVERY`` a step, so it drafts one token again now and then
+(text that starts copying its input is found again, and the row class's cost is sampled
+again). Drafted tokens also count against the step's token budget
+(``max_num_batched_tokens``) like any other.
+
+*Measured* (``scripts/bench_speculation.py --step-cost``, SmolLM2-135M Q4_1 on the quantized
+kernels, a 2-core AVX2 AMD EPYC shared with other work, context 256, 4 drafted tokens a row;
+the model step only): ``c`` = 0.04 at 1 row, 0.16 at 2, 0.24 at 4, 0.37 at 8, and at 16 and
+32 rows the shared cores' noise swamped it; those are ``DRAFT_TOKEN_COST``'s first entries,
+and from 16 rows on it holds 1.0 (no row drafts before the server has measured). A fixed
+table measured on an earlier bfloat16 path (0.09 to 0.53) lost 13% at 16 free-form streams:
+why the server measures for itself.
 """
 
 from __future__ import annotations
 
+import statistics
 from array import array
+from collections import deque
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass
 
@@ -42,16 +69,113 @@ from app.engine.kv_admission import KVAdmission
 from app.engine.request import Sequence
 from app.models.base import ModelCapabilities
 
-# (decoding rows, the cost of one drafted token as a share of a plain step), measured: see the
-# module docstring. Between two row counts the smaller one's cost holds.
-DRAFT_TOKEN_COST = ((1, 0.09), (2, 0.15), (4, 0.20), (8, 0.34), (16, 0.47), (32, 0.53))
-# Weight of the last verified draft in a sequence's running acceptance.
-ACCEPTANCE_WEIGHT = 0.3
+# (decoding rows, the cost of a drafted token as a share of a plain row), measured: see the
+# module docstring; the stand-in until the server has measured. Between two row counts the
+# smaller one's cost holds.
+DRAFT_TOKEN_COST = ((1, 0.04), (2, 0.16), (4, 0.24), (8, 0.37), (16, 0.5), (32, 0.75), (64, 1.0))
+# Weight of one verified position in a sequence's running acceptance.
+ACCEPTANCE_WEIGHT = 0.2
 # How much a row held back by the cost gains a step, so that it drafts again now and then.
 ACCEPTANCE_RECOVERY = 0.002
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 2
+# The online measurement (``DraftCosts``): plain step times kept per row count, cost samples
+# per row class, the samples a class needs before its median replaces the table, and how many
+# drafted steps at a row count may pass before a plain one is taken to re-measure it.
+PLAIN_SAMPLES = 9
+COST_SAMPLES = 15
+MIN_COST_SAMPLES = 3
+PLAIN_EVERY = 40
 _ITEM = array("i").itemsize
+
+
+def draft_length(acceptance: float, cost: float, most: int) -> int:
+    """Drafted tokens worth their cost: the largest ``j <= most`` with ``acceptance**j >=
+    cost`` (0 when even one is not)."""
+    length = 0
+    earned = acceptance
+    while length < most and earned >= cost:
+        length += 1
+        earned *= acceptance
+    return length
+
+
+def table_cost(table: tuple[tuple[int, float], ...], rows: int) -> float:
+    """``table``'s cost at ``rows`` decoding rows: the entry for the largest row count not
+    above it (the first entry below the first row count)."""
+    cost = table[0][1]
+    for count, measured in table:
+        if count <= rows:
+            cost = measured
+    return cost
+
+
+class DraftCosts:
+    """The cost of a drafted token at each row count, measured from the scheduler's own steps
+    (the rule and its figures: the module docstring). One per scheduler.
+
+    Args:
+        table: the stand-in costs until measured (``NgramSpeculation.draft_token_cost``).
+        measure: False: ``table`` always (tests; a step's wall time is never looked at).
+    """
+
+    def __init__(self, table: tuple[tuple[int, float], ...], measure: bool = True) -> None:
+        self.table = table
+        self.measure = measure
+        self._plain: dict[int, deque[float]] = {}
+        self._drafted_since_plain: dict[int, int] = {}
+        self._samples: dict[int, deque[float]] = {}
+        self._timing: tuple[object, float, int, int] | None = None
+
+    @staticmethod
+    def row_class(rows: int) -> int:
+        """Row counts sharing a cost estimate: 1, 2-3, 4-7, ..., 32-63, 64 and more."""
+        return min(rows.bit_length(), 7)
+
+    def cost(self, rows: int) -> float:
+        """A drafted token's cost, as a share of a plain row, in a step of ``rows`` decoding
+        rows: the median of the row class's samples, or the table's until there are enough."""
+        samples = self._samples.get(self.row_class(rows))
+        if samples is not None and len(samples) >= MIN_COST_SAMPLES:
+            return statistics.median(samples)
+        return table_cost(self.table, rows)
+
+    def plain_due(self, rows: int) -> bool:
+        """Whether the next step of ``rows`` decoding rows should be plain (no drafts), to
+        measure (or re-measure) ``T0(rows)``."""
+        if not self.measure:
+            return False
+        return rows not in self._plain or self._drafted_since_plain[rows] >= PLAIN_EVERY
+
+    def observe(self, rows: int, drafted: int, seconds: float) -> None:
+        """A decode-only step of ``rows`` rows with ``drafted`` drafted tokens took
+        ``seconds`` (from scheduling to its output applied)."""
+        if not self.measure or rows < 1 or seconds <= 0.0:
+            return
+        if not drafted:
+            self._plain.setdefault(rows, deque(maxlen=PLAIN_SAMPLES)).append(seconds)
+            self._drafted_since_plain[rows] = 0
+            return
+        plain = self._plain.get(rows)
+        if plain is None:
+            return
+        self._drafted_since_plain[rows] += 1
+        sample = max(0.0, (seconds / statistics.median(plain) - 1.0) * rows / drafted)
+        samples = self._samples.setdefault(self.row_class(rows), deque(maxlen=COST_SAMPLES))
+        samples.append(sample)
+
+    def scheduled(self, step: object, started: float, rows: int, drafted: int) -> None:
+        """The scheduler built ``step`` (started at ``started``): ``rows`` decoding rows with
+        ``drafted`` drafted tokens and nothing else (``rows`` 0: it holds a prompt chunk, and
+        is not timed)."""
+        self._timing = (step, started, rows, drafted) if rows and self.measure else None
+
+    def applied(self, step: object, now: float) -> None:
+        """``step``'s output was applied at ``now``: observed when it was the step timed."""
+        timing = self._timing
+        if timing is not None and timing[0] is step:
+            self._timing = None
+            self.observe(timing[2], timing[3], now - timing[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +185,9 @@ class NgramSpeculation:
     Attributes:
         num_draft_tokens: most tokens drafted per row and step (``K``; 0: off).
         max_ngram / min_ngram: the suffix lengths tried, longest first (``1 <= min <= max``).
-        draft_token_cost: ``(rows, cost)`` pairs, rows increasing: the back-off's measured
-            cost of a drafted token at that many decoding rows (see the module docstring).
+        draft_token_cost: ``(rows, cost)`` pairs, rows increasing: a drafted token's cost at
+            that many decoding rows until the server has measured it (module docstring).
+        measure: measure the cost from the steps' wall times (False: the table always).
 
     Raises:
         ValueError: a setting out of range.
@@ -72,6 +197,7 @@ class NgramSpeculation:
     max_ngram: int = DEFAULT_MAX_NGRAM
     min_ngram: int = DEFAULT_MIN_NGRAM
     draft_token_cost: tuple[tuple[int, float], ...] = DRAFT_TOKEN_COST
+    measure: bool = True
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 0:
@@ -81,28 +207,30 @@ class NgramSpeculation:
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
             )
 
-    def cost_at(self, num_decoding: int) -> float:
-        """The cost of one drafted token in a step of ``num_decoding`` decoding rows, as a
-        share of the step (the table's entry for the largest row count not above it)."""
-        cost = self.draft_token_cost[0][1]
-        for rows, measured in self.draft_token_cost:
-            if rows <= num_decoding:
-                cost = measured
-        return cost
+    def cost_model(self) -> DraftCosts:
+        """A fresh measurement of the drafted token's cost (one per scheduler)."""
+        return DraftCosts(self.draft_token_cost, self.measure and self.num_draft_tokens > 0)
 
-    def worth_drafting(self, seq: Sequence, num_decoding: int) -> bool:
-        """Whether ``seq``'s drafts earn what they cost in a step of ``num_decoding`` decoding
-        rows. Side effect: a sequence held back gains ``ACCEPTANCE_RECOVERY``."""
-        if seq.draft_acceptance >= self.cost_at(num_decoding):
-            return True
-        seq.draft_acceptance += ACCEPTANCE_RECOVERY
-        return False
+    def worth(self, seq: Sequence, cost: float) -> int:
+        """How many tokens ``seq`` should draft when one costs ``cost`` (``draft_length`` of
+        its running acceptance). Side effect: a sequence held back gains
+        ``ACCEPTANCE_RECOVERY``."""
+        length = draft_length(seq.draft_acceptance, cost, self.num_draft_tokens)
+        if not length:
+            seq.draft_acceptance = min(1.0, seq.draft_acceptance + ACCEPTANCE_RECOVERY)
+        return length
 
     @staticmethod
     def record(seq: Sequence, drafted: int, accepted: int) -> None:
-        """A verified draft of ``seq``: ``accepted`` of ``drafted`` tokens kept."""
-        share = accepted / drafted
-        seq.draft_acceptance += ACCEPTANCE_WEIGHT * (share - seq.draft_acceptance)
+        """A verified draft of ``seq``: ``accepted`` of ``drafted`` tokens kept. Each accepted
+        position pulls the running acceptance towards 1, the first rejected one towards 0
+        (the positions after it were never a question)."""
+        acceptance = seq.draft_acceptance
+        for _ in range(accepted):
+            acceptance += ACCEPTANCE_WEIGHT * (1.0 - acceptance)
+        if accepted < drafted:
+            acceptance -= ACCEPTANCE_WEIGHT * acceptance
+        seq.draft_acceptance = acceptance
 
     @staticmethod
     def eligible(seq: Sequence) -> bool:
@@ -121,17 +249,20 @@ class NgramSpeculation:
         budget: int,
         capabilities: ModelCapabilities,
         kv: KVAdmission | None,
+        costs: DraftCosts | None = None,
     ) -> list[tuple[int, ...]]:
         """A draft for each of ``decoding`` (the step's decoding sequences, in row order; empty
-        where a row does not draft): none when off, else each eligible row's whose drafts are
-        worth their cost (``worth_drafting``, which updates the row's estimate), within the
-        step's token ``budget`` (less one token per decoding row), ``max_tokens_per_row``, its
-        ``max_tokens``, the context length and, with a paged model, the KV blocks free for it
-        (``kv.grow_draft`` takes them: a draft never preempts)."""
-        if not self.num_draft_tokens:
-            return [()] * len(decoding)
+        where a row does not draft): none when off or when ``costs`` wants a plain step, else
+        each eligible row's as long as is worth its cost (``worth``, at ``costs``' cost for
+        this many rows; without ``costs``, the table's), within the step's token ``budget``
+        (less one token per decoding row), ``max_tokens_per_row``, its ``max_tokens``, the
+        context length and, with a paged model, the KV blocks free for it (``kv.grow_draft``
+        takes them: a draft never preempts)."""
         rows = len(decoding)
-        budget -= len(decoding)
+        if not self.num_draft_tokens or (costs is not None and costs.plain_due(rows)):
+            return [()] * rows
+        cost = costs.cost(rows) if costs is not None else table_cost(self.draft_token_cost, rows)
+        budget -= rows
         drafts = []
         for seq in decoding:
             limit = min(
@@ -140,8 +271,8 @@ class NgramSpeculation:
                 seq.request.max_tokens - len(seq.generated) - 1,
                 capabilities.context_length - seq.num_computed_tokens - 1,
             )
-            wanted = self.eligible(seq) and self.worth_drafting(seq, rows)
-            draft = self.draft(seq, limit) if wanted else ()
+            length = self.worth(seq, cost) if self.eligible(seq) else 0
+            draft = self.draft(seq, min(limit, length)) if length else ()
             if draft and kv is not None:
                 draft = draft[: kv.grow_draft(seq, len(draft))]
             budget -= len(draft)

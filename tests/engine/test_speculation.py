@@ -16,12 +16,24 @@ from app.engine.metrics import EngineMetrics
 from app.engine.policy import ContinuousBatching
 from app.engine.request import FinishReason, GenerationRequest, StopCriteria
 from app.engine.scheduler import Scheduler
-from app.engine.speculation import NO_SPECULATION, NgramSpeculation, propose
+from app.engine.speculation import (
+    NO_SPECULATION,
+    PLAIN_EVERY,
+    DraftCosts,
+    NgramSpeculation,
+    draft_length,
+    propose,
+)
 from app.models.base import SamplingParams
 from app.models.mock import MockModelRunner
 from tests.engine.conftest import ScriptedModel, make_sequence, run_until_idle
 
 FREE = ((1, 0.0),)  # a drafted token costs nothing: every eligible row drafts
+
+
+def _always(k: int) -> NgramSpeculation:
+    """Every eligible row drafts up to ``k`` tokens (no step is timed: the mock is free)."""
+    return NgramSpeculation(k, draft_token_cost=FREE, measure=False)
 
 
 def _request(
@@ -150,7 +162,7 @@ def test_greedy_output_is_the_same_with_speculation_on_and_off(options, k):
         for i, prompt in enumerate(_prompts(12, seed=len(options) + k))
     ]
     off, off_ids, off_steps, _ = _run(requests, NO_SPECULATION, **options)
-    speculation = NgramSpeculation(k, draft_token_cost=FREE)
+    speculation = _always(k)
     on, on_ids, on_steps, metrics = _run(requests, speculation, **options)
     for a, b, streamed_a, streamed_b in zip(off, on, off_ids, on_ids, strict=True):
         assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, a.finish_reason)
@@ -163,7 +175,7 @@ def test_greedy_output_is_the_same_with_speculation_on_and_off(options, k):
 def test_logprobs_are_those_of_each_token_with_speculation():
     requests = [_request(f"r{i}", p, logprobs=2) for i, p in enumerate(_prompts(4, seed=3))]
     off, *_ = _run(requests, NO_SPECULATION)
-    on, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
+    on, _, _, metrics = _run(requests, _always(4))
     assert _accepted(metrics) > 0
     for a, b in zip(off, on, strict=True):
         assert len(b.logprobs) == len(b.token_ids)
@@ -174,7 +186,7 @@ def test_a_penalised_row_never_drafts_and_min_tokens_waits_until_met():
     penalised = SamplingParams(temperature=0.0, seed=0, presence_penalty=0.5)
     held = SamplingParams(temperature=0.0, seed=0, min_tokens=30)
     biased = SamplingParams(temperature=0.0, seed=0, logit_bias=((97, 1.0),))
-    speculation = NgramSpeculation(4, draft_token_cost=FREE)
+    speculation = _always(4)
     rows = {}
     for name, sampling in (("penalised", penalised), ("held", held), ("biased", biased)):
         seq, _ = make_sequence(_request(name, b"abcabcabc", sampling=sampling))
@@ -190,8 +202,8 @@ def test_a_penalised_row_never_drafts_and_min_tokens_waits_until_met():
 
 
 def test_drafting_backs_off_when_a_drafted_token_costs_more_than_it_earns():
-    """Measured rule: a row drafts while its running acceptance is at least the cost of a
-    drafted token at the step's number of decoding rows."""
+    """Without measurements the table's cost holds: a row drafts the tokens whose chance of
+    acceptance (``q**j``, q its running acceptance, 0.5 to start) is at least the cost."""
     caps = MockModelRunner(max_num_seqs=8).capabilities
     speculation = NgramSpeculation(4, draft_token_cost=((1, 0.1), (4, 0.6)))
     sequences = []
@@ -201,28 +213,149 @@ def test_drafting_backs_off_when_a_drafted_token_costs_more_than_it_earns():
         seq.num_computed_tokens = seq.num_prompt_tokens
         sequences.append(seq)
     few = speculation.drafts(sequences[:3], 100, caps, None)
-    assert few == [(ord(" "), ord("a"), ord("b"))] * 3  # what followed the latest "b ab"
+    assert few == [(ord(" "), ord("a"), ord("b"))] * 3  # 0.5, 0.25, 0.125 >= 0.1
     many = speculation.drafts(sequences, 100, caps, None)  # dear from 4 rows on
     assert many == [()] * 6
     assert sequences[5].draft_acceptance > 0.5  # it creeps back up, to try again later
     assert speculation.drafts(sequences[:1], 2, caps, None) == [(ord(" "),)]  # the budget
 
 
+def test_draft_length_is_the_tokens_whose_chance_beats_the_cost():
+    assert draft_length(0.5, 0.1, 8) == 3
+    assert draft_length(0.5, 0.1, 2) == 2
+    assert draft_length(0.9, 0.0, 5) == 5
+    assert draft_length(0.3, 0.31, 4) == 0
+    assert draft_length(0.95, 0.5, 16) == 13  # 0.95**13 = 0.51, 0.95**14 = 0.49
+
+
 def test_a_row_whose_drafts_are_rejected_stops_drafting():
     speculation = NgramSpeculation(4, draft_token_cost=((1, 0.3),))
     seq, _ = make_sequence(_request("r", b"ab ab ab"))
-    assert speculation.worth_drafting(seq, 1)
+    assert speculation.worth(seq, 0.3) == 1  # 0.5 to start
     for _ in range(4):
         speculation.record(seq, 4, 0)
-    assert not speculation.worth_drafting(seq, 1)
+    assert seq.draft_acceptance == pytest.approx(0.5 * 0.8**4)
+    assert speculation.worth(seq, 0.3) == 0
     for _ in range(8):
         speculation.record(seq, 4, 4)
-    assert speculation.worth_drafting(seq, 1)
+    assert speculation.worth(seq, 0.3) == 4
+    before = seq.draft_acceptance
+    speculation.record(seq, 4, 2)  # two accepted, then the rejected third
+    assert seq.draft_acceptance == pytest.approx((1 - 0.8**2 * (1 - before)) * 0.8)
+
+
+# ----------------------------------------------------------------------- the measured cost
+
+
+def test_the_cost_is_measured_from_plain_and_drafted_steps_at_the_same_row_count():
+    costs = DraftCosts(((1, 0.05), (16, 0.9)))
+    assert costs.plain_due(4)  # its plain time is unknown
+    costs.observe(4, 8, 0.2)  # a drafted step before any plain one: nothing to compare
+    costs.observe(4, 0, 0.100)
+    assert not costs.plain_due(4)
+    for seconds in (0.130, 0.130, 0.130, 5.0):  # a spike of the shared machine
+        costs.observe(4, 8, seconds)
+    # (0.13 / 0.1 - 1) * 4 rows / 8 drafted: a drafted token costs 0.15 of a plain row
+    assert costs.cost(4) == pytest.approx(0.15)
+    assert costs.cost(7) == pytest.approx(0.15)  # the same row class
+    assert costs.cost(8) == 0.05 and costs.cost(16) == 0.9  # not measured: the table
+    for _ in range(PLAIN_EVERY - 4):
+        costs.observe(4, 8, 0.130)
+    assert costs.plain_due(4)  # time to measure the plain step again
+    costs.observe(4, 0, 0.1)
+    assert not costs.plain_due(4)
+
+
+def test_an_unmeasured_cost_model_never_asks_for_a_plain_step():
+    costs = NgramSpeculation(4, draft_token_cost=((1, 0.2),), measure=False).cost_model()
+    costs.observe(2, 0, 0.1)
+    costs.observe(2, 4, 10.0)
+    assert not costs.plain_due(3) and costs.cost(2) == 0.2
+    assert not NO_SPECULATION.cost_model().measure
+
+
+class _ClockedModel:
+    """The mock, whose steps advance a fake clock by ``base + per_position * positions``
+    seconds (the scheduler times its steps with that clock)."""
+
+    def __init__(self, model: MockModelRunner, base: float, per_position: float) -> None:
+        self.model = model
+        self.now = 0.0
+        self.base = base
+        self.per_position = per_position
+
+    def clock(self) -> float:
+        return self.now
+
+    def step(self, batch):
+        self.now += self.base + self.per_position * batch.num_tokens
+        return self.model.step(batch)
+
+
+def _timed_run(requests, speculation, base: float, per_position: float, slots: int):
+    """``requests`` to the end with steps timed by a ``_ClockedModel``: their tokens, the
+    fake seconds it took, the drafted tokens and the scheduler's measured costs."""
+    model = MockModelRunner(
+        max_num_seqs=slots, context_length=512, kv_blocks=400, eos_one_in=1000, order=3
+    )
+    clocked = _ClockedModel(model, base, per_position)
+    scheduler = Scheduler(
+        capabilities=model.capabilities,
+        tokenizer=model.tokenizer,
+        policy=ContinuousBatching(),
+        metrics=(metrics := EngineMetrics()),
+        release_slot=model.release,
+        max_num_batched_tokens=512,
+        clock=clocked.clock,
+        speculation=speculation,
+    )
+    sinks = []
+    for request in requests:
+        seq, sink = make_sequence(request)
+        scheduler.add(seq)
+        sinks.append(sink)
+    while scheduler.has_work:
+        scheduler.admit_waiting()
+        step = scheduler.schedule()
+        assert step is not None
+        scheduler.apply(step, clocked.step(step.batch))
+    drafted = metrics.registry.get_sample_value("slotserve_spec_decode_num_draft_tokens_total")
+    tokens = [sink.final.token_ids for sink in sinks]
+    return tokens, clocked.now, drafted or 0.0, scheduler.draft_costs
+
+
+def test_drafting_stops_where_the_measured_cost_beats_what_it_earns():
+    """A step whose every position costs as much as a row (compute-bound) against a table that
+    says drafts are cheap (the 0.87x at 16 free-form streams): the measurement wins, drafting
+    all but stops, and the run is no slower than without speculation."""
+    requests = [_request(f"r{i}", p, max_tokens=150) for i, p in enumerate(_prompts(16, 4))]
+    cheap_table = NgramSpeculation(4, draft_token_cost=((1, 0.05),))
+    off, off_time, _, _ = _timed_run(requests, NO_SPECULATION, 0.0, 0.001, 16)
+    on, on_time, drafted, costs = _timed_run(requests, cheap_table, 0.0, 0.001, 16)
+    assert on == off
+    assert costs.cost(16) == pytest.approx(1.0)  # a drafted position costs a row
+    unmeasured = NgramSpeculation(4, draft_token_cost=((1, 0.05),), measure=False)
+    _, table_time, table_drafted, _ = _timed_run(requests, unmeasured, 0.0, 0.001, 16)
+    assert table_drafted > 10 * drafted  # the table alone keeps drafting
+    assert on_time <= off_time * 1.03
+
+
+def test_drafting_goes_on_where_the_step_is_bound_by_reading_the_weights():
+    """Positions nearly free (a fixed step time): the rows draft, the run takes fewer steps'
+    time, and the output is the same."""
+    requests = [_request(f"r{i}", p, max_tokens=150) for i, p in enumerate(_prompts(2, 6))]
+    dear_table = NgramSpeculation(4, draft_token_cost=((1, 0.45),))
+    off, off_time, _, _ = _timed_run(requests, NO_SPECULATION, 0.05, 0.0001, 2)
+    on, on_time, drafted, costs = _timed_run(requests, dear_table, 0.05, 0.0001, 2)
+    assert on == off
+    assert costs.cost(2) < 0.01
+    assert drafted > 50
+    assert on_time < 0.8 * off_time
 
 
 def test_drafted_tokens_count_against_the_step_budget():
     requests = [_request(f"r{i}", b"ab ab ab ab ab ab " * 3) for i in range(4)]
-    speculation = NgramSpeculation(8, draft_token_cost=FREE)
+    speculation = _always(8)
     scheduler, model, _ = _scheduler(speculation, slots=4, budget=10, chunk=10)
     for request in requests:
         scheduler.add(make_sequence(request)[0])
@@ -244,14 +377,14 @@ def test_rollback_under_preemption_keeps_outputs_and_blocks_consistent():
     requests = [_request(f"r{i}", p, max_tokens=120) for i, p in enumerate(_prompts(6, seed=9))]
     options = {"slots": 6, "kv_blocks": 40}
     off, _, _, off_metrics = _run(requests, NO_SPECULATION, **options)
-    on, _, _, metrics = _run(requests, NgramSpeculation(6, draft_token_cost=FREE), **options)
+    on, _, _, metrics = _run(requests, _always(6), **options)
     assert metrics.registry.get_sample_value("slotserve_preemptions_total") > 0
     assert _accepted(metrics) > 0
     assert [f.token_ids for f in on] == [f.token_ids for f in off]
 
 
 def test_rejected_positions_give_their_blocks_back():
-    scheduler, model, _ = _scheduler(NgramSpeculation(8, draft_token_cost=FREE), slots=1)
+    scheduler, model, _ = _scheduler(_always(8), slots=1)
     seq, _ = make_sequence(_request("r", b"xy " * 9, max_tokens=100))
     scheduler.add(seq)
     blocks = scheduler.kv_blocks
@@ -271,7 +404,7 @@ def test_rejected_positions_give_their_blocks_back():
 
 
 def test_cancel_while_a_draft_is_in_flight_drops_its_output_and_frees_its_blocks():
-    scheduler, model, metrics = _scheduler(NgramSpeculation(6, draft_token_cost=FREE), slots=2)
+    scheduler, model, metrics = _scheduler(_always(6), slots=2)
     target, sink = make_sequence(_request("t", b"ab ab ab ab ab ", max_tokens=200))
     scheduler.add(target)
     while True:
@@ -305,7 +438,7 @@ def test_cancel_while_a_draft_is_in_flight_drops_its_output_and_frees_its_blocks
 
 def test_metrics_count_drafts_under_vllms_names_too():
     requests = [_request(f"r{i}", p) for i, p in enumerate(_prompts(3, seed=1))]
-    _, _, _, metrics = _run(requests, NgramSpeculation(4, draft_token_cost=FREE))
+    _, _, _, metrics = _run(requests, _always(4))
     drafted = metrics.registry.get_sample_value("slotserve_spec_decode_num_draft_tokens_total")
     assert drafted > 0
     assert metrics.spec_decode_acceptance_rate == pytest.approx(_accepted(metrics) / drafted)
@@ -324,7 +457,7 @@ def test_a_model_that_does_not_verify_drafts_never_gets_one():
         metrics=EngineMetrics(),
         release_slot=model.release,
         max_num_batched_tokens=64,
-        speculation=NgramSpeculation(4, draft_token_cost=FREE),
+        speculation=_always(4),
     )
     seq, sink = make_sequence(_request("r", b"ab ab ab ab", max_tokens=12))
     scheduler.add(seq)
