@@ -31,11 +31,12 @@ every step from ``schedule`` to the end of ``apply``, so the figure holds the mo
 positions, the verification's sampling per position, the drafting and the KV rollback, on
 the kernels and the cores the server has now. Decode-only steps are kept (a prompt chunk
 would swamp the difference): ``T0(R)`` is the median of the last plain steps at exactly ``R``
-rows, and each step with drafts gives one sample ``c = (T / T0(R) - 1) R / D``; ``c(R)`` is
-the median of the last ``COST_SAMPLES`` samples at ``R``'s row class (1, 2-3, 4-7, ...,
-64+). Medians, because a shared machine's steps spike. A row count whose plain time is
-unknown, or ``PLAIN_EVERY`` drafted steps old, gets a plain step (no row drafts) to measure
-it; until a row class has ``MIN_COST_SAMPLES`` samples, ``DRAFT_TOKEN_COST`` stands in.
+rows (at least ``MIN_PLAIN_SAMPLES`` of them), and each step with drafts gives one sample
+``c = (T / T0(R) - 1) R / D``; ``c(R)`` is the median of the last ``COST_SAMPLES`` samples at
+``R``'s row class (1, 2-3, 4-7, ..., 64+). Medians, because a shared machine's steps spike.
+A row count whose plain time is unknown, or ``PLAIN_EVERY`` drafted steps old, gets a plain
+step (no row drafts) to measure it; until a row class has ``MIN_COST_SAMPLES`` samples,
+``DRAFT_TOKEN_COST`` stands in.
 
 *How many tokens a row drafts.* Each row keeps ``Sequence.draft_acceptance``: the running
 probability ``q`` that a drafted token is accepted given that the ones before it were (an
@@ -45,16 +46,24 @@ drafts ``j`` tokens for every ``j <= K`` with ``q**j >= c``: a row that copies i
 drafts the full ``K``, a row of free text one or two tokens, and none once ``q < c``. A row
 held back gains ``ACCEPTANCE_RECOVERY`` a step, so it drafts one token again now and then
 (text that starts copying its input is found again, and the row class's cost is sampled
-again). Drafted tokens also count against the step's token budget
+again). No separate cap on a step's drafted tokens as a share of its rows: every drafted
+token must earn its measured cost, and the cost's samples come from the steps' real mix of
+drafts. Drafted tokens also count against the step's token budget
 (``max_num_batched_tokens``) like any other.
 
 *Measured* (``scripts/bench_speculation.py --step-cost``, SmolLM2-135M Q4_1 on the quantized
 kernels, a 2-core AVX2 AMD EPYC shared with other work, context 256, 4 drafted tokens a row;
-the model step only): ``c`` = 0.04 at 1 row, 0.16 at 2, 0.24 at 4, 0.37 at 8, and at 16 and
-32 rows the shared cores' noise swamped it; those are ``DRAFT_TOKEN_COST``'s first entries,
-and from 16 rows on it holds 1.0 (no row drafts before the server has measured). A fixed
-table measured on an earlier bfloat16 path (0.09 to 0.53) lost 13% at 16 free-form streams:
-why the server measures for itself.
+the model step only): ``c`` = 0.04 at 1 row, 0.16 at 2, 0.24 at 4, 0.37 at 8 with torch's 2
+threads (0.14, 0.20 and 0.41 at 1, 4 and 16 rows with 1 thread), and at 16 and 32 rows the
+shared cores' noise swamped the 2-thread figure: ``DRAFT_TOKEN_COST`` holds those and, from 16
+rows on, 0.5, 0.75 and 1.0 until the server has measured. A fixed table measured on an earlier
+bfloat16 path (0.09 at 1 row to 0.53 at 32) lost 13% at 16 free-form streams (0.87x): why the
+server measures for itself. With this rule (``scripts/bench_speculation.py --threads 1``, 3
+rounds alternating on and off, median of the rounds' ratios, greedy output identical in every
+run; the machine at a load of 5-8): grounded prompts 1.62x at 1 stream (66% of drafted tokens
+accepted; 1.79x with ``K`` = 8, 54%) and 1.31x at 4 (84%); free-form stories 1.10x at 1 stream
+(31%), 1.06x at 16 (78%) and 1.03x at 64 (no row drafted; its rounds spread 0.87-1.12, the
+noise of the shared machine).
 """
 
 from __future__ import annotations
@@ -80,9 +89,11 @@ ACCEPTANCE_RECOVERY = 0.002
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 2
 # The online measurement (``DraftCosts``): plain step times kept per row count, cost samples
-# per row class, the samples a class needs before its median replaces the table, and how many
-# drafted steps at a row count may pass before a plain one is taken to re-measure it.
+# per row class, the plain steps a row count needs before it is compared with (one step that
+# spiked is not its plain time), the samples a class needs before its median replaces the
+# table, and how many drafted steps at a row count may pass before a plain one re-measures it.
 PLAIN_SAMPLES = 9
+MIN_PLAIN_SAMPLES = 3
 COST_SAMPLES = 15
 MIN_COST_SAMPLES = 3
 PLAIN_EVERY = 40
@@ -145,7 +156,10 @@ class DraftCosts:
         measure (or re-measure) ``T0(rows)``."""
         if not self.measure:
             return False
-        return rows not in self._plain or self._drafted_since_plain[rows] >= PLAIN_EVERY
+        plain = self._plain.get(rows)
+        if plain is None or len(plain) < MIN_PLAIN_SAMPLES:
+            return True
+        return self._drafted_since_plain[rows] >= PLAIN_EVERY
 
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
         """A decode-only step of ``rows`` rows with ``drafted`` drafted tokens took
@@ -157,7 +171,7 @@ class DraftCosts:
             self._drafted_since_plain[rows] = 0
             return
         plain = self._plain.get(rows)
-        if plain is None:
+        if plain is None or len(plain) < MIN_PLAIN_SAMPLES:
             return
         self._drafted_since_plain[rows] += 1
         sample = max(0.0, (seconds / statistics.median(plain) - 1.0) * rows / drafted)

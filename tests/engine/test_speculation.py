@@ -17,6 +17,8 @@ from app.engine.policy import ContinuousBatching
 from app.engine.request import FinishReason, GenerationRequest, StopCriteria
 from app.engine.scheduler import Scheduler
 from app.engine.speculation import (
+    MIN_COST_SAMPLES,
+    MIN_PLAIN_SAMPLES,
     NO_SPECULATION,
     PLAIN_EVERY,
     DraftCosts,
@@ -251,7 +253,8 @@ def test_the_cost_is_measured_from_plain_and_drafted_steps_at_the_same_row_count
     costs = DraftCosts(((1, 0.05), (16, 0.9)))
     assert costs.plain_due(4)  # its plain time is unknown
     costs.observe(4, 8, 0.2)  # a drafted step before any plain one: nothing to compare
-    costs.observe(4, 0, 0.100)
+    for _ in range(MIN_PLAIN_SAMPLES):
+        costs.observe(4, 0, 0.100)
     assert not costs.plain_due(4)
     for seconds in (0.130, 0.130, 0.130, 5.0):  # a spike of the shared machine
         costs.observe(4, 8, seconds)
@@ -264,6 +267,24 @@ def test_the_cost_is_measured_from_plain_and_drafted_steps_at_the_same_row_count
     assert costs.plain_due(4)  # time to measure the plain step again
     costs.observe(4, 0, 0.1)
     assert not costs.plain_due(4)
+
+
+def test_one_plain_step_that_spiked_is_not_taken_for_the_plain_time():
+    """A shared machine's spike on the one plain step measured would make every drafted step
+    look free until the next plain one, ``PLAIN_EVERY`` drafted steps later: a row count's
+    plain time needs ``MIN_PLAIN_SAMPLES`` plain steps, their median."""
+    costs = DraftCosts(((1, 0.05),))
+    costs.observe(1, 0, 2.0)  # the spike
+    assert costs.plain_due(1)
+    for _ in range(MIN_COST_SAMPLES):
+        costs.observe(1, 4, 0.2)  # not compared with the spike
+    assert costs.cost(1) == 0.05
+    for _ in range(MIN_PLAIN_SAMPLES - 1):
+        costs.observe(1, 0, 0.1)
+    assert not costs.plain_due(1)
+    for _ in range(MIN_COST_SAMPLES):
+        costs.observe(1, 4, 0.2)  # twice a plain step, 4 drafted: each costs a quarter of it
+    assert costs.cost(1) == pytest.approx(0.25)
 
 
 def test_an_unmeasured_cost_model_never_asks_for_a_plain_step():
