@@ -3,11 +3,16 @@
     python scripts/bench_speculation.py                       # SmolLM2, the issue's table
     python scripts/bench_speculation.py --quick               # 1 stream each, 32 tokens
     python scripts/bench_speculation.py --model PATH --k 4 --streams 1 4 --json out.json
-    python scripts/bench_speculation.py --step-cost           # the back-off's measurement
+    python scripts/bench_speculation.py --step-cost           # the back-off's stand-in table
+    python scripts/bench_speculation.py --llama-server none   # without llama.cpp's server
 
 Workloads: input-grounded prompts (rewrite, extract, code edit, a chat quoting itself) at 1 and
 4 streams, free-form stories at 1, 16 and 64; greedy, speculation off then on, the outputs
-compared token for token. ``--step-cost``: one step of R decode rows, plain and each
+compared token for token, in ``--rounds`` rounds alternating which setting goes first (a
+round's two runs share the machine's load; the median of the rounds' ratios is reported).
+With a GGUF model (``smollm2`` is one) and llama.cpp's server at ``--llama-server``, the grounded
+prompts at 1 stream also go to two llama.cpp servers, its ``--spec-type ngram-simple`` off and
+on, in alternating rounds. ``--step-cost``: one step of R decode rows, plain and each
 verifying K drafted tokens (R = 1, 2, 4, 8, 16, 32), the cost ratio per R.
 """
 
@@ -21,9 +26,15 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
-from scenarios.speculation import side_by_side, step_cost
+from scenarios.speculation import (
+    LLAMA_SERVER,
+    llama_server_side_by_side,
+    side_by_side,
+    step_cost,
+)
 
 from app.models.load.plan import load_checkpoint
+from app.models.load.smollm2 import smollm2_gguf_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4, help="--speculative-ngram")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--rounds", type=int, default=3, help="off/on rounds, order alternating")
     parser.add_argument("--quick", action="store_true", help="1 stream each, 32 tokens")
     parser.add_argument("--step-cost", action="store_true", help="measure the back-off instead")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--llama-server",
+        default=str(LLAMA_SERVER),
+        help="llama.cpp's server binary for the 1-stream comparison ('none': skip it)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -56,8 +73,13 @@ def main(argv: list[str] | None = None) -> int:
             plan = [("grounded", 1), ("grounded", 4), ("free-form", 1), ("free-form", 16)]
             plan.append(("free-form", 64))
         tokens = 32 if args.quick else args.max_tokens
-        runs = [side_by_side(runner, w, n, args.k, tokens) for w, n in plan]
-        table = Table("workload", "streams", "off tok/s", "on tok/s", "on/off", "accepted", "same")
+        runs = []
+        for workload, streams in plan:
+            runs.append(side_by_side(runner, workload, streams, args.k, tokens, args.rounds))
+            console.print(f"{workload}, {streams} streams: {runs[-1].speedup:.2f}x")
+        table = Table(
+            "workload", "streams", "off tok/s", "on tok/s", "on/off", "rounds", "accepted", "same"
+        )
         for r in runs:
             rate = "-" if r.acceptance is None else f"{r.acceptance:.0%}"
             table.add_row(
@@ -66,11 +88,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.off_tok_s:.1f}",
                 f"{r.on_tok_s:.1f}",
                 f"{r.speedup:.2f}",
+                " ".join(f"{x:.2f}" for x in r.ratios),
                 rate,
                 "yes" if r.identical else "NO",
             )
         console.print(table)
         figures = [{**asdict(r), "speedup": r.speedup} for r in runs]
+        gguf = smollm2_gguf_path() if args.model == "smollm2" else Path(args.model)
+        binary = Path(args.llama_server)
+        if args.llama_server != "none" and binary.is_file() and gguf.suffix == ".gguf":
+            threads = torch.get_num_threads()
+            llama = llama_server_side_by_side(gguf, args.k, tokens, args.rounds, threads, binary)
+            table = Table("llama.cpp server, grounded, 1 stream", "off tok/s", "on tok/s")
+            for column in ("on/off", "rounds", "accepted", "same"):
+                table.add_column(column)
+            table.add_row(
+                f"--spec-type {llama.spec_type}, {threads} threads",
+                f"{llama.off_tok_s:.1f}",
+                f"{llama.on_tok_s:.1f}",
+                f"{llama.speedup:.2f}",
+                " ".join(f"{x:.2f}" for x in llama.ratios),
+                "-" if llama.acceptance is None else f"{llama.acceptance:.0%}",
+                "yes" if llama.identical else "NO",
+            )
+            console.print(table)
+            figures.append({"llama_server": {**asdict(llama), "speedup": llama.speedup}})
+        elif args.llama_server != "none":
+            console.print(f"llama.cpp comparison skipped: no {binary}, or {gguf} is no GGUF")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
