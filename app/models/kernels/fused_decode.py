@@ -45,8 +45,12 @@ SOURCES = (
     "fused_attention_tiles.c",
     "fused_decode_layers.c",
 )
-# Built for this machine (the cache key holds the CPU): -march=native.
-CFLAGS = ("-march=native",)
+# Built for this machine (the cache key holds the CPU): -march=native. -fno-trapping-math lets
+# GCC vectorise the element-wise loops whose float selects (exp_approx's clamp, the NaN test of
+# float_to_bf16) it otherwise keeps scalar for fear of a floating-point trap: silu_mul over
+# 64 x 1536 values went from 1306 to ~100 us. No value changes (no reassociation, no
+# contraction: -std=c11 keeps -ffp-contract=off), and no code here uses trap handlers.
+CFLAGS = ("-march=native", "-fno-trapping-math")
 # The attention kernel keeps a query group in fixed-size arrays (fused_decode_attention.c).
 MAX_HEAD_DIM = 256
 MAX_GROUP = 16
