@@ -27,7 +27,7 @@ from app.api.errors import CLIENT_CLOSED_REQUEST, APIError
 from app.api.resources import ServerResources
 from app.engine.engine import AsyncEngine, Overloaded
 from app.engine.handle import RequestHandle
-from app.engine.request import FinalEvent, FinishReason, GenerationRequest, TokenEvent
+from app.engine.request import FinalEvent, FinishReason, GenerationRequest, StreamEvent, TokenEvent
 
 
 class AnswerFormat(Protocol):
@@ -172,57 +172,79 @@ async def sse_events(
     engine: AsyncEngine,
     formats: Sequence[AnswerFormat],
     trailer: Callable[[Sequence[FinalEvent]], Iterable[ServerSentEvent]] | None = None,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[bytes]:
     """The SSE body: each request's format's events as its engine events come (choices
     interleaved), exactly one final event per request (or, at the first failure, its failure
     events and no more), the trailer, then the closing events. Every request still running is
-    cancelled if the stream ends early."""
-    queue: asyncio.Queue[tuple[int, TokenEvent | FinalEvent]] = asyncio.Queue()
+    cancelled if the stream ends early.
+
+    Yields encoded chunks, each one write (one ASGI ``http.response.body``): the opening
+    events, then at each wake-up the events of every engine event queued since the last one
+    (a step's token event, and its final event, trailer and closing events when it ended
+    the answer), so a step costs one write per answer rather than one per SSE event."""
+    queue: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
 
     async def pump(index: int, handle: RequestHandle) -> None:
         async for event in handle.events():
             queue.put_nowait((index, event))
 
+    async def group_batches() -> AsyncIterator[list[tuple[int, StreamEvent]]]:
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            yield batch
+
+    async def single_batches() -> AsyncIterator[list[tuple[int, StreamEvent]]]:
+        async for batch in handles[0].event_batches():
+            yield [(0, event) for event in batch]
+
     # one request reads its events directly; a group merges them through a queue
-    single = handles[0].events() if len(handles) == 1 else None
+    single = len(handles) == 1
+    batches = single_batches() if single else group_batches()
     pumps = [] if single else [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
     finals: list[FinalEvent | None] = [None] * len(handles)
     failed = False
     try:
-        for answer_format in formats:
-            for event in answer_format.opening():
-                yield event
+        opening = encoded(event for answer_format in formats for event in answer_format.opening())
+        if opening:
+            yield opening
+        events: list[ServerSentEvent] = []
         while not failed and any(final is None for final in finals):
-            if single is not None:
-                try:
-                    index, item = 0, await anext(single)
-                except StopAsyncIteration:  # no final event: the handle's stream ended
-                    break
-            else:
-                index, item = await queue.get()
-            answer_format = formats[index]
-            if isinstance(item, TokenEvent):
-                events = answer_format.token(item)
-            else:
+            if events:
+                yield encoded(events)
+                events = []
+            try:
+                batch = await anext(batches)
+            except StopAsyncIteration:  # no final event: the handle's stream ended
+                break
+            for index, item in batch:
+                answer_format = formats[index]
+                if isinstance(item, TokenEvent):
+                    events.extend(answer_format.token(item))
+                    continue
                 finals[index] = item
                 failed = item.finish_reason is FinishReason.ERROR
                 if failed:
-                    events = answer_format.failure(failure_error(item))
-                else:
-                    events = answer_format.final(item)
-            for event in events:
-                yield event
+                    events.extend(answer_format.failure(failure_error(item)))
+                    break
+                events.extend(answer_format.final(item))
+        # the last step's events, the trailer and the closing events: one write
         if not failed and trailer is not None:
-            for event in trailer([final for final in finals if final is not None]):
-                yield event
-        for event in formats[0].closing():
-            yield event
+            events.extend(trailer([final for final in finals if final is not None]))
+        events.extend(formats[0].closing())
+        if events:
+            yield encoded(events)
     finally:
         abort_unfinished(engine, handles)
         for task in pumps:
             task.cancel()
-        if single is not None:
-            await single.aclose()
+        await batches.aclose()
+
+
+def encoded(events: Iterable[ServerSentEvent]) -> bytes:
+    """SSE events as one chunk, each framed as sse-starlette frames it (its own separator)."""
+    return b"".join(event.encode() for event in events)
 
 
 async def finals_unless_disconnected(

@@ -111,12 +111,17 @@ class NativeAnswer:
         return ()
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
-        data = TokenEventData(
-            id=self.request_id,
-            text=event.text,
-            token_ids=list(event.token_ids),
-            logprobs=logprob_bodies(event.logprobs) if self.logprobs else None,  # type: ignore[arg-type]
-        ).model_dump(exclude=self._unasked(("logprobs",)))
+        """A ``TokenEventData`` body; built as a plain dict in its field order (the same
+        JSON) unless it carries logprobs: this runs once per streamed event."""
+        if self.logprobs:
+            data = TokenEventData(
+                id=self.request_id,
+                text=event.text,
+                token_ids=list(event.token_ids),
+                logprobs=logprob_bodies(event.logprobs),  # type: ignore[arg-type]
+            ).model_dump()
+        else:
+            data = {"id": self.request_id, "text": event.text, "token_ids": list(event.token_ids)}
         yield ServerSentEvent(data=json.dumps(data, ensure_ascii=False), event="token")
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:

@@ -7,8 +7,11 @@ What the edge needs to know of the model (its capabilities, its tokenizer, its c
 it reads through the engine's own operations (rule R11): ``capabilities``, ``encode_text``,
 ``encode_chat``, ``chat_template``, ``policy_name``.
 
-    loop:  take_new_commands -> admit_waiting -> schedule -> run_step (thread)
-           -> take_new_commands (cancels win) -> apply
+    loop:  take_new_commands -> admit_waiting -> schedule -> start the step (thread)
+           -> emit_text (the previous step's text and events, while this step runs)
+           -> the step's output -> take_new_commands (cancels win) -> advance
+
+The overlap and which guarantee costs what: ``docs/ENGINE_LOOP.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from app.engine.request import FinishReason, GenerationRequest, Sequence
 from app.engine.scheduler import Scheduler
 from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import ScheduledStep
-from app.models.base import Model, ModelCapabilities
+from app.models.base import Model, ModelCapabilities, StepBatch, StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +286,9 @@ class AsyncEngine(PromptOperations):
                 await self._take_new_commands()
                 self.scheduler.admit_waiting()
                 step = self.scheduler.schedule()
-                if step is not None:
+                if step is None:
+                    self.scheduler.emit_text(step_in_flight=False)
+                else:
                     await self._run_step(step)
         except asyncio.CancelledError:
             raise
@@ -295,6 +300,7 @@ class AsyncEngine(PromptOperations):
     async def _take_new_commands(self) -> None:
         """Applies every queued command; waits for one when there is nothing to run."""
         if not self.scheduler.has_work:
+            self.scheduler.emit_text(step_in_flight=False)  # the last step's events, then idle
             self._apply(await self._inbox.get())
         self._apply_inbox()
 
@@ -319,25 +325,39 @@ class AsyncEngine(PromptOperations):
                 self.metrics.cancel_to_free.observe(time.perf_counter() - command.issued_at)
 
     async def _run_step(self, step: ScheduledStep) -> None:
-        """One model step on the model thread, then its output applied. A failure of the model
-        (the step raising, or an output that does not fit the step) fails the step's rows; a
-        failure while applying commands is the loop's own and ends the loop."""
-        started = time.perf_counter()
+        """One model step on the model thread; while it runs, the previous step's text and
+        events (``emit_text``); then its output applied. A failure of the model (the step
+        raising, or an output that does not fit the step) fails the step's rows; a failure
+        while emitting or applying commands is the loop's own and ends the loop (after the
+        step returned: it still uses its slots, rule R16)."""
+        running = self._model_thread.start(self._timed_step, step.batch)
         try:
-            output = await self._model_thread.run(self._model.step, step.batch)
+            self.scheduler.emit_text(step_in_flight=True)
+        except Exception:
+            await asyncio.wait({running})
+            raise
+        try:
+            output, seconds = await running
         except Exception:
             logger.exception("model step over %d rows failed", len(step.sequences))
             self.scheduler.fail(step, _STEP_FAILED)
             return
-        self.metrics.step_duration.observe(time.perf_counter() - started)
+        self.metrics.step_duration.observe(seconds)
         # Cancels that arrived during the step win over its output: a DELETE answered
         # 200 must end its request as cancelled, never with one more token.
         self._apply_inbox()
         try:
-            self.scheduler.apply(step, output)
+            self.scheduler.advance(step, output)
         except ValueError:
             logger.exception("model step over %d rows gave a malformed output", len(step.sequences))
             self.scheduler.fail(step, _STEP_FAILED)
+
+    def _timed_step(self, batch: StepBatch) -> tuple[StepOutput, float]:
+        """On the model thread: the step's output and its duration in seconds (the model's
+        own time, whatever the loop did meanwhile)."""
+        started = time.perf_counter()
+        output = self._model.step(batch)
+        return output, time.perf_counter() - started
 
     def _end_every_request(self, reason: FinishReason, *, error: str | None = None) -> None:
         """Once the loop is gone (stopped or failed): every request still known ends with

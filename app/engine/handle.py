@@ -54,6 +54,20 @@ class RequestHandle:
             if isinstance(event, FinalEvent):
                 return
 
+    async def event_batches(self) -> AsyncIterator[list[StreamEvent]]:
+        """Yields, each time the consumer wakes, every event queued since it last took some
+        (one or more, in order): one step's events for the request together, or more when
+        the consumer fell behind, so a writer can send them in one write. The last batch
+        ends with the ``FinalEvent``."""
+        events = self._events
+        while True:
+            batch = [await events.get()]
+            while not events.empty():
+                batch.append(events.get_nowait())
+            yield batch
+            if isinstance(batch[-1], FinalEvent):
+                return
+
     async def result(self) -> FinalEvent:
         """Waits for the final event (token events are skipped: the final one has the text)."""
         async for event in self.events():

@@ -41,6 +41,12 @@ class ModelThread:
             return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
         return await loop.run_in_executor(self._executor, fn, *args)
 
+    def start(self, fn: Callable[P, T], *args: P.args) -> asyncio.Future[T]:
+        """Queues ``fn(*args)`` on the model thread and returns at once: the future the
+        loop awaits after doing its own work meanwhile (the engine's overlap); its exception
+        is raised where it is awaited. Must be called from the event loop's thread."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
     def shutdown(self) -> None:
         """No new calls; a call in progress finishes on its own, queued ones are dropped."""
         self._executor.shutdown(wait=False, cancel_futures=True)

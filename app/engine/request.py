@@ -11,6 +11,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from app.constraints import CompiledConstraint, ConstraintMatcher
 from app.engine.detokenizer import TextAssembler
@@ -136,6 +137,22 @@ class FinalEvent:
 StreamEvent = TokenEvent | FinalEvent
 
 
+class PendingToken(NamedTuple):
+    """A generated token whose text side has not run yet (``Sequence.untexted``).
+
+    Attributes:
+        token_id: the token, already in ``Sequence.generated``.
+        logprobs: the entry the step reported for it (one, possibly None), or () when the
+            step reported none; it goes to the token's ``TokenEvent``.
+        has_text: False for the token that ends its sequence without text (a stop token id,
+            EOS, a token outside the constraint): it joins the event's ids, never the text.
+    """
+
+    token_id: int
+    logprobs: tuple[TokenLogprobs | None, ...]
+    has_text: bool
+
+
 @dataclass(slots=True, eq=False)
 class Sequence:
     """Everything the engine knows about one request while it lives (seed 000).
@@ -152,6 +169,11 @@ class Sequence:
         num_cached_tokens: of those, the prefix found in the prefix cache at admission (a
             multiple of the KV block size; 0 without a paged model).
         generated: sampled token ids, in order.
+        untexted: generated tokens the text side (detokenizing, stop strings, the
+            ``TokenEvent``) has not run over yet, oldest first: the scheduler appends them when
+            a step is applied and runs the text side over them one step later, while the next
+            step runs (``Scheduler.emit_text``), or at once when it finishes the sequence or the
+            request has stop strings.
         unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
         logprobs / unsent_logprobs: the same for the tokens' logprobs (when asked for).
         prompt_logprobs: the prompt tokens' logprobs so far (when asked for).
@@ -172,6 +194,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
+    untexted: list[PendingToken] = field(default_factory=list)
     unsent_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     unsent_logprobs: list[TokenLogprobs] = field(default_factory=list)

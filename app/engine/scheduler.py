@@ -4,6 +4,10 @@ The scheduler is synchronous and knows nothing of asyncio or HTTP; ``AsyncEngine
 
     take new commands -> admit_waiting() -> schedule() -> model.step() -> apply() -> (repeat)
 
+``apply`` is ``advance`` (what the next step depends on: tokens, finishes, the constraint, the
+KV commit) then ``emit_text`` (detokenizing and token events); ``AsyncEngine`` calls the two
+apart and runs ``emit_text`` while the next step runs (``docs/ENGINE_LOOP.md``).
+
 Every way a sequence can end (EOS, stop string, stop token, length, cancel, error, shutdown)
 goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
 final event and counts the metrics, exactly once (rule R16).
@@ -25,7 +29,7 @@ token. Unconstrained rows carry no mask.
 
 With ``--speculative-ngram`` a decoding row may carry a draft (:mod:`app.engine.speculation`);
 ``apply`` appends its accepted tokens one by one, and the rejected positions' blocks go back.
-Each decode-only step is timed from ``schedule`` to the end of ``apply`` (``draft_costs``):
+Each decode-only step is timed from ``schedule`` to the end of ``advance`` (``draft_costs``):
 what a drafted token costs is measured on the steps themselves.
 """
 
@@ -39,21 +43,34 @@ from app.engine.kv_admission import KVAdmission
 from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
-from app.engine.request import FinishReason, GenerationRequest, Sequence, SequenceStatus, TokenEvent
+from app.engine.request import (
+    FinishReason,
+    GenerationRequest,
+    PendingToken,
+    Sequence,
+    SequenceStatus,
+    TokenEvent,
+)
 from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import (
     RowResult,
     ScheduledStep,
-    decode_row,
+    decode_rows,
     padding_rows,
     prefill_row,
     row_results,
     whole_groups,
 )
 from app.engine.waiting_queue import WaitingQueue
-from app.models.base import ModelCapabilities, StepBatch, StepOutput, Tokenizer
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, Tokenizer, TokenLogprobs
 
 logger = logging.getLogger(__name__)
+
+_UNDECODABLE = "failed to decode generated tokens"
+
+
+def _admission_order(seq: Sequence) -> float:
+    return seq.admitted_at or 0.0
 
 
 class Scheduler:
@@ -109,7 +126,17 @@ class Scheduler:
         self.draft_costs = self.speculation.cost_model()  # timed steps: what a draft costs
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
+        # how many of ``slots`` hold a sequence: changed only where a slot is taken
+        # (admit_waiting) or freed (_release), read per submit and per loop turn
+        self._num_running = 0
         self.kv: KVAdmission | None = None
+        # the text side's backlog, from one step's ``advance`` to the ``emit_text`` after it:
+        # the sequences with untexted tokens (in the order they got them), the latencies of
+        # their tokens, and those whose text failed to decode while a step was in flight
+        self._text_due: list[Sequence] = []
+        self._first_token_latencies: list[float] = []
+        self._inter_token_latencies: list[float] = []
+        self._undecodable: list[Sequence] = []
         if capabilities.paged:
             self.kv = KVAdmission.for_model(capabilities, metrics, prefix_caching=prefix_caching)
 
@@ -130,15 +157,15 @@ class Scheduler:
 
     @property
     def num_free_slots(self) -> int:
-        return sum(seq is None for seq in self.slots)
+        return len(self.slots) - self._num_running
 
     @property
     def num_running(self) -> int:
-        return sum(seq is not None for seq in self.slots)
+        return self._num_running
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting) or self.num_running > 0
+        return bool(self.waiting) or self._num_running > 0
 
     def running(self) -> Iterator[Sequence]:
         return (seq for seq in self.slots if seq is not None)
@@ -205,6 +232,7 @@ class Scheduler:
                 # a preempted sequence keeps its matcher: its generated tokens stay
                 seq.matcher = seq.request.constraint.new_matcher()
             self.slots[slot] = seq
+        self._num_running += admitted
         return admitted
 
     def schedule(self) -> ScheduledStep | None:
@@ -222,13 +250,16 @@ class Scheduler:
             self.kv.grow_decoding(self.running(), preempt=self._preempt)
         blocks = self.kv_blocks
         budget = self.max_num_batched_tokens
-        sequences = [seq for seq in self.running() if not seq.is_prefilling]
+        sequences: list[Sequence] = []  # the decoding ones, then those prefilling
+        prefilling: list[Sequence] = []
+        for seq in self.slots:
+            if seq is not None:
+                (prefilling if seq.is_prefilling else sequences).append(seq)
         costs = self.draft_costs
         drafts = self.speculation.drafts(sequences, budget, self.capabilities, self.kv, costs)
-        rows = [decode_row(s, blocks, d) for s, d in zip(sequences, drafts, strict=True)]
-        budget -= sum(len(row.token_ids) for row in rows)
-        waiting_prompt = (seq for seq in self.running() if seq.is_prefilling)
-        prefilling = sorted(waiting_prompt, key=lambda seq: seq.admitted_at or 0.0)
+        rows = decode_rows(sequences, blocks, drafts)
+        budget -= len(rows) + sum(map(len, drafts))
+        prefilling.sort(key=_admission_order)
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -247,18 +278,30 @@ class Scheduler:
         return step
 
     def apply(self, step: ScheduledStep, output: StepOutput) -> None:
-        """Applies one step's output: advances state, appends tokens, finishes what is done.
+        """Applies one step's output whole: ``advance`` and then ``emit_text`` (the order of a
+        caller that overlaps nothing, such as ``SyncEngine``)."""
+        self.advance(step, output)
+        self.emit_text(step_in_flight=False)
+
+    def advance(self, step: ScheduledStep, output: StepOutput) -> None:
+        """The part of a step's output the next step depends on: advances state, appends
+        tokens, finishes what is done (EOS, stop token, length, the constraint, and a stop
+        string: a request with stop strings runs its text side here). The text and events of
+        the other requests' new tokens wait for ``emit_text``.
 
         A row whose slot no longer holds the sequence it was built for (cancelled meanwhile)
         is dropped (rule R17). A failure while applying one sequence's token fails only it.
         """
+        self._finish_undecodable()
         results = row_results(step, output)  # ValueError: an output that does not fit
         self._metrics.batch_size.observe(len(step.sequences))
         now = self._clock()
         kv = self.kv
+        slots = self.slots
+        appended = 0
         for result in results:
             seq, row = result.sequence, result.row
-            if self.slots[row.slot] is not seq:
+            if slots[row.slot] is not seq:
                 continue
             if result.error is not None:
                 self.finish(seq, FinishReason.ERROR, error=result.error)
@@ -278,10 +321,35 @@ class Scheduler:
             if row.num_draft_tokens:
                 self._metrics.count_draft(row.num_draft_tokens, result.num_accepted)
                 self.speculation.record(seq, row.num_draft_tokens, result.num_accepted)
-            self._append_tokens(result, now)
+            appended += self._append_tokens(result, now)
             if kv is not None and row.num_draft_tokens:
                 kv.rollback(seq)  # the rejected positions' blocks (a no-op once finished)
+        if appended:
+            self._metrics.generated_tokens.inc(appended)
         self.draft_costs.applied(step, self._clock())
+
+    def emit_text(self, *, step_in_flight: bool) -> None:
+        """The text side of the tokens ``advance`` appended: detokenizes them, puts their
+        ``TokenEvent`` on each request's stream and observes their latencies. The engine
+        runs it while the next step runs (``step_in_flight=True``).
+
+        It ends no sequence while a step is in flight (that step may still use its slot):
+        a token whose text fails to decode there ends its request (ERROR) at the next
+        ``advance``; with ``step_in_flight=False`` it ends at once.
+        """
+        due, self._text_due = self._text_due, []
+        for seq in due:
+            if seq.untexted and not self._emit_text_of(seq):
+                if step_in_flight:
+                    self._undecodable.append(seq)
+                else:
+                    self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)
+        first_token, self._first_token_latencies = self._first_token_latencies, []
+        between, self._inter_token_latencies = self._inter_token_latencies, []
+        for seconds in first_token:
+            self._metrics.time_to_first_token.observe(seconds)
+        for seconds in between:
+            self._metrics.inter_token_latency.observe(seconds)
 
     def fail(self, step: ScheduledStep, message: str) -> None:
         """Ends every sequence of a failed step (still in its slot) with an ERROR."""
@@ -307,6 +375,10 @@ class Scheduler:
         """The one way a sequence ends. Idempotent: a finished sequence is left alone."""
         if seq.status is SequenceStatus.FINISHED:
             return
+        if seq.untexted and not self._emit_text_of(seq):
+            reason, stop_reason, error = FinishReason.ERROR, None, _UNDECODABLE
+        if seq.status is SequenceStatus.FINISHED:
+            return  # its text side ended it (a stop string matched)
         was_waiting = seq.status is SequenceStatus.WAITING
         seq.status = SequenceStatus.FINISHED
         seq.matcher = None  # the constraint's state ends with the request
@@ -325,6 +397,7 @@ class Scheduler:
         blocks. The cleanup shared by ``finish`` and preemption; a no-op for what it lacks."""
         if seq.slot is not None:
             self.slots[seq.slot] = None
+            self._num_running -= 1
             self._release_slot(seq.slot)
             seq.slot = None
         if self.kv is not None:
@@ -348,31 +421,40 @@ class Scheduler:
 
     # ----------------------------------------------------------------- internals
 
-    def _append_tokens(self, result: RowResult, now: float) -> None:
+    def _append_tokens(self, result: RowResult, now: float) -> int:
         """A row's tokens (one, or an accepted draft and the model's own), each appended as if
-        generated alone; those after the one that finishes the sequence are dropped."""
+        generated alone; those after the one that finishes the sequence are dropped. Returns
+        how many were appended."""
         seq = result.sequence
+        logprobs = result.logprobs
+        appended = 0
         for index, token in enumerate(result.token_ids):
             if seq.status is SequenceStatus.FINISHED:
-                return
-            if result.logprobs is not None:
-                seq.logprobs.append(result.logprobs[index])
-                seq.unsent_logprobs.append(result.logprobs[index])
+                break
+            entry = () if logprobs is None else (logprobs[index],)
+            if logprobs is not None:
+                seq.logprobs.append(logprobs[index])
+            appended += 1
             try:
-                self._append_token(seq, token, now)
+                self._append_token(seq, token, entry, now)
             except Exception:
                 logger.exception("request %s: applying token %d failed", seq.request_id, token)
-                self.finish(seq, FinishReason.ERROR, error="failed to decode generated tokens")
+                self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)
+        return appended
 
-    def _append_token(self, seq: Sequence, token: int, now: float) -> None:
+    def _append_token(
+        self,
+        seq: Sequence,
+        token: int,
+        logprobs: tuple[TokenLogprobs | None, ...],
+        now: float,
+    ) -> None:
         seq.generated.append(token)
-        seq.unsent_token_ids.append(token)
-        self._metrics.generated_tokens.inc()
         if seq.first_token_at is None:
             seq.first_token_at = now
-            self._metrics.time_to_first_token.observe(now - seq.request.arrived_at)
+            self._first_token_latencies.append(now - seq.request.arrived_at)
         elif seq.last_token_at is not None:
-            self._metrics.inter_token_latency.observe(now - seq.last_token_at)
+            self._inter_token_latencies.append(now - seq.last_token_at)
         seq.last_token_at = now
         if seq.matcher is not None and not seq.matcher.advance(token):
             logger.error(
@@ -381,27 +463,67 @@ class Scheduler:
                 token,
                 seq.matcher.error or "the mask was not applied",
             )
+            seq.untexted.append(PendingToken(token, logprobs, False))
             self.finish(seq, FinishReason.ERROR, error="the output left the request's constraint")
             return
 
         stop = seq.request.stop
         if token in stop.stop_token_ids:
+            seq.untexted.append(PendingToken(token, logprobs, False))
             self.finish(seq, FinishReason.STOP, stop_reason=token)
             return
         if not stop.ignore_eos and token in self.capabilities.eos_token_ids:
+            seq.untexted.append(PendingToken(token, logprobs, False))
             self.finish(seq, FinishReason.STOP)
             return
-        new_text = seq.text.append(self._tokenizer.decode_bytes((token,)))
-        if new_text:
-            seq.emit(TokenEvent(new_text, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs)))
-            seq.unsent_token_ids.clear()
-            seq.unsent_logprobs.clear()
-        if seq.text.matched_stop is not None:
-            self.finish(seq, FinishReason.STOP, stop_reason=seq.text.matched_stop)
-        elif seq.matcher is not None and seq.matcher.is_finished:
+        seq.untexted.append(PendingToken(token, logprobs, True))
+        if stop.stop_strings:
+            # a stop string ends the request: its text cannot wait for the next step
+            if not self._emit_text_of(seq):
+                self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)
+            if seq.status is SequenceStatus.FINISHED:
+                return
+        elif len(seq.untexted) == 1:
+            self._text_due.append(seq)
+        if seq.matcher is not None and seq.matcher.is_finished:
             self.finish(seq, FinishReason.STOP)  # the language allows no further token
         elif (
             len(seq.generated) >= seq.request.max_tokens
             or seq.num_prompt_tokens + len(seq.generated) >= self.capabilities.context_length
         ):
             self.finish(seq, FinishReason.LENGTH)
+
+    def _emit_text_of(self, seq: Sequence) -> bool:
+        """Runs the text side over ``seq.untexted``, oldest first, as if each token had just
+        been generated: its text appended, a ``TokenEvent`` for whatever text became safe to
+        send; a stop string matched finishes the sequence (STOP) and drops the tokens after
+        it. Returns False when a token's text failed to decode (logged; the caller ends the
+        request), True otherwise."""
+        untexted, seq.untexted = seq.untexted, []
+        text = seq.text
+        for token, logprobs, has_text in untexted:
+            seq.unsent_token_ids.append(token)
+            seq.unsent_logprobs.extend(logprobs)
+            if not has_text:
+                continue
+            try:
+                new_text = text.append(self._tokenizer.decode_bytes((token,)))
+            except Exception:
+                logger.exception("request %s: decoding token %d failed", seq.request_id, token)
+                return False
+            if new_text:
+                seq.emit(
+                    TokenEvent(new_text, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs))
+                )
+                seq.unsent_token_ids.clear()
+                seq.unsent_logprobs.clear()
+            if text.matched_stop is not None:
+                self.finish(seq, FinishReason.STOP, stop_reason=text.matched_stop)
+                return True
+        return True
+
+    def _finish_undecodable(self) -> None:
+        """Ends (ERROR) the requests whose text failed to decode while a step was in flight."""
+        undecodable, self._undecodable = self._undecodable, []
+        for seq in undecodable:
+            self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -35,8 +36,7 @@ class ScheduledStep:
         return self.batch.rows[: len(self.sequences)]
 
 
-@dataclass(frozen=True, slots=True)
-class RowResult:
+class RowResult(NamedTuple):
     """What one live row of a step produced, for its sequence.
 
     Attributes:
@@ -99,17 +99,28 @@ def row_results(step: ScheduledStep, output: StepOutput) -> list[RowResult]:
 
 def decode_row(seq: Sequence, kv: BlockManager | None, draft: tuple[int, ...] = ()) -> StepRow:
     """The row of a decoding sequence: the one token sampled last step, sampled again; with
-    a speculative ``draft``, those tokens after it, to verify (``num_draft_tokens``)."""
+    a speculative ``draft``, those tokens after it, to verify (``num_draft_tokens``). Looks
+    up only what the row has (a mask when constrained, a table when paged): it runs once per
+    decoding row and step, on the loop's critical path."""
+    matcher = seq.matcher
     return StepRow(
-        slot=slot_of(seq),
-        token_ids=(seq.generated[-1], *draft),
-        position=seq.num_computed_tokens,
-        sample=True,
-        sampling=seq.request.sampling,
-        token_mask=next_token_mask(seq),
-        kv_blocks=kv_blocks_of(seq, kv),
+        slot_of(seq),
+        (seq.generated[-1], *draft) if draft else (seq.generated[-1],),
+        seq.num_computed_tokens,
+        True,
+        seq.request.sampling,
+        token_mask=None if matcher is None else matcher.next_mask(),
+        kv_blocks=None if kv is None else kv_blocks_of(seq, kv),
         num_draft_tokens=len(draft),
     )
+
+
+def decode_rows(
+    sequences: list[Sequence], kv: BlockManager | None, drafts: list[tuple[int, ...]]
+) -> list[StepRow]:
+    """``decode_row`` of each decoding sequence with its draft (``drafts[i]`` for
+    ``sequences[i]``, () for none), in order: the step's decode rows."""
+    return [decode_row(seq, kv, draft) for seq, draft in zip(sequences, drafts, strict=True)]
 
 
 def prefill_row(

@@ -102,11 +102,18 @@ def build_plan(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
         out_dir=args.out_dir,
         argv=tuple(argv),
     )
+    s1 = {
+        name: value
+        for name, value in (("slots", args.s1_slots), ("step_ms", args.s1_step_ms))
+        if value is not None
+    }
+    if s1:
+        plan = replace(plan, s1=replace(plan.s1, **s1))
     if not args.quick:
         return plan
     return replace(
         plan,
-        s1=SaturationSizes(output_len=32, warmup_s=0.4, duration_s=1.4),
+        s1=replace(plan.s1, output_len=32, warmup_s=0.4, duration_s=1.4),
         s2=SseSizes(output_len=128, warmup_s=0.2, duration_s=0.8),
         s3_mock=SchedulingSizes("mock", 16, 32, 16, 8, step_ms=10.0),
         s3_smollm2=SchedulingSizes("smollm2", 4, 8, 8, 8),

@@ -136,6 +136,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=None,
         help="run the SmolLM2 parts (default: yes, except under --quick)",
     )
+    parser.add_argument(
+        "--s1-slots", type=int, default=None, help="scenario 1's slots (default 64)"
+    )
+    parser.add_argument(
+        "--s1-step-ms", type=float, default=None, help="scenario 1's mock step in ms (default 10)"
+    )
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
