@@ -63,7 +63,10 @@ rounds alternating on and off, median of the rounds' ratios, greedy output ident
 run; the machine at a load of 5-8): grounded prompts 1.62x at 1 stream (66% of drafted tokens
 accepted; 1.79x with ``K`` = 8, 54%) and 1.31x at 4 (84%); free-form stories 1.10x at 1 stream
 (31%), 1.06x at 16 (78%) and 1.03x at 64 (no row drafted; its rounds spread 0.87-1.12, the
-noise of the shared machine).
+noise of the shared machine). Again with ``MIN_PLAIN_SAMPLES`` (load 1-3): grounded 1.69x at
+1 stream (68%) and 1.35x at 4 (84%); free-form 0.97x at 1 stream (rounds 0.96, 1.14, 0.97;
+33%), 1.02x at 16 (1.01-1.03; 77%) and 0.98x at 64 (0.95-1.06; no row drafted: from 32 rows
+the stand-in cost is above a fresh row's acceptance, and no row waits long enough to try).
 """
 
 from __future__ import annotations
