@@ -25,17 +25,17 @@ running server, step by step (:class:`DraftCosts`).
 *What a drafted token costs.* A decode-only step of ``R`` rows takes ``T0(R)`` seconds plain
 (each row ``T0(R) / R``) and ``T0(R) + D * m`` with ``D`` drafted tokens among its rows. Its
 cost ``c(R) = m / (T0(R) / R)`` is a drafted token's extra time over a plain row's share:
-speculation is worth it exactly when the drafted tokens earn more than ``c`` tokens each
-(``R + accepted`` tokens in ``T0 (1 + c D / R)`` beats ``R`` in ``T0``). The scheduler times
-every step from ``schedule`` to the end of ``apply``, so the figure holds the model's extra
-positions, the verification's sampling per position, the drafting and the KV rollback, on
-the kernels and the cores the server has now. Decode-only steps are kept (a prompt chunk
-would swamp the difference): ``T0(R)`` is the median of the last plain steps at exactly ``R``
-rows (at least ``MIN_PLAIN_SAMPLES`` of them), and each step with drafts gives one sample
+speculation is worth it exactly when the drafted tokens earn more than ``c`` tokens each (``R +
+accepted`` tokens in ``T0 (1 + c D / R)`` beats ``R`` in ``T0``). The scheduler times every
+step from ``schedule`` to the end of ``advance`` (its output applied), so the figure holds the
+model's extra positions, the verification's sampling per position, the drafting and the KV
+rollback, on the kernels and the cores the server has now. Decode-only steps are kept (a prompt
+chunk would swamp the difference): ``T0(R)`` is the median of the last plain steps at exactly
+``R`` rows (at least ``MIN_PLAIN_SAMPLES`` of them), and each step with drafts gives one sample
 ``c = (T / T0(R) - 1) R / D``; ``c(R)`` is the median of the last ``COST_SAMPLES`` samples at
-``R``'s row class (1, 2-3, 4-7, ..., 64+). Medians, because a shared machine's steps spike.
-A row count whose plain time is unknown, or ``PLAIN_EVERY`` drafted steps old, gets a plain
-step (no row drafts) to measure it; until a row class has ``MIN_COST_SAMPLES`` samples,
+``R``'s row class (1, 2-3, 4-7, ..., 64+). Medians, because a shared machine's steps spike. A
+row count whose plain time is unknown, or ``PLAIN_EVERY`` drafted steps old, gets a plain step
+(no row drafts) to measure it; until a row class has ``MIN_COST_SAMPLES`` samples,
 ``DRAFT_TOKEN_COST`` stands in.
 
 *How many tokens a row drafts.* Each row keeps ``Sequence.draft_acceptance``: the running
