@@ -12,9 +12,12 @@ PROMPTS = ["one two one two one two", "abc abc abc", "the cat sat on the mat, th
 
 
 def _markov_mock() -> MockModelRunner:
-    """The mock as a Markov chain over its last 3 bytes: its text repeats, drafts land."""
+    """The mock as a Markov chain over its last 3 bytes: its text repeats, drafts land. Its
+    steps take 5 ms however many positions they hold, so the server measures a drafted token
+    as nearly free and drafts; with instant steps the measured cost was the machine's noise,
+    and on a loaded machine it stopped drafting (acceptance rate 0, a flake)."""
     return MockModelRunner(
-        max_num_seqs=4, context_length=512, kv_blocks=256, order=3, eos_one_in=1000
+        max_num_seqs=4, context_length=512, kv_blocks=256, order=3, eos_one_in=1000, step_ms=5.0
     )
 
 
