@@ -7,6 +7,7 @@ while a step is on the model thread, and waits on events, never on time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 
@@ -47,9 +48,11 @@ class GatedModel(ScriptedModel):
         self._go.set()
 
 
-@pytest.fixture
-async def gated() -> AsyncIterator[tuple[AsyncEngine, GatedModel]]:
-    model = GatedModel(asyncio.get_running_loop(), max_num_seqs=2)
+@contextlib.asynccontextmanager
+async def gated_engine(max_num_seqs: int) -> AsyncIterator[tuple[AsyncEngine, GatedModel]]:
+    """A started engine over a :class:`GatedModel` of ``max_num_seqs`` slots; stopped after
+    every step is let go."""
+    model = GatedModel(asyncio.get_running_loop(), max_num_seqs=max_num_seqs)
     engine = AsyncEngine(model)
     await engine.start()
     try:
@@ -57,6 +60,12 @@ async def gated() -> AsyncIterator[tuple[AsyncEngine, GatedModel]]:
     finally:
         model.let_go(every_step=True)
         await engine.stop()
+
+
+@pytest.fixture
+async def gated() -> AsyncIterator[tuple[AsyncEngine, GatedModel]]:
+    async with gated_engine(2) as pair:
+        yield pair
 
 
 def metric(engine: AsyncEngine, name: str, **labels: str) -> float:

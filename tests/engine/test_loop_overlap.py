@@ -16,19 +16,13 @@ from app.engine.engine import AsyncEngine
 from app.engine.handle import RequestHandle
 from app.engine.request import FinalEvent, FinishReason, StreamEvent, TokenEvent
 from tests.engine.conftest import make_request
-from tests.engine.test_engine import STEP_WAIT_S, GatedModel
+from tests.engine.test_engine import STEP_WAIT_S, GatedModel, gated_engine
 
 
 @pytest.fixture
 async def one_slot() -> AsyncIterator[tuple[AsyncEngine, GatedModel]]:
-    model = GatedModel(asyncio.get_running_loop(), max_num_seqs=1)
-    engine = AsyncEngine(model)
-    await engine.start()
-    try:
-        yield engine, model
-    finally:
-        model.let_go(every_step=True)
-        await engine.stop()
+    async with gated_engine(1) as pair:
+        yield pair
 
 
 def collect(handle: RequestHandle) -> asyncio.Task[list[StreamEvent]]:

@@ -57,41 +57,35 @@ void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *we
     }
 }
 
-/*
- * out = bf16(bf16(silu(gate)) * up) for gate_up [rows, 2 * ffn] bfloat16 (gate first, as the
- * fused gate/up projection writes it); out is [rows, ffn] bfloat16, contiguous.
- */
-void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const bf16 *gate = gate_up + r * 2 * ffn;
-        const bf16 *up = gate + ffn;
-        bf16 *dst = out + r * ffn;
-        for (int64_t i = 0; i < ffn; ++i) {
-            float g = bf16_to_float(gate[i]);
-            float activated = bf16_to_float(float_to_bf16(g / (1.0f + exp_approx(-g))));
-            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));
-        }
-    }
+static inline float silu(float g) { return g / (1.0f + exp_approx(-g)); }
+
+/* GELU in its tanh approximation (Gemma's MLP; torch's F.gelu(approximate="tanh"),
+ * transformers' "gelu_pytorch_tanh"): g / 2 * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3))),
+ * with tanh(y) computed as 1 - 2 / (exp(2y) + 1). */
+static inline float gelu_tanh(float g) {
+    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (1.0f + (1.0f - 2.0f / (exp_approx(2.0f * inner) + 1.0f)));
 }
 
-/*
- * out = bf16(bf16(gelu(gate)) * up), GELU in its tanh approximation (Gemma's MLP; torch's
- * F.gelu(approximate="tanh"), transformers' "gelu_pytorch_tanh"):
- * gelu(g) = g / 2 * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3))), with tanh(y) computed as
- * 1 - 2 / (exp(2y) + 1). Layout as sl_silu_mul.
- */
-void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
-    const float sqrt_2_over_pi = 0.7978845608028654f;
-    for (int64_t r = 0; r < rows; ++r) {
-        const bf16 *gate = gate_up + r * 2 * ffn;
-        const bf16 *up = gate + ffn;
-        bf16 *dst = out + r * ffn;
-        for (int64_t i = 0; i < ffn; ++i) {
-            float g = bf16_to_float(gate[i]);
-            float inner = sqrt_2_over_pi * (g + 0.044715f * g * g * g);
-            float tanh_inner = 1.0f - 2.0f / (exp_approx(2.0f * inner) + 1.0f);
-            float activated = bf16_to_float(float_to_bf16(0.5f * g * (1.0f + tanh_inner)));
-            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));
-        }
+/* out = bf16(bf16(activation(gate)) * up) for gate_up [rows, 2 * ffn] bfloat16 (gate first,
+ * as the fused gate/up projection writes it); out is [rows, ffn] bfloat16, contiguous. */
+#define SL_GATED_ROWS(activation)                                                              \
+    for (int64_t r = 0; r < rows; ++r) {                                                       \
+        const bf16 *gate = gate_up + r * 2 * ffn;                                              \
+        const bf16 *up = gate + ffn;                                                           \
+        bf16 *dst = out + r * ffn;                                                             \
+        for (int64_t i = 0; i < ffn; ++i) {                                                    \
+            float activated = bf16_to_float(float_to_bf16(activation(bf16_to_float(gate[i])))); \
+            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));                          \
+        }                                                                                      \
     }
+
+/* silu(gate) * up (Llama's MLP). */
+void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
+    SL_GATED_ROWS(silu)
+}
+
+/* gelu_tanh(gate) * up (Gemma's MLP). */
+void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
+    SL_GATED_ROWS(gelu_tanh)
 }
