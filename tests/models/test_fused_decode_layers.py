@@ -37,9 +37,7 @@ def _steps(model: DecoderModel, *, in_c: bool = True) -> list[torch.Tensor]:
     """Every step's logits with the layer loop in C (``in_c``) or in Python (the same tokens
     fed in both; a float32 model: its eager path)."""
     model.decode_layers = in_c
-    cache = KVCache(
-        model.hparams, max_num_seqs=4, max_model_len=64, dtype=model.dtype, device=CPU
-    )
+    cache = KVCache(model.hparams, max_num_seqs=4, max_model_len=64, dtype=model.dtype, device=CPU)
     outputs = []
     with torch.inference_mode():
         for slot, prompt in enumerate(PROMPTS):

@@ -248,7 +248,8 @@ def test_served_tokens_equal_transformers_with_prefix_caching_and_preemption(
 
 def test_bfloat16_and_file_blocks_follow_float32(tiny_checkpoints: TinyCheckpoints) -> None:
     """bfloat16 on dense weights runs the torch path (Gemma's block is fused only in the C
-    layer loop, with GGUF-block projections; the status the start-up log prints says so) and a Q8_0 / Q4_K GGUF runs on its own blocks, both
+    layer loop, with GGUF-block projections; the status the start-up log prints says so) and a
+    Q8_0 / Q4_K GGUF runs on its own blocks, both
     close to float32 over a short prompt. Measured max |logit difference|: bfloat16 0.25
     (transformers' own bfloat16 against its float32: 0.32), Q8_0 blocks 0.59, Q4_K 0.48
     against the same file dequantised; six random layers whose norms multiply by ~2 amplify

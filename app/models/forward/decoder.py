@@ -270,14 +270,11 @@ class DecoderModel:
         local = hp.local_attention
         for index, layer in enumerate(self.weights.layers):
             is_local = local is not None and local.layers[index]
-            rope = self._local_rope if is_local and self._local_rope is not None else (
-                self._rope_cos,
-                self._rope_sin,
-            )
+            rope = (self._rope_cos, self._rope_sin)
+            if is_local and self._local_rope is not None:
+                rope = self._local_rope
             projections = (layer.qkv, layer.attn_output, layer.gate_up, layer.down)
-            if layer.experts is not None or not all(
-                isinstance(p, GGMLLinear) for p in projections
-            ):
+            if layer.experts is not None or not all(isinstance(p, GGMLLinear) for p in projections):
                 return None, 0
             if any(p.wide is not None for p in projections):  # type: ignore[union-attr]
                 max_rows = GGML_MAX_ROWS

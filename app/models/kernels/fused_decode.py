@@ -242,8 +242,10 @@ class FusedDecodeKernels:
         """
         rows = hidden.shape[0]
         self._check(hidden)
-        if hidden.dim() != 2 or hidden.shape[1] != layout.decoder.hidden or not (
-            hidden.is_contiguous()
+        if (
+            hidden.dim() != 2
+            or hidden.shape[1] != layout.decoder.hidden
+            or not hidden.is_contiguous()
         ):
             raise ValueError(f"hidden {tuple(hidden.shape)} for width {layout.decoder.hidden}")
         layout.decoder.threads = threads
