@@ -118,13 +118,21 @@ def test_ctrl_c_stops_with_the_lines_written_so_far_in_order(tmp_path):
     ]
     source = write_input(tmp_path / "in.jsonl", lines)
     output = tmp_path / "out.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "batch", "-i", str(source), "-o", str(output)]
-        + ["--model", "mock", "--mock-step-ms", "20", "--max-num-seqs", "2", "--no-progress"],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # A test run started in the background of a non-interactive shell has SIGINT ignored, and
+    # an ignored signal stays ignored across exec: the run would never see the Ctrl-C (two
+    # clean-clone suite runs failed so). With a handler here, the child starts with the
+    # default disposition, as from a terminal.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "batch", "-i", str(source), "-o", str(output)]
+            + ["--model", "mock", "--mock-step-ms", "20", "--max-num-seqs", "2", "--no-progress"],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, before)
     try:
         wait_until(
             lambda: output.exists() and output.read_text().count("\n") >= 2,
