@@ -456,6 +456,10 @@ class Scheduler:
         elif seq.last_token_at is not None:
             self._inter_token_latencies.append(now - seq.last_token_at)
         seq.last_token_at = now
+        stop = seq.request.stop
+        # A token that ends the sequence here has no text of its own (it is pending all the
+        # same, so its logprobs and usage go out with the final event).
+        ending: tuple[FinishReason, dict[str, object]] | None = None
         if seq.matcher is not None and not seq.matcher.advance(token):
             logger.error(
                 "request %s: token %d is outside its constraint (%s)",
@@ -463,18 +467,15 @@ class Scheduler:
                 token,
                 seq.matcher.error or "the mask was not applied",
             )
+            ending = FinishReason.ERROR, {"error": "the output left the request's constraint"}
+        elif token in stop.stop_token_ids:
+            ending = FinishReason.STOP, {"stop_reason": token}
+        elif not stop.ignore_eos and token in self.capabilities.eos_token_ids:
+            ending = FinishReason.STOP, {}
+        if ending is not None:
             seq.untexted.append(PendingToken(token, logprobs, False))
-            self.finish(seq, FinishReason.ERROR, error="the output left the request's constraint")
-            return
-
-        stop = seq.request.stop
-        if token in stop.stop_token_ids:
-            seq.untexted.append(PendingToken(token, logprobs, False))
-            self.finish(seq, FinishReason.STOP, stop_reason=token)
-            return
-        if not stop.ignore_eos and token in self.capabilities.eos_token_ids:
-            seq.untexted.append(PendingToken(token, logprobs, False))
-            self.finish(seq, FinishReason.STOP)
+            reason, details = ending
+            self.finish(seq, reason, **details)  # type: ignore[arg-type]
             return
         seq.untexted.append(PendingToken(token, logprobs, True))
         if stop.stop_strings:
