@@ -23,7 +23,7 @@ Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op
   Qwen3's q/k norm is part of the fused attention kernel;
 * when every projection computes on GGUF blocks (:class:`app.models.weights.ggml.GGMLLinear`),
   that fused step's whole layer loop is one C call (``sl_decode_layers``, through
-  :class:`app.models.kernels.fused_decode.DecoderLayout`): the same kernels in the same order,
+  :class:`app.models.kernels.decoder_layout.DecoderLayout`): the same kernels in the same order,
   bit for bit, without ~7 Python calls per layer (SmolLM2, one row: ~3 ms of a ~12 ms step).
   Gemma 3's block (GeGLU, norms after attention and MLP, sliding-window layers with their own
   rope, a scaled embedding) is computed there too; with dense weights it runs this module's
@@ -43,18 +43,12 @@ import torch.nn.functional as F
 from app.models.forward.attention import attend
 from app.models.forward.experts import mixture_of_experts
 from app.models.forward.forward_plan import ForwardPlan
+from app.models.forward.fused_step import beyond_python_fused, block_layout, fused_decode_for
 from app.models.forward.kv_cache import KVCache
 from app.models.forward.rope import rope_tables
 from app.models.hparams import Activation, HParams
-from app.models.kernels.fused_decode import (
-    BlockLayer,
-    DecoderLayout,
-    FusedDecodeKernels,
-    check_attention_shapes,
-    decoder_layout,
-    load_fused_decode,
-)
-from app.models.weights.ggml import EXACT_ROWS_ANY, GGML_MAX_ROWS, GGMLLinear
+from app.models.kernels.decoder_layout import DecoderLayout
+from app.models.kernels.fused_decode import FusedDecodeKernels
 from app.models.weights.projections import Projection, project
 from app.models.weights.record import ModelWeights, Quantization
 
@@ -105,9 +99,9 @@ class DecoderModel:
         self._layout: tuple[KVCache, tuple[DecoderLayout | None, int]] | None = None
         # Whether the Python loop of the fused step computes this block (Llama-style ones);
         # Gemma 3's takes the fused step only with GGUF-block projections, in C.
-        self._python_fused = not _beyond_python_fused(hparams)
+        self._python_fused = not beyond_python_fused(hparams)
         if fused_decode:
-            self.fused_decode, self.fused_decode_status = _fused_decode_for(hparams, dtype, device)
+            self.fused_decode, self.fused_decode_status = fused_decode_for(hparams, dtype, device)
 
     @property
     def quantization(self) -> Quantization:
@@ -259,50 +253,11 @@ class DecoderModel:
         if not self.decode_layers:
             return None
         if self._layout is None or self._layout[0] is not cache:
-            self._layout = (cache, self._build_layout(cache))
+            rope = (self._rope_cos, self._rope_sin)
+            built = block_layout(self.hparams, self.weights, cache, rope, self._local_rope)
+            self._layout = (cache, built)
         layout, max_rows = self._layout[1]
         return layout if layout is not None and num_rows <= max_rows else None
-
-    def _build_layout(self, cache: KVCache) -> tuple[DecoderLayout | None, int]:
-        """``(layout, most rows it takes)``, or ``(None, 0)`` when a layer does not fit."""
-        hp, layers = self.hparams, []
-        max_rows = EXACT_ROWS_ANY
-        local = hp.local_attention
-        for index, layer in enumerate(self.weights.layers):
-            is_local = local is not None and local.layers[index]
-            rope = (self._rope_cos, self._rope_sin)
-            if is_local and self._local_rope is not None:
-                rope = self._local_rope
-            projections = (layer.qkv, layer.attn_output, layer.gate_up, layer.down)
-            if layer.experts is not None or not all(isinstance(p, GGMLLinear) for p in projections):
-                return None, 0
-            if any(p.wide is not None for p in projections):  # type: ignore[union-attr]
-                max_rows = GGML_MAX_ROWS
-            layers.append(
-                BlockLayer(
-                    tuple((p.prepared, p.bias) for p in projections),  # type: ignore[union-attr]
-                    layer.attn_norm,
-                    layer.ffn_norm,
-                    layer.qk_norm,
-                    cache.keys[index],
-                    cache.values[index],
-                    *rope,
-                    layer.attn_post_norm,
-                    layer.ffn_post_norm,
-                    local.window if is_local and local is not None else 0,
-                )
-            )
-        layout = decoder_layout(
-            self.weights.layers[0].qkv.kernels,  # type: ignore[union-attr]
-            layers,
-            ffn=hp.feed_forward_length,
-            n_heads=hp.head_count,
-            n_kv_heads=hp.head_count_kv,
-            eps=hp.rms_norm_eps,
-            gelu_tanh=hp.ffn_activation is Activation.GELU_TANH,
-            attention_scale=hp.attention_scale,
-        )
-        return layout, max_rows
 
     def _logits(
         self, hidden: torch.Tensor, plan: ForwardPlan, exact: torch.Tensor | None
@@ -347,60 +302,6 @@ class DecoderModel:
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
         inv = torch.rsqrt(torch.addcmul(self._rms_eps, norm, norm, value=1.0 / x.shape[-1]))
         return inv if inv.dtype == x.dtype else inv.to(x.dtype)
-
-
-def _fused_decode_for(
-    hparams: HParams, dtype: torch.dtype, device: torch.device
-) -> tuple[FusedDecodeKernels | None, str]:
-    """The fused decode kernels if this model can use them, else None; and why."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
-        return None, f"eager decode ({dtype} on {device}; fused kernels are CPU bfloat16 only)"
-    beyond = _beyond_fused_kernels(hparams)
-    if beyond:
-        return None, (
-            f"eager decode ({hparams.architecture}: {', '.join(beyond)}; the fused kernels "
-            "compute Llama-style and Gemma 3 blocks)"
-        )
-    unfit = check_attention_shapes(hparams.head_count, hparams.head_count_kv, hparams.head_dim)
-    if unfit is not None:
-        return None, f"eager decode ({unfit})"
-    kernels, how = load_fused_decode()
-    if kernels is None:
-        return None, f"eager decode (fused kernels: {how})"
-    python_beyond = _beyond_python_fused(hparams)
-    if python_beyond:
-        how += (
-            f"; {hparams.architecture} ({', '.join(python_beyond)}) in the C layer loop only: "
-            "with GGUF-block projections, else eager decode"
-        )
-    return kernels, how
-
-
-def _beyond_fused_kernels(hparams: HParams) -> list[str]:
-    """What of this model no fused decode step computes (empty: the C layer loop fits)."""
-    beyond = []
-    if hparams.rotary_dims != hparams.head_dim:
-        beyond.append("partial rotary")
-    if hparams.experts is not None:
-        beyond.append("mixture of experts")
-    return beyond
-
-
-def _beyond_python_fused(hparams: HParams) -> list[str]:
-    """What of this model the Python loop of the fused step does not compute (the C layer
-    loop, ``sl_decode_layers``, does: Gemma 3's block)."""
-    beyond = []
-    if hparams.ffn_activation is not Activation.SILU:
-        beyond.append(f"{hparams.ffn_activation.value} MLP")
-    if hparams.post_norms:
-        beyond.append("norms after attention and MLP")
-    if hparams.local_attention is not None:
-        beyond.append("sliding-window layers")
-    if hparams.embedding_scale is not None:
-        beyond.append("scaled embedding")
-    if hparams.attention_scale is not None:
-        beyond.append("attention scale")
-    return beyond
 
 
 def _rope_rows(

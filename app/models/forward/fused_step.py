@@ -1,0 +1,135 @@
+"""Which fused decode step a model takes, and the C view of its layers.
+
+A step of single-token rows (``ForwardPlan.token_rows``) runs the glue between projections in
+the fused C kernels of :mod:`app.models.kernels.fused_decode` when the model is CPU bfloat16 and
+its block is one they compute (:func:`fused_decode_for`). With every projection on GGUF blocks,
+the whole layer loop is one C call over a :class:`~app.models.kernels.decoder_layout.DecoderLayout`
+(:func:`block_layout`); otherwise :class:`app.models.forward.decoder.DecoderModel` runs the loop in
+Python, for the blocks that loop computes (:func:`beyond_python_fused` is empty).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.models.forward.kv_cache import KVCache
+from app.models.hparams import Activation, HParams
+from app.models.kernels.decoder_layout import BlockLayer, DecoderLayout, decoder_layout
+from app.models.kernels.fused_decode import (
+    FusedDecodeKernels,
+    check_attention_shapes,
+    load_fused_decode,
+)
+from app.models.weights.ggml import EXACT_ROWS_ANY, GGML_MAX_ROWS, GGMLLinear
+from app.models.weights.record import ModelWeights
+
+
+def fused_decode_for(
+    hparams: HParams, dtype: torch.dtype, device: torch.device
+) -> tuple[FusedDecodeKernels | None, str]:
+    """The fused decode kernels if this model can use them, else None; and why (the model's
+    ``fused_decode_status``). A failed build is a reason, not an error."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return None, f"eager decode ({dtype} on {device}; fused kernels are CPU bfloat16 only)"
+    beyond = _beyond_fused_kernels(hparams)
+    if beyond:
+        return None, (
+            f"eager decode ({hparams.architecture}: {', '.join(beyond)}; the fused kernels "
+            "compute Llama-style and Gemma 3 blocks)"
+        )
+    unfit = check_attention_shapes(hparams.head_count, hparams.head_count_kv, hparams.head_dim)
+    if unfit is not None:
+        return None, f"eager decode ({unfit})"
+    kernels, how = load_fused_decode()
+    if kernels is None:
+        return None, f"eager decode (fused kernels: {how})"
+    python_beyond = beyond_python_fused(hparams)
+    if python_beyond:
+        how += (
+            f"; {hparams.architecture} ({', '.join(python_beyond)}) in the C layer loop only: "
+            "with GGUF-block projections, else eager decode"
+        )
+    return kernels, how
+
+
+def _beyond_fused_kernels(hparams: HParams) -> list[str]:
+    """What of this model no fused decode step computes (empty: the C layer loop fits)."""
+    beyond = []
+    if hparams.rotary_dims != hparams.head_dim:
+        beyond.append("partial rotary")
+    if hparams.experts is not None:
+        beyond.append("mixture of experts")
+    return beyond
+
+
+def beyond_python_fused(hparams: HParams) -> list[str]:
+    """What of this model the Python loop of the fused step does not compute (the C layer
+    loop, ``sl_decode_layers``, does: Gemma 3's block); empty for Llama-style blocks."""
+    beyond = []
+    if hparams.ffn_activation is not Activation.SILU:
+        beyond.append(f"{hparams.ffn_activation.value} MLP")
+    if hparams.post_norms:
+        beyond.append("norms after attention and MLP")
+    if hparams.local_attention is not None:
+        beyond.append("sliding-window layers")
+    if hparams.embedding_scale is not None:
+        beyond.append("scaled embedding")
+    if hparams.attention_scale is not None:
+        beyond.append("attention scale")
+    return beyond
+
+
+def block_layout(
+    hparams: HParams,
+    weights: ModelWeights,
+    cache: KVCache,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    local_rope: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[DecoderLayout | None, int]:
+    """The C view of a model's layers over ``cache`` for ``sl_decode_layers``, and the most
+    rows one call takes; ``(None, 0)`` when a layer does not compute on GGUF blocks (dense or
+    int4 projections, a mixture of experts).
+
+    Args:
+        rope: ``(cos, sin)``, ``[max_model_len, head_dim]`` each: the global layers' tables.
+        local_rope: the same for layers that attend within a window, or None (one table).
+
+    Raises:
+        ValueError: a tensor that is not contiguous bfloat16 or float32.
+    """
+    layers = []
+    max_rows = EXACT_ROWS_ANY
+    local = hparams.local_attention
+    for index, layer in enumerate(weights.layers):
+        is_local = local is not None and local.layers[index]
+        tables = local_rope if is_local and local_rope is not None else rope
+        projections = (layer.qkv, layer.attn_output, layer.gate_up, layer.down)
+        if layer.experts is not None or not all(isinstance(p, GGMLLinear) for p in projections):
+            return None, 0
+        if any(p.wide is not None for p in projections):  # type: ignore[union-attr]
+            max_rows = GGML_MAX_ROWS
+        layers.append(
+            BlockLayer(
+                tuple((p.prepared, p.bias) for p in projections),  # type: ignore[union-attr]
+                layer.attn_norm,
+                layer.ffn_norm,
+                layer.qk_norm,
+                cache.keys[index],
+                cache.values[index],
+                *tables,
+                layer.attn_post_norm,
+                layer.ffn_post_norm,
+                local.window if is_local and local is not None else 0,
+            )
+        )
+    layout = decoder_layout(
+        weights.layers[0].qkv.kernels,  # type: ignore[union-attr]
+        layers,
+        ffn=hparams.feed_forward_length,
+        n_heads=hparams.head_count,
+        n_kv_heads=hparams.head_count_kv,
+        eps=hparams.rms_norm_eps,
+        gelu_tanh=hparams.ffn_activation is Activation.GELU_TANH,
+        attention_scale=hparams.attention_scale,
+    )
+    return layout, max_rows
