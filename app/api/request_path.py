@@ -8,11 +8,11 @@ its error shape, and how the answer to a body is planned (built and given its an
     400 under /v1) -> [BODY_FIRST: the refusal, never for max_tokens 0] -> plan (the
     builder's checks; n against the slots) -> app.api.answers.answer
 
-``answer_request`` runs them for a route (``add_generating_route`` registers one on a router,
-at the table's path); ``early_refusal`` is the refusal they would reach
-first, for the admission gate (``app.api.admission_gate``), which answers it in front of
-FastAPI; the batch runner parses and plans a line's body with the same ``WireFormat``. No route
-owns this module: the routes, the gate and the batch runner import it.
+``answer_request`` runs them for a route (``add_generating_route`` registers it on a router,
+at the table's path); ``early_refusal`` is the refusal they would reach first, which the
+admission gate (``app.api.admission_gate``) answers in front of FastAPI; the batch runner
+parses and plans a line's body with the route's ``WireFormat``. No route owns this module: the
+routes, the gate and the batch runner import it, and it imports no route.
 """
 
 from __future__ import annotations
