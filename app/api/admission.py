@@ -1,4 +1,4 @@
-"""Admission, for every generating route (``/generate``, ``/v1/completions``, ``/v1/chat/...``).
+"""Admission, for every generating route (``app.api.request_path``'s table).
 
 Reading the body under the size limit, refusing early (429 overloaded, 503 not serving) before
 any expensive work, and handing the frozen request to the engine. Every refusal raises the native
@@ -22,9 +22,7 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     Raises:
         APIError: 413 ``payload_too_large`` (by Content-Length, or while streaming it in).
     """
-    too_large = APIError(
-        413, "payload_too_large", f"request body is larger than {limit_bytes} bytes"
-    )
+    too_large = body_too_large(limit_bytes)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise too_large
@@ -36,6 +34,11 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
             raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def body_too_large(limit_bytes: int) -> APIError:
+    """The 413 of a body over ``--max-body-bytes`` (``limit_bytes``)."""
+    return APIError(413, "payload_too_large", f"request body is larger than {limit_bytes} bytes")
 
 
 def admission_refusal(

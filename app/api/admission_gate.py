@@ -3,15 +3,18 @@ FastAPI (pure ASGI), so that an overload burst's 429s stay cheap.
 
 Through FastAPI a refusal costs its routing, its request objects and its exception handlers,
 about 0.4 ms of event loop each; under a burst of many times the capacity that queueing is what
-made 429s slow. The gate answers exactly what the route would: it runs the route's own checks
-(``ApiKeyGuard``, ``read_body``, ``generate.parse_body``, ``admission_refusal``: the engine's
-``check_admission``) in the route's order, and words the refusal with the route family's error
-renderer, the native shape, OpenAI's under ``/v1``, Anthropic's under ``/v1/messages``:
+made 429s slow. The gate guards every generating route of ``app.api.request_path``'s table
+(``WIRE_FORMATS``) and answers exactly what the route would: it runs the route's own checks in
+the route's order (``request_path.early_refusal``: ``ApiKeyGuard``, then, for a route whose
+check order is ``BODY_FIRST``, ``read_body`` and the route's schema, then
+``admission_refusal``: the engine's ``check_admission``), and words the refusal with the
+route's error renderer, the native shape, OpenAI's under ``/v1``, Anthropic's under
+``/v1/messages``:
 
 - ``POST /generate``: key (401), body (413), fields (422), then refusal: its ``max_tokens`` is
   read first, since a request with ``max_tokens`` 0 is never refused as overloaded;
-- ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/messages``: key (401),
-  then refusal, before the body is read.
+- ``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages``: key
+  (401), then refusal, before the body is read.
 
 When an earlier check fails, or the request would be taken, the gate passes it on, replaying
 the body messages it read, and the route gives its answer. The gate looks at nothing while the
@@ -23,48 +26,14 @@ their own check, for a queue that fills between the gate and the route.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from starlette.datastructures import State
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api import generate
-from app.api.admission import admission_refusal, read_body, refusal_error
-from app.api.anthropic.errors import MESSAGES_PATH, anthropic_error_response
-from app.api.errors import APIError, error_response
-from app.api.openai.errors import V1_PREFIX, openai_error_response
-from app.api.resources import ServerResources, loaded_resources
-from app.engine.engine import EngineUnavailable, Overloaded
-
-
-@dataclass(frozen=True, slots=True)
-class GatedRoute:
-    """How one generating route refuses.
-
-    Attributes:
-        render: the route family's error response (native, or OpenAI's shape).
-        max_tokens_of: for a route that checks admission after validating its body, the body's
-            ``max_tokens`` (raises ``APIError`` for a body the route refuses); None for one
-            that checks before reading the body.
-    """
-
-    render: Callable[[APIError], Response]
-    max_tokens_of: Callable[[bytes], int] | None = None
-
-
-def _generate_max_tokens(raw: bytes) -> int:
-    return generate.parse_body(raw).max_tokens
-
-
-GATED_ROUTES: dict[str, GatedRoute] = {
-    "/generate": GatedRoute(error_response, max_tokens_of=_generate_max_tokens),
-    V1_PREFIX + "/completions": GatedRoute(openai_error_response),
-    V1_PREFIX + "/chat/completions": GatedRoute(openai_error_response),
-    MESSAGES_PATH: GatedRoute(anthropic_error_response),
-}
+from app.api.admission import admission_refusal, refusal_error
+from app.api.request_path import WIRE_FORMATS, WireFormat, early_refusal
+from app.api.resources import loaded_resources
 
 
 class AdmissionGate:
@@ -87,36 +56,18 @@ class AdmissionGate:
             await self.app(scope, receive, send)
             return
         recording = _RecordingReceive(receive)
-        refusal = await _route_refusal(route, resources, Request(scope, recording))
+        refusal = await early_refusal(route, Request(scope, recording), resources)
         if refusal is None:
             await self.app(scope, recording.replay(), send)
             return
-        response = route.render(refusal_error(resources, refusal))
+        response = route.error_response(refusal_error(resources, refusal))
         await response(scope, receive, send)
 
 
-def _gated_route(scope: Scope) -> GatedRoute | None:
+def _gated_route(scope: Scope) -> WireFormat | None:
     if scope["type"] != "http" or scope["method"] != "POST":
         return None
-    return GATED_ROUTES.get(scope["path"])
-
-
-async def _route_refusal(
-    route: GatedRoute, resources: ServerResources, request: Request
-) -> Overloaded | EngineUnavailable | None:
-    """The refusal the route would answer, or None when the route would answer something else
-    first (401, 413, 422, a client gone) or take the request. Reads the body when the route
-    reads it before deciding."""
-    try:
-        resources.guard.owner_of(request)
-        max_tokens = None
-        if route.max_tokens_of is not None:
-            max_tokens = route.max_tokens_of(
-                await read_body(request, resources.config.max_body_bytes)
-            )
-    except (APIError, ClientDisconnect):
-        return None
-    return admission_refusal(resources, max_tokens=max_tokens)
+    return WIRE_FORMATS.get(scope["path"])
 
 
 class _RecordingReceive:

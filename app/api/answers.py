@@ -1,21 +1,24 @@
 """From the engine to the client: one path for every generating route, one adapter per wire
 format.
 
-``answer`` submits the frozen request (or the ``n`` choices of one, as one group) and writes
-what comes back: the whole answer as JSON, or
-a Server-Sent-Events stream. What every route shares lives here once: a client that leaves
-(stream or not) cancels its request (``engine.abort``, the cancellation re-raised, never
-swallowed), a non-streamed answer whose client left is a 499 nobody reads, a model failure is a
-500 before the answer began or the format's error event after, and a stream always ends with
-the format's final event. What differs between wire formats is an ``AnswerFormat``: how a final
-event becomes a JSON body, how each event becomes SSE events. The formats are pure (no HTTP
-request), so a caller without one (a batch runner) writes bodies with ``AnswerFormat.response``.
+A route (or a batch line) plans its answer (``AnswerPlan``: one request, or the ``n`` choices of
+one as a group, and an ``AnswerFormat`` for each) and ``answer`` submits it and writes what comes
+back: the whole answer as JSON (``whole_answer``, which the batch runner calls without a client),
+or a Server-Sent-Events stream (``streamed_answer``). What every route shares lives here once: a
+client that leaves (stream or not) cancels its requests (``engine.abort``, the cancellation
+re-raised, never swallowed), a non-streamed answer whose client left is a 499 nobody reads, a
+model failure is a 500 before the answer began or the format's error event after, and a stream
+always ends with the format's final event. What differs between wire formats is an
+``AnswerFormat``: how a final event becomes a JSON body, how each event becomes SSE events. The
+formats are pure (no HTTP request).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from fastapi import Request, Response
@@ -77,60 +80,139 @@ def finish_reason_name(reason: FinishReason) -> str:
     return reason.value
 
 
-async def answer(
-    request: Request,
-    resources: ServerResources,
-    generations: Sequence[GenerationRequest],
-    formats: Sequence[AnswerFormat],
-    *,
-    stream: bool,
-    body: Callable[[Sequence[FinalEvent]], dict[str, object]] | None = None,
-    trailer: Callable[[Sequence[FinalEvent]], Iterable[ServerSentEvent]] | None = None,
-) -> Response:
-    """Submits ``generations`` (one request, or the ``n`` choices of one: all or none) and
-    answers them, streamed or not: every route's one answer path.
+@dataclass(frozen=True, slots=True)
+class AnswerPlan:
+    """What one request is answered with: what is submitted, and how each part is written.
 
-    Args:
+    Attributes:
+        generations: one request, or the ``n`` choices of one (a group: submitted all or none).
         formats: one per generation (choice ``i`` written by ``formats[i]``).
-        body: the JSON body from every final (default: ``formats[0].response`` of the one).
-        trailer: events sent after every choice's final event, before the closing ones (the
-            usage chunk of a group), or None.
+        stream: SSE events (True) or one JSON body.
+        group_body: a group's JSON body from every final event; None: ``formats[0]``'s body of
+            the one final event.
+        trailer: events sent after every choice's final event, before the closing ones (a
+            group's usage chunk), or None.
+    """
+
+    generations: Sequence[GenerationRequest]
+    formats: Sequence[AnswerFormat]
+    stream: bool
+    group_body: Callable[[Sequence[FinalEvent]], dict[str, object]] | None = None
+    trailer: Callable[[Sequence[FinalEvent]], Iterable[ServerSentEvent]] | None = None
+
+    def body(self, finals: Sequence[FinalEvent]) -> dict[str, object]:
+        """The JSON body of every generation's final event (none of them a failure)."""
+        if self.group_body is not None:
+            return self.group_body(finals)
+        return self.formats[0].response(finals[0])
+
+
+@dataclass(frozen=True, slots=True)
+class WholeAnswer:
+    """A non-streamed answer: its JSON body and the final events it was written from.
+
+    Attributes:
+        body: the JSON body, as the route writes it.
+        finals: one final event per generation, in the plan's order (none a failure).
+    """
+
+    body: dict[str, object]
+    finals: Sequence[FinalEvent]
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens, counted once (a group's choices share one prompt)."""
+        return self.finals[0].prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        """The tokens generated, over every choice."""
+        return sum(final.completion_tokens for final in self.finals)
+
+
+async def answer(request: Request, resources: ServerResources, plan: AnswerPlan) -> Response:
+    """Submits the plan's generations and answers them to the HTTP client, streamed or not:
+    every route's one answer path.
 
     Raises:
         APIError: 409 / 429 / 503 from the submission (before anything is sent); 500 when the
             model failed a non-streamed request.
     """
-    handles = submit_all(resources, generations)
-    engine = resources.engine
-    if stream:
-        separator = formats[0].sse_separator
-        return EventSourceResponse(
-            sse_events(handles, engine, formats, trailer),
-            ping=resources.config.sse_ping_interval,
-            sep=separator,
-            send_timeout=resources.config.sse_send_timeout,
-            ping_message_factory=lambda: ServerSentEvent(comment="ping", sep=separator),
-            headers={"Cache-Control": "no-cache"},
-        )
-    finals = await finals_unless_disconnected(request, handles, engine)
-    if finals is None:
+    if plan.stream:
+        return streamed_answer(resources, plan)
+    whole = await whole_answer(resources, plan, client_left=partial(client_disconnected, request))
+    if whole is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is left to read it
-    raise_failure(finals)
-    return JSONResponse(body(finals) if body else formats[0].response(finals[0]))
+    return JSONResponse(whole.body)
 
 
-async def finals_of(
-    resources: ServerResources, generations: Sequence[GenerationRequest]
-) -> list[FinalEvent]:
-    """The final events of ``generations`` without an HTTP request (the batch runner).
+def streamed_answer(resources: ServerResources, plan: AnswerPlan) -> EventSourceResponse:
+    """Submits the plan's generations and answers them as SSE (``sse_events``), pinging while
+    it waits.
 
     Raises:
-        APIError: as ``submit_all``; 500 when the model failed one of them.
+        APIError: 409 / 429 / 503 from the submission (before anything is sent).
     """
-    handles = submit_all(resources, generations)
-    finals = list(await asyncio.gather(*(handle.result() for handle in handles)))
+    handles = submit_all(resources, plan.generations)
+    separator = plan.formats[0].sse_separator
+    return EventSourceResponse(
+        sse_events(handles, resources.engine, plan.formats, plan.trailer),
+        ping=resources.config.sse_ping_interval,
+        sep=separator,
+        send_timeout=resources.config.sse_send_timeout,
+        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep=separator),
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+async def whole_answer(
+    resources: ServerResources,
+    plan: AnswerPlan,
+    *,
+    client_left: Callable[[], Awaitable[None]] | None = None,
+) -> WholeAnswer | None:
+    """Submits the plan's generations and waits for every final event: the one group-aware
+    answer of a JSON route, of ``n`` choices and of a batch line (which has no client).
+
+    Args:
+        client_left: returns once the client has gone (HTTP: ``http.disconnect``); None when
+            nobody can leave.
+
+    Returns:
+        The answer; None when the client left first (its requests are then cancelled).
+
+    Raises:
+        APIError: as ``submit_all``; 500 when the model failed one of the generations.
+    """
+    engine = resources.engine
+    handles = submit_all(resources, plan.generations)
+    try:
+        finals = await finals_unless_left(handles, client_left)
+    except asyncio.CancelledError:
+        abort_unfinished(engine, handles)
+        raise
+    if finals is None:
+        abort_unfinished(engine, handles)
+        return None
     raise_failure(finals)
-    return finals
+    return WholeAnswer(plan.body(finals), finals)
+
+
+async def finals_unless_left(
+    handles: Sequence[RequestHandle], client_left: Callable[[], Awaitable[None]] | None
+) -> list[FinalEvent] | None:
+    """Every handle's final event, in order; None when ``client_left`` returned first (the
+    requests are left running: the caller cancels them)."""
+    results = asyncio.gather(*(handle.result() for handle in handles))
+    if client_left is None:
+        return list(await results)
+    leaving = asyncio.ensure_future(client_left())
+    try:
+        done, _ = await asyncio.wait({results, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        return list(results.result()) if results in done else None
+    finally:
+        results.cancel()
+        leaving.cancel()
 
 
 def submit_all(
@@ -245,29 +327,6 @@ async def sse_events(
 def encoded(events: Iterable[ServerSentEvent]) -> bytes:
     """SSE events as one chunk, each framed as sse-starlette frames it (its own separator)."""
     return b"".join(event.encode() for event in events)
-
-
-async def finals_unless_disconnected(
-    request: Request, handles: Sequence[RequestHandle], engine: AsyncEngine
-) -> list[FinalEvent] | None:
-    """Waits for every final event while listening for the client leaving (body already read).
-
-    Returns None when the client disconnected first; the requests are then cancelled.
-    """
-    results = asyncio.ensure_future(asyncio.gather(*(handle.result() for handle in handles)))
-    disconnect = asyncio.ensure_future(client_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({results, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        if results in done:
-            return list(results.result())
-        abort_unfinished(engine, handles)
-        return None
-    except asyncio.CancelledError:
-        abort_unfinished(engine, handles)
-        raise
-    finally:
-        results.cancel()
-        disconnect.cancel()
 
 
 def abort_unfinished(engine: AsyncEngine, handles: Sequence[RequestHandle]) -> None:

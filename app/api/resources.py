@@ -10,10 +10,11 @@ from starlette.datastructures import State
 
 from app.api.auth import ApiKeyGuard
 from app.api.errors import APIError
-from app.api.reasoning import ReasoningParser
+from app.api.reasoning import ReasoningParser, ReasoningSplitter
 from app.api.request_builder import RequestBuilder, RequestLimits
 from app.config import ServerConfig
 from app.engine.engine import AsyncEngine
+from app.engine.request import GenerationRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,15 @@ class ServerResources:
             guard=ApiKeyGuard.from_setting(config.api_key),
             builder=RequestBuilder(engine, limits),
             reasoning=ReasoningParser.of(config.reasoning_parser, engine.chat_template.source),
+        )
+
+    def reasoning_for(self, generation: GenerationRequest) -> ReasoningSplitter | None:
+        """The reasoning splitter of one request's output (None: its output is all content),
+        told by the end of its prompt."""
+        return self.reasoning.for_prompt(
+            generation.prompt_token_ids,
+            self.engine.decode,
+            constrained=generation.constraint is not None,
         )
 
 

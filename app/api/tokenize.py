@@ -14,12 +14,13 @@ import asyncio
 import logging
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.admission import read_body
 from app.api.errors import APIError, validation_error
 from app.api.openai.wire_fields import ChatMessageBody
 from app.api.request_builder import INLINE_TOKENIZE_MAX_CHARS
+from app.api.request_path import parse_body
 from app.api.resources import resources_of
 from app.api.schemas import ErrorResponse, TokenId, request_body_openapi
 from app.engine.chat_template import ChatMessage, ChatTemplateError
@@ -74,13 +75,6 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-def _parse(model: type[BaseModel], raw: bytes) -> BaseModel:
-    try:
-        return model.model_validate_json(raw or b"null")
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-
-
 @router.post(
     "/tokenize",
     response_model=TokenizeResponse,
@@ -91,8 +85,8 @@ async def tokenize(request: Request) -> TokenizeResponse:
     """The token ids of a prompt, or of a conversation through the chat template."""
     resources = resources_of(request)
     resources.guard.owner_of(request)
-    body = _parse(TokenizeRequestBody, await read_body(request, resources.config.max_body_bytes))
-    assert isinstance(body, TokenizeRequestBody)
+    raw = await read_body(request, resources.config.max_body_bytes)
+    body = parse_body(TokenizeRequestBody, raw, validation_error)
     engine = resources.engine
     try:
         if body.messages is not None:
@@ -129,8 +123,8 @@ async def detokenize(request: Request) -> DetokenizeResponse:
     """The text of token ids."""
     resources = resources_of(request)
     resources.guard.owner_of(request)
-    body = _parse(DetokenizeRequestBody, await read_body(request, resources.config.max_body_bytes))
-    assert isinstance(body, DetokenizeRequestBody)
+    raw = await read_body(request, resources.config.max_body_bytes)
+    body = parse_body(DetokenizeRequestBody, raw, validation_error)
     vocab_size = resources.engine.capabilities.vocab_size
     outside = [token for token in body.tokens if token >= vocab_size]
     if outside:

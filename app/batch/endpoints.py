@@ -1,13 +1,14 @@
 """What ``/v1/completions`` and ``/v1/chat/completions`` would answer a body, without HTTP.
 
-The steps of ``app.api.openai.routes`` after the body is read, in their order and with their
-own functions: the body parsed by the route's schema (``parse_body``: 400 naming the field),
-``RequestBuilder.build`` (the model's checks, the tokenizer, the seed), ``submit`` to the
-engine (the server's ``AsyncEngine``), the final event written by the route's answer format
-(``openai_answer_format``), a failure as the route's error body (``openai_error_body``, status
-``openai_status``). A body over ``--max-body-bytes`` is the route's 413. What differs is only
-what HTTP brings: no API key, no early 429 (the runner keeps at most its window in flight, which
-the engine's queue is sized to take), no client to leave.
+The route's steps after the body is read, with the route's own ``WireFormat``
+(``app.api.request_path``): the body parsed by the route's schema (400 naming the field), its
+plan (``n`` against the slots, ``RequestBuilder.build``: the model's checks, the tokenizer, the
+seed; the route's answer formats), then ``app.api.answers.whole_answer``, the routes' own
+answer of a JSON body (submitted to the server's ``AsyncEngine``, one choice or ``n``), and a
+failure as the route's error body (``openai_error_body``, status ``openai_status``). A body
+over ``--max-body-bytes`` is the route's 413. What differs is only what HTTP brings: no API
+key, no early 429 (the runner keeps at most its window in flight, which the engine's queue is
+sized to take), no client to leave.
 """
 
 from __future__ import annotations
@@ -16,33 +17,17 @@ import logging
 import time
 from dataclasses import dataclass
 
-from app.api.answers import finals_of
+from app.api.admission import body_too_large
+from app.api.answers import whole_answer
 from app.api.errors import APIError
-from app.api.openai.answers import ChatAnswer, CompletionAnswer
-from app.api.openai.choices import choice_requests, group_usage, merged_body
 from app.api.openai.errors import openai_error_body, openai_status
-from app.api.openai.routes import check_choices, openai_answer_format, parse_body
-from app.api.openai.schemas import ChatCompletionRequestBody, CompletionRequestBody
 from app.api.request_builder import RequestOrigin
 from app.api.request_id import make_request_id
+from app.api.request_path import WIRE_FORMATS
 from app.api.resources import ServerResources
-from app.batch.requests import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchRequest
+from app.batch.requests import BatchRequest
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One route's schema and answer format."""
-
-    body_schema: type[CompletionRequestBody] | type[ChatCompletionRequestBody]
-    answer_format: type[CompletionAnswer] | type[ChatAnswer]
-
-
-ENDPOINTS = {
-    COMPLETIONS_URL: Endpoint(CompletionRequestBody, CompletionAnswer),
-    CHAT_COMPLETIONS_URL: Endpoint(ChatCompletionRequestBody, ChatAnswer),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,36 +79,15 @@ class BatchEndpoints:
     async def _run(self, request: BatchRequest, origin: RequestOrigin) -> EndpointAnswer:
         resources = self._resources
         if len(request.body) > resources.config.max_body_bytes:
-            limit = resources.config.max_body_bytes
-            raise APIError(413, "payload_too_large", f"request body is larger than {limit} bytes")
-        endpoint = ENDPOINTS[request.url]
-        body = parse_body(endpoint.body_schema, request.body)
-        check_choices(body, resources)
-        generation = await resources.builder.build(body.generation_params(), origin)
-        if body.choices > 1:
-            generations = choice_requests(generation, body.choices)
-            formats = [
-                openai_answer_format(
-                    endpoint.answer_format, body, choice, resources, index=i, group=True
-                )
-                for i, choice in enumerate(generations)
-            ]
-            finals = await finals_of(resources, generations)
-            answer_body = merged_body(formats, finals)
-            usage = group_usage(finals)
-            return EndpointAnswer(
-                origin.request_id,
-                200,
-                answer_body,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-            )
-        writer = openai_answer_format(endpoint.answer_format, body, generation, resources)
-        (final,) = await finals_of(resources, [generation])
+            raise body_too_large(resources.config.max_body_bytes)
+        wire = WIRE_FORMATS[request.url]
+        plan = await wire.plan(wire.parse(request.body), origin, resources)
+        whole = await whole_answer(resources, plan)
+        assert whole is not None  # no client to leave
         return EndpointAnswer(
             origin.request_id,
             200,
-            writer.response(final),
-            prompt_tokens=final.prompt_tokens,
-            completion_tokens=final.completion_tokens,
+            whole.body,
+            prompt_tokens=whole.prompt_tokens,
+            completion_tokens=whole.completion_tokens,
         )

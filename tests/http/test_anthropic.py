@@ -14,8 +14,7 @@ import jsonschema
 import pytest
 from harness.threaded_server import serve_in_thread
 
-from app.api import admission, admission_gate
-from app.api.anthropic import routes as anthropic_routes
+from app.api import admission, admission_gate, request_path
 from app.api.anthropic.errors import anthropic_error_type
 from app.api.errors import APIError
 from app.api.server import create_app
@@ -318,15 +317,16 @@ async def test_the_gate_refuses_a_message_as_its_route_would(monkeypatch):
         route_checks.append("/v1/messages")
         admission.refuse_if_overloaded(resources, max_tokens=max_tokens)
 
-    monkeypatch.setattr(anthropic_routes, "refuse_if_overloaded", recorded)
+    monkeypatch.setattr(request_path, "refuse_if_overloaded", recorded)
     async with app_client(config) as client:
         holding = {"prompt": "holds the slot", "max_tokens": 2000, "ignore_eos": True}
         running = asyncio.create_task(client.post("/generate", json=holding))
         await wait_for_queue(client, running=1)
+        route_checks.clear()  # the request holding the slot passed its route's check
         try:
             gated = await client.post("/v1/messages", json=body, headers=headers)
             assert route_checks == []  # answered in front of FastAPI
-            monkeypatch.setattr(admission_gate, "GATED_ROUTES", {})
+            monkeypatch.setattr(admission_gate, "WIRE_FORMATS", {})
             routed = await client.post("/v1/messages", json=body, headers=headers)
         finally:
             running.cancel()

@@ -240,7 +240,7 @@ async def test_bad_fields_are_400_naming_the_field(client, path, body, param, co
 
 
 async def test_accepted_fields_and_unknown_ones(client, caplog):
-    caplog.set_level(logging.DEBUG, logger="app.api.openai")
+    caplog.set_level(logging.DEBUG, logger="app.api.request_path")
     response = await client.post(
         "/v1/chat/completions",
         json={

@@ -1,6 +1,7 @@
-"""The answer of ``POST /v1/messages`` (an ``app.api.answers.AnswerFormat``): a ``message``
-whose content blocks are the output read by ``app.api.output_reader`` (``thinking`` for
-reasoning, ``text``, ``tool_use`` for each call), whole or as Anthropic's events::
+"""The answer of ``POST /v1/messages`` (``MessagesAnswer``, an ``app.api.answers.AnswerFormat``,
+and its plan, ``messages_plan``): a ``message`` whose content blocks are the output read by
+``app.api.output_reader`` (``thinking`` for reasoning, ``text``, ``tool_use`` for each call),
+whole or as Anthropic's events::
 
     message_start, ping,
     per block: content_block_start, content_block_delta ... (text_delta / thinking_delta /
@@ -24,7 +25,9 @@ from typing import Any
 
 from sse_starlette import ServerSentEvent
 
+from app.api.answers import AnswerPlan
 from app.api.anthropic.errors import anthropic_error_body
+from app.api.anthropic.schemas import MessagesRequestBody
 from app.api.errors import APIError
 from app.api.openai.tools import ToolPlan
 from app.api.output_reader import (
@@ -35,9 +38,31 @@ from app.api.output_reader import (
     TextPiece,
 )
 from app.api.reasoning import ReasoningSplitter
+from app.api.request_builder import RequestOrigin
+from app.api.resources import ServerResources
 from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
 SSE_LINE_END = "\n"
+
+
+async def messages_plan(
+    body: MessagesRequestBody, origin: RequestOrigin, resources: ServerResources
+) -> AnswerPlan:
+    """The request built from ``body`` (the conversation rendered with the chat template),
+    answered in ``MessagesAnswer``.
+
+    Raises:
+        APIError: the builder's refusals (400 / 422).
+    """
+    generation = await resources.builder.build(body.generation_params(), origin)
+    writer = MessagesAnswer(
+        request_id=origin.request_id,
+        model=resources.engine.capabilities.name,
+        prompt_tokens=len(generation.prompt_token_ids),
+        tools=body.tool_plan,
+        reasoning=resources.reasoning_for(generation),
+    )
+    return AnswerPlan([generation], [writer], stream=bool(body.stream))
 
 
 class MessagesAnswer:

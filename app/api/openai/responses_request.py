@@ -1,5 +1,5 @@
 """``POST /v1/responses``' request body: OpenAI's Responses API, stateless, on the native
-request path (the answer is :mod:`app.api.openai.responses_api`'s).
+request path (the answer is :mod:`app.api.openai.responses_answer`'s).
 
 The body (``ResponsesRequestBody``) becomes ``GenerationParams`` like a chat's: ``instructions``
 as a system turn, ``input`` (a string or message / ``function_call`` / ``function_call_output``

@@ -1,9 +1,9 @@
-"""``POST /v1/responses``: OpenAI's Responses API, stateless, on the native request path.
+"""The answer of ``POST /v1/responses`` (OpenAI's Responses API, stateless) and its plan
+(``responses_plan``). The body is :mod:`app.api.openai.responses_request`'s
+``ResponsesRequestBody``.
 
-The body is :mod:`app.api.openai.responses_request`'s ``ResponsesRequestBody``.
-
-The answer (``ResponsesAnswer``) is a ``response`` object; streamed, OpenAI's typed events with
-increasing ``sequence_number``::
+The answer (``ResponsesAnswer``, an ``app.api.answers.AnswerFormat``) is a ``response`` object;
+streamed, OpenAI's typed events with increasing ``sequence_number``::
 
     response.created, response.in_progress,
     a text answer: response.output_item.added (message), response.content_part.added,
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sse_starlette import ServerSentEvent
 
-from app.api.answers import finish_reason_name
+from app.api.answers import AnswerPlan, finish_reason_name
 from app.api.errors import APIError
 from app.api.openai.answers import SSE_LINE_END
 from app.api.openai.responses_request import FunctionChoice, ResponsesRequestBody
@@ -42,7 +43,29 @@ from app.api.output_reader import (
     TextPiece,
 )
 from app.api.reasoning import ReasoningSplitter
+from app.api.request_builder import RequestOrigin
+from app.api.resources import ServerResources
 from app.engine.request import FinalEvent, FinishReason, TokenEvent
+
+
+async def responses_plan(
+    body: ResponsesRequestBody, origin: RequestOrigin, resources: ServerResources
+) -> AnswerPlan:
+    """The request built from ``body`` (``RequestBuilder.build``), answered in
+    ``ResponsesAnswer``.
+
+    Raises:
+        APIError: the builder's refusals (400 / 422).
+    """
+    generation = await resources.builder.build(body.generation_params(), origin)
+    writer = ResponsesAnswer(
+        request_id=origin.request_id,
+        created=int(time.time()),
+        model=resources.engine.capabilities.name,
+        body=body,
+        reasoning=resources.reasoning_for(generation),
+    )
+    return AnswerPlan([generation], [writer], stream=body.streamed)
 
 
 class ResponsesAnswer:
