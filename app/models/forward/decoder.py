@@ -117,7 +117,8 @@ class DecoderModel:
         """Run all layers over the packed tokens, writing their K/V into ``cache``.
 
         Returns logits ``[len(plan.logits_index), vocab]`` in the model dtype (a bfloat16
-        model's LM head rounds to bfloat16, as Hugging Face's does). ``hidden_out``, when
+        model's dense LM head rounds to bfloat16, as Hugging Face's does), or float32 from an
+        LM head on GGUF blocks (unrounded, as llama.cpp's). ``hidden_out``, when
         given, receives the last layer's hidden states of every packed token (``[N, hidden]``,
         before the output norm; :meth:`output_logits` turns rows of it into logits): prompt
         logprobs. Call under ``torch.inference_mode()``.

@@ -161,6 +161,7 @@ class GGMLKernels:
         bias: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
         isa: Isa | None = None,
+        out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """``x @ W.T (+ bias) (+ residual)`` where ``W``'s rows are the segments' rows in order.
 
@@ -168,11 +169,14 @@ class GGMLKernels:
             segments: the matrices, or their :meth:`prepare` d call arguments.
             x: ``[M, K]`` float32 or bfloat16, rows contiguous (CPU).
             bias: ``[N]`` float32, or None.
-            residual: ``[M, N]`` of ``x``'s dtype, rows contiguous, or None; not modified.
+            residual: ``[M, N]`` of the result's dtype, rows contiguous, or None; not modified.
             isa: the instruction set (default: the loaded one); must be one the CPU has.
+            out_dtype: float32 or bfloat16, the result's dtype (None: ``x``'s). The sums are
+                float32 either way: a float32 result of bfloat16 rows is not rounded at all
+                (the LM head's logits, as llama.cpp's are float32).
 
         Returns:
-            ``[M, N]`` of ``x``'s dtype; a bfloat16 result is rounded once, after the adds.
+            ``[M, N]``; a bfloat16 result is rounded once, after the adds.
 
         Raises:
             ValueError: a dtype, layout or width the kernels do not take.
@@ -182,11 +186,14 @@ class GGMLKernels:
         if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1:
             raise ValueError(f"x must be float32 or bfloat16 rows, got {x.dtype} {x.stride()}")
         n = prepared.out_features
-        out = torch.empty((rows, n), dtype=x.dtype)
+        out_dtype = x.dtype if out_dtype is None else out_dtype
+        if out_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+        out = torch.empty((rows, n), dtype=out_dtype)
         if rows == 0:
             return out if residual is None else out.copy_(residual)
-        if residual is not None and (residual.dtype != x.dtype or residual.stride(1) != 1):
-            raise ValueError("residual must be rows of x's dtype")
+        if residual is not None and (residual.dtype != out_dtype or residual.stride(1) != 1):
+            raise ValueError("residual must be rows of the result's dtype")
         bf16 = int(x.dtype == torch.bfloat16)
         status = self.library.sl_quant_matmul(
             int(self.isa if isa is None else isa),
@@ -203,7 +210,7 @@ class GGMLKernels:
             None if residual is None else residual.data_ptr(),
             0 if residual is None else residual.stride(0),
             out.data_ptr(),
-            bf16,
+            int(out_dtype == torch.bfloat16),
             n,
             None,  # the calling thread's own scratch buffer
             torch.get_num_threads(),

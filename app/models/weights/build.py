@@ -166,7 +166,13 @@ class _LayerBuilder:
             if kind in KERNEL_TYPES and self.ggml is not None:
                 segment = self._segment(head_part, None)
                 wide = self._wide((head_part,), None, None)
-                head = GGMLLinear(self.ggml, (segment,), hp.embedding_length, wide=wide)
+                head = GGMLLinear(
+                    self.ggml,
+                    (segment,),
+                    hp.embedding_length,
+                    wide=wide,
+                    out_dtype=torch.float32,
+                )
                 if hp.tied_embeddings:
                     lookup = GGMLEmbedding(self.ggml, segment, hp.embedding_length, self.dtype)
                     return lookup, head

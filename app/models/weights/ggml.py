@@ -45,6 +45,9 @@ class GGMLLinear:
         bias: ``[out]`` float32, or None.
         wide: a dense projection of the same weights (dequantised, the bias included) for
             calls of more than ``GGML_MAX_ROWS`` rows, or None: every call on the blocks.
+        out_dtype: the outputs' dtype, or None: the input's. The LM head's is float32: its
+            sums are float32 and llama.cpp's logits are too; rounded to bfloat16 (a step of
+            0.125 at 16-32), Gemma 3's logits tied where llama.cpp's part by 0.3 and more.
     """
 
     kernels: GGMLKernels
@@ -54,6 +57,7 @@ class GGMLLinear:
     wide: WideLinear | None = None
     exact_rows: int = EXACT_ROWS_ANY
     prepared: PreparedSegments | None = None
+    out_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.prepared is None:  # the call's arguments, built once
@@ -75,10 +79,13 @@ class GGMLLinear:
         return tuple(segment.tensor_type for segment in self.segments)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [M, in]`` float32 or bfloat16 -> ``[M, out]`` of the same dtype."""
+        """``x [M, in]`` float32 or bfloat16 -> ``[M, out]`` of ``out_dtype`` (or ``x``'s)."""
         if self.wide is not None and x.shape[0] > GGML_MAX_ROWS:
-            return self.wide(x)
-        return self.kernels.matmul(self.prepared, x.contiguous(), bias=self.bias)
+            y = self.wide(x)
+            return y if self.out_dtype is None else y.to(self.out_dtype)
+        return self.kernels.matmul(
+            self.prepared, x.contiguous(), bias=self.bias, out_dtype=self.out_dtype
+        )
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W.T (+ bias)``, added before the one rounding; ``residual`` is not
