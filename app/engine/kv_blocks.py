@@ -32,6 +32,7 @@ Owners are any hashable objects compared by identity-based hash (the scheduler p
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from array import array
 from collections import OrderedDict
@@ -45,8 +46,39 @@ BlockHash = bytes
 SALT_ANY = b"slotserve-kv-any"
 SALT_EXACT = b"slotserve-kv-exact"
 
-PREFIX_IN_FLIGHT = -1
-"""What :meth:`BlockManager.admit` returns for an owner that should wait for its prefix."""
+
+class AdmitOutcome(enum.Enum):
+    """How :meth:`BlockManager.admit` ended (rule R06)."""
+
+    ADMITTED = "admitted"
+    """The owner holds blocks for all its tokens now."""
+    NO_ROOM = "no_room"
+    """Not enough free blocks; nothing changed (admission should stop, FIFO)."""
+    PREFIX_IN_FLIGHT = "prefix_in_flight"
+    """The next block of its prefix is being computed by another owner; nothing changed (it
+    should try again after that owner's step, so the prefix is computed once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The result of :meth:`BlockManager.admit`.
+
+    Attributes:
+        outcome: admitted, or why not.
+        num_cached_tokens: when admitted, the positions already computed (its cached prefix,
+            a multiple of the block size; 0 without a hit); 0 otherwise.
+    """
+
+    outcome: AdmitOutcome
+    num_cached_tokens: int = 0
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome is AdmitOutcome.ADMITTED
+
+
+NO_ROOM = Admission(AdmitOutcome.NO_ROOM)
+PREFIX_IN_FLIGHT = Admission(AdmitOutcome.PREFIX_IN_FLIGHT)
 
 
 def chain_hashes(
@@ -234,16 +266,18 @@ class BlockManager:
         self._holdings[owner] = holding
         return len(hit) * self.block_size
 
-    def admit(self, owner: Hashable, token_ids: Sequence[int], salt: bytes) -> int | None:
+    def admit(self, owner: Hashable, token_ids: Sequence[int], salt: bytes) -> Admission:
         """``allocate`` for all of ``token_ids`` (a sequence about to prefill them), unless
-        the next block of its prefix is being computed by another owner: then
-        :data:`PREFIX_IN_FLIGHT` (-1), nothing changes, and it should try again after that
-        owner's step (the prefix is computed once). Else as ``allocate``: the positions
-        already computed, or None (no room)."""
+        the next block of its prefix is being computed by another owner (``PREFIX_IN_FLIGHT``:
+        nothing changes). ``NO_ROOM`` when ``allocate`` finds no room; else admitted, with
+        the positions already computed."""
         hit = self.cached_prefix(owner, token_ids, salt)
         if self.prefix_in_flight(owner, token_ids, salt, len(hit)):
             return PREFIX_IN_FLIGHT
-        return self.allocate(owner, token_ids, salt, num_tokens=len(token_ids))
+        computed = self.allocate(owner, token_ids, salt, num_tokens=len(token_ids))
+        if computed is None:
+            return NO_ROOM
+        return Admission(AdmitOutcome.ADMITTED, computed)
 
     # ----------------------------------------------------------------- growth and commit
 

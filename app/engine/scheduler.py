@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from app.engine.kv_admission import KVAdmission
-from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
+from app.engine.kv_blocks import Admission, AdmitOutcome, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import AdmissionPolicy
 from app.engine.request import (
@@ -67,6 +67,7 @@ from app.models.base import ModelCapabilities, StepBatch, StepOutput, Tokenizer,
 logger = logging.getLogger(__name__)
 
 _UNDECODABLE = "failed to decode generated tokens"
+_UNPAGED = Admission(AdmitOutcome.ADMITTED)  # a model without KV blocks admits into any slot
 
 
 def _admission_order(seq: Sequence) -> float:
@@ -216,17 +217,17 @@ class Scheduler:
         for seq in list(self.waiting):
             if admitted == count:
                 break
-            computed = kv.admit(seq) if kv is not None else 0
-            if computed is None:
+            admission = kv.admit(seq) if kv is not None else _UNPAGED
+            if admission.outcome is AdmitOutcome.NO_ROOM:
                 break  # its blocks do not fit
-            if computed == PREFIX_IN_FLIGHT:
+            if admission.outcome is AdmitOutcome.PREFIX_IN_FLIGHT:
                 continue  # its prefix is being computed: next time
             self.waiting.remove(seq)
             slot = free[admitted]
             admitted += 1
             seq.status = SequenceStatus.RUNNING
             seq.slot = slot
-            seq.num_computed_tokens = seq.num_cached_tokens = computed
+            seq.num_computed_tokens = seq.num_cached_tokens = admission.num_cached_tokens
             seq.admitted_at = now
             if seq.request.constraint is not None and seq.matcher is None:
                 # a preempted sequence keeps its matcher: its generated tokens stay

@@ -71,26 +71,24 @@ def row_results(step: ScheduledStep, output: StepOutput) -> list[RowResult]:
         ValueError: ``output`` does not have one result per row, or a row accepted more
             drafted tokens than it had (or fewer than none).
     """
-    if len(output.next_token_ids) != len(step.batch.rows):
+    if len(output.rows) != len(step.batch.rows):
         raise ValueError(
-            f"model returned {len(output.next_token_ids)} results for {len(step.batch.rows)} rows"
+            f"model returned {len(output.rows)} results for {len(step.batch.rows)} rows"
         )
     results = []
-    for index, (seq, row) in enumerate(zip(step.sequences, step.live_rows, strict=True)):
-        token = output.next_token_ids[index]
-        accepted = output.num_accepted[index] if output.num_accepted else 0
+    live = zip(step.sequences, step.live_rows, output.rows[: len(step.sequences)], strict=True)
+    for index, (seq, row, out) in enumerate(live):
+        token, accepted, logprobs = out.token_id, out.num_accepted, out.logprobs
         if not 0 <= accepted <= row.num_draft_tokens:
             raise ValueError(f"row {index}: {accepted} accepted of {row.num_draft_tokens}")
-        logprobs = output.logprobs[index] if output.logprobs else None
-        drafted = output.draft_logprobs[index] if output.draft_logprobs else None
         results.append(
             RowResult(
                 sequence=seq,
                 row=row,
                 token_ids=() if token is None else (*row.draft_token_ids[:accepted], token),
-                logprobs=None if logprobs is None else (*(drafted or ()), logprobs),
-                prompt_logprobs=output.prompt_logprobs[index] if output.prompt_logprobs else None,
-                error=output.row_errors[index] if output.row_errors else None,
+                logprobs=None if logprobs is None else (*(out.draft_logprobs or ()), logprobs),
+                prompt_logprobs=out.prompt_logprobs,
+                error=out.error,
                 num_accepted=accepted,
             )
         )

@@ -71,7 +71,7 @@ class ScriptedModel:
             prompt, generated = self._split(tokens)
             script = self.scripts.get(bytes(prompt), [])
             out.append(script[generated] if generated < len(script) else EOS)
-        return StepOutput(tuple(out))
+        return StepOutput.of_token_ids(out)
 
     def _split(self, tokens: list[int]) -> tuple[list[int], int]:
         matches = [p for p in self.scripts if bytes(tokens[: len(p)]) == p]
