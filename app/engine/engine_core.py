@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from app.constraints import ConstraintCompiler
-from app.engine.detokenizer import TextAssembler
 from app.engine.metrics import EngineMetrics
+from app.engine.output_processor import RequestOutput
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.prompt_encoder import PromptEncoder
 from app.engine.prompt_operations import PromptOperations
@@ -95,7 +95,7 @@ class EngineCore(PromptOperations):
         self, request: GenerationRequest, emit: Callable[[StreamEvent], None]
     ) -> Sequence:
         """The scheduler's state of ``request``, whose events go to ``emit`` (its handle)."""
-        return Sequence(request=request, emit=emit, text=TextAssembler(request.stop.stop_strings))
+        return Sequence(request=request, output=RequestOutput(request, emit))
 
     def advance_or_fail(self, step: ScheduledStep, output: StepOutput) -> Exception | None:
         """Applies the part of ``step``'s output the next step depends on

@@ -143,6 +143,21 @@ def prefill_row(
     )
 
 
+def prefill_rows(
+    prefilling: list[Sequence], budget: int, max_tokens_per_row: int, kv: BlockManager | None
+) -> list[StepRow]:
+    """The next prompt chunk of each of ``prefilling``, in order, while ``budget`` tokens
+    last (``prefill_row``); ``rows[i]`` is ``prefilling[i]``'s."""
+    rows = []
+    for seq in prefilling:
+        if budget <= 0:
+            break
+        row = prefill_row(seq, budget, max_tokens_per_row, kv)
+        rows.append(row)
+        budget -= len(row.token_ids)
+    return rows
+
+
 def padding_rows(rows: list[StepRow], num_slots: int) -> list[StepRow]:
     """An inert row for every slot of ``num_slots`` without one (a fixed batch shape)."""
     scheduled = {row.slot for row in rows}
