@@ -33,30 +33,24 @@ Owners are any hashable objects compared by identity-based hash (the scheduler p
 from __future__ import annotations
 
 import enum
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from app.engine.kv_hash_chain import BlockHash, chain_hashes
 from app.models.base import NULL_BLOCK, ModelCapabilities
-
-BlockHash = bytes
-
-SALT_ANY = b"slotserve-kv-any"
-SALT_EXACT = b"slotserve-kv-exact"
 
 
 class AdmitOutcome(enum.Enum):
-    """How :meth:`BlockManager.admit` ended (rule R06)."""
+    """How :meth:`BlockManager.admit` ended (rule R06): ``ADMITTED`` (the owner holds blocks
+    for all its tokens); ``NO_ROOM`` (too few free blocks: nothing changed, admission should
+    stop, FIFO); ``PREFIX_IN_FLIGHT`` (the next block of its prefix is being computed by
+    another owner: nothing changed, it tries again after that owner's step, so the prefix is
+    computed once)."""
 
     ADMITTED = "admitted"
-    """The owner holds blocks for all its tokens now."""
     NO_ROOM = "no_room"
-    """Not enough free blocks; nothing changed (admission should stop, FIFO)."""
     PREFIX_IN_FLIGHT = "prefix_in_flight"
-    """The next block of its prefix is being computed by another owner; nothing changed (it
-    should try again after that owner's step, so the prefix is computed once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,20 +73,6 @@ class Admission:
 
 NO_ROOM = Admission(AdmitOutcome.NO_ROOM)
 PREFIX_IN_FLIGHT = Admission(AdmitOutcome.PREFIX_IN_FLIGHT)
-
-
-def chain_hashes(
-    token_ids: Sequence[int], block_size: int, salt: bytes, known: list[BlockHash] | None = None
-) -> list[BlockHash]:
-    """The digest of every full block of ``token_ids``: ``h[i] = H(h[i-1] || tokens of block i)``
-    with ``h[-1] = salt``. ``known`` (a previous result for a prefix of the same tokens and salt)
-    is extended in place and returned, so a growing sequence hashes each block once."""
-    hashes = known if known is not None else []
-    for index in range(len(hashes), len(token_ids) // block_size):
-        parent = hashes[index - 1] if index else salt
-        tokens = array("i", token_ids[index * block_size : (index + 1) * block_size])
-        hashes.append(hashlib.blake2b(parent + tokens.tobytes(), digest_size=16).digest())
-    return hashes
 
 
 @dataclass(slots=True)

@@ -55,10 +55,6 @@ logger = logging.getLogger(__name__)
 _UNPAGED = Admission(AdmitOutcome.ADMITTED)  # a model without KV blocks admits into any slot
 
 
-def _admission_order(seq: Sequence) -> float:
-    return seq.admitted_at or 0.0
-
-
 class Scheduler:
     """Owns the waiting queue and the slots, and advances sequences by model outputs.
 
@@ -76,7 +72,9 @@ class Scheduler:
             and for a model that does not declare ``verifies_drafts``.
 
     Attributes:
+        waiting / slots: the sequences waiting, and those holding a slot (``SlotTable``).
         kv: the KV side of a paged model (admission by blocks, growth, commit), else None.
+        outputs: the text side of every sequence's tokens (``OutputProcessor``).
 
     Raises:
         ValueError: ``max_num_batched_tokens`` smaller than the number of slots, or a paged
@@ -227,7 +225,7 @@ class Scheduler:
         drafts = self.speculation.drafts(sequences, budget, self.capabilities, self.kv, costs)
         rows = decode_rows(sequences, blocks, drafts)
         budget -= len(rows) + sum(map(len, drafts))
-        prefilling.sort(key=_admission_order)
+        prefilling.sort(key=lambda seq: seq.admitted_at or 0.0)  # admission order
         chunks = prefill_rows(prefilling, budget, self.capabilities.max_tokens_per_row, blocks)
         rows.extend(chunks)
         sequences.extend(prefilling[: len(chunks)])
@@ -248,13 +246,10 @@ class Scheduler:
         self.emit_text(step_in_flight=False)
 
     def advance(self, step: ScheduledStep, output: StepOutput) -> None:
-        """The part of a step's output the next step depends on: advances state, appends
-        tokens, finishes what is done (EOS, stop token, length, the constraint, and a stop
-        string: a request with stop strings runs its text side here). The text and events of
-        the other requests' new tokens wait for ``emit_text``.
-
+        """The part of a step's output the next step depends on: tokens appended, every
+        finish ``stop_conditions`` decides, the KV commit; the text waits for ``emit_text``.
         A row whose slot no longer holds the sequence it was built for (cancelled meanwhile)
-        is dropped (rule R17). A failure while applying one sequence's token fails only it.
+        is dropped (rule R17); a failure while applying one sequence's token fails only it.
         """
         for seq in self.outputs.take_undecodable():  # their text failed during the last step
             self.finish(seq, FinishReason.ERROR, error=UNDECODABLE)
@@ -291,14 +286,10 @@ class Scheduler:
         self.draft_costs.applied(step, self._clock())
 
     def emit_text(self, *, step_in_flight: bool) -> None:
-        """The text side of the tokens ``advance`` appended (``OutputProcessor.emit_due``):
-        detokenized, their ``TokenEvent`` on each request's stream, their latencies
-        observed. The engine runs it while the next step runs (``step_in_flight=True``).
-
-        It ends no sequence while a step is in flight (that step may still use its slot):
-        a token whose text fails to decode there ends its request (ERROR) at the next
-        ``advance``; with ``step_in_flight=False`` it ends at once.
-        """
+        """The text side of the tokens ``advance`` appended (``OutputProcessor.emit_due``);
+        the engine runs it while the next step runs (``step_in_flight=True``). A token whose
+        text fails to decode ends its request (ERROR) at once, or, while a step is in flight
+        (it may still use the slot), at the next ``advance``."""
         for seq in self.outputs.emit_due(step_in_flight=step_in_flight):
             self.finish(seq, FinishReason.ERROR, error=UNDECODABLE)
 
@@ -324,12 +315,9 @@ class Scheduler:
         error: str | None = None,
         last_token_has_text: bool = True,
     ) -> None:
-        """The one way a sequence ends. Idempotent: a finished sequence is left alone.
-
-        The text side runs first over the tokens not through it yet (``last_token_has_text``
-        False: the last one ends the sequence without text); a stop string it matches makes
-        the end STOP, a token it cannot decode makes it ERROR.
-        """
+        """The one way a sequence ends. Idempotent: a finished sequence is left alone. The
+        text side runs first over the tokens not through it yet (``last_token_has_text``
+        False: the last one has none); what it finds (``text_ending``) decides the end."""
         if seq.status is SequenceStatus.FINISHED:
             return
         text_end = text_ending(seq, self.outputs.run_text(seq, last_has_text=last_token_has_text))
@@ -341,7 +329,6 @@ class Scheduler:
         self._release(seq)
         if was_waiting and seq in self.waiting:
             self.waiting.remove(seq)
-
         now = self._clock()
         seq.emit_final(reason, now, stop_reason=stop_reason, error=error)
         self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
@@ -359,9 +346,8 @@ class Scheduler:
             self.kv.free(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption of a running sequence (the victim ``KVAdmission`` chose): it
-        gives back its blocks and slot and goes to the head of the waiting queue, keeping its
-        generated tokens (``num_prefill_tokens``)."""
+        """Recompute preemption of the victim ``KVAdmission`` chose: its blocks and slot go,
+        it goes to the head of the waiting queue keeping its generated tokens."""
         tokens = seq.num_computed_tokens
         logger.info("request %s preempted (%d tokens): no free KV block", seq.request_id, tokens)
         self._release(seq)
@@ -372,9 +358,8 @@ class Scheduler:
     # ----------------------------------------------------------------- internals
 
     def _append_tokens(self, result: RowResult, now: float) -> int:
-        """A row's tokens (one, or an accepted draft and the model's own), each appended as if
-        generated alone; those after the one that finishes the sequence are dropped. Returns
-        how many were appended."""
+        """Appends a row's tokens (one, or an accepted draft's and the model's own) one by one,
+        up to the one that finishes the sequence; returns how many."""
         seq = result.sequence
         logprobs = result.logprobs
         appended = 0

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager
+from app.engine.kv_blocks import BlockManager
+from app.engine.kv_hash_chain import SALT_ANY, SALT_EXACT
 from app.engine.request import Sequence
 from app.models.base import KVBlocks, StepBatch, StepOutput, StepRow, TokenLogprobs
 
