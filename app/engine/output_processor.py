@@ -28,13 +28,13 @@ class TextOutcome(enum.Enum):
     """How the text side ended over a request's new tokens (rule R06)."""
 
     TEXTED = "texted"
-    """Every token given went through it; the request goes on."""
+    """Every new token went through it (or there was none, or its text had ended before)."""
     STOP_STRING = "stop_string"
     """A stop string matched (``RequestOutput.text.matched_stop``): the request ends (STOP);
     the tokens after the one that matched get no text and no event."""
     UNDECODABLE = "undecodable"
-    """A token's bytes failed to decode (logged): the request ends (ERROR); its text side is
-    over, every later call reports this again."""
+    """A token's bytes failed to decode (logged): the request ends (ERROR); the tokens after
+    it get no text and no event."""
 
 
 class RequestOutput:
@@ -57,7 +57,7 @@ class RequestOutput:
         emit: as given.
         text: the output text (UTF-8 safe, stop-string aware).
         first_token_at / last_token_at: when its first and its latest token were appended
-            (``time.perf_counter()`` seconds), None until then.
+            (``time.perf_counter()`` seconds), None until then; ``OutputProcessor`` sets them.
     """
 
     __slots__ = (
@@ -68,7 +68,7 @@ class RequestOutput:
         "last_token_at",
         "_num_texted",
         "_num_sent",
-        "_undecodable",
+        "_text_over",
     )
 
     def __init__(self, request: GenerationRequest, emit: Callable[[StreamEvent], None]) -> None:
@@ -79,17 +79,11 @@ class RequestOutput:
         self.last_token_at: float | None = None
         self._num_texted = 0
         self._num_sent = 0
-        self._undecodable = False
+        self._text_over = False  # a stop string matched or a token failed to decode
 
     def num_untexted(self, num_generated: int) -> int:
         """Tokens of ``num_generated`` the text side has not run over."""
         return num_generated - self._num_texted
-
-    def token_appended(self, now: float) -> None:
-        """Records a token appended at ``now`` (``time.perf_counter()`` seconds)."""
-        if self.first_token_at is None:
-            self.first_token_at = now
-        self.last_token_at = now
 
     def run_text(
         self,
@@ -110,12 +104,10 @@ class RequestOutput:
                 token id, EOS, a token outside the constraint): it joins the next event's
                 ids, never the text.
         """
-        text = self.text
-        if self._undecodable:
-            return TextOutcome.UNDECODABLE
-        if text.matched_stop is not None:
-            return TextOutcome.STOP_STRING
         end = len(generated)
+        if self._num_texted >= end or self._text_over:
+            return TextOutcome.TEXTED
+        text = self.text
         while self._num_texted < end:
             index = self._num_texted
             self._num_texted = index + 1
@@ -126,11 +118,16 @@ class RequestOutput:
                 new_text = text.append(decode_bytes((token,)))
             except Exception:
                 logger.exception("request %s: decoding token %d failed", self._request_id, token)
-                self._undecodable = True
+                self._text_over = True
                 return TextOutcome.UNDECODABLE
-            if new_text:
-                self._send(new_text, generated, logprobs)
+            if new_text:  # the tokens since the last event go with it (one, mostly)
+                start = self._num_sent
+                ids = (token,) if start == index else tuple(generated[start : index + 1])
+                entries = tuple(logprobs[start : index + 1]) if logprobs else ()
+                self.emit(TokenEvent(new_text, ids, entries))
+                self._num_sent = index + 1
             if text.matched_stop is not None:
+                self._text_over = True
                 return TextOutcome.STOP_STRING
         return TextOutcome.TEXTED
 
@@ -175,12 +172,15 @@ class OutputProcessor:
         """``seq.generated`` got a token at ``now`` (seconds): its latency is taken, and
         ``seq`` is due for text if it was not already."""
         output = seq.output
-        if output.first_token_at is None:
+        last = output.last_token_at
+        if last is None:
             self._first_token_latencies.append(now - seq.request.arrived_at)
-        elif output.last_token_at is not None:
-            self._inter_token_latencies.append(now - output.last_token_at)
-        output.token_appended(now)
-        if output.num_untexted(len(seq.generated)) == 1:
+            output.first_token_at = now
+        else:
+            self._inter_token_latencies.append(now - last)
+        output.last_token_at = now
+        # a request with stop strings has its text run at once (``run_text``), never due
+        if output.num_untexted(len(seq.generated)) == 1 and not seq.request.stop.stop_strings:
             self._due.append(seq)
 
     def run_text(self, seq: Sequence, *, last_has_text: bool = True) -> TextOutcome:
@@ -199,11 +199,11 @@ class OutputProcessor:
             use their slots) none: they are kept for :meth:`take_undecodable`.
         """
         due, self._due = self._due, []
+        decode_bytes = self._tokenizer.decode_bytes
         failed = []
         for seq in due:
-            if seq.output.num_untexted(len(seq.generated)) and (
-                self.run_text(seq) is not TextOutcome.TEXTED
-            ):
+            outcome = seq.output.run_text(seq.generated, seq.logprobs, decode_bytes)
+            if outcome is not TextOutcome.TEXTED:
                 failed.append(seq)
         first_token, self._first_token_latencies = self._first_token_latencies, []
         between, self._inter_token_latencies = self._inter_token_latencies, []

@@ -29,8 +29,9 @@ class SlotTable:
         return len(self._slots)
 
     def __iter__(self) -> Iterator[Sequence]:
-        """The sequences holding a slot, in slot order."""
-        return (seq for seq in self._slots if seq is not None)
+        """The sequences holding a slot, in slot order (a snapshot: slots may change while
+        it is iterated)."""
+        return iter([seq for seq in self._slots if seq is not None])
 
     @property
     def num_running(self) -> int:
