@@ -344,9 +344,7 @@ class AsyncEngine(EngineCore):
             await self._step_returned()
             raise
         try:
-            output, seconds = await asyncio.shield(running)
-        except asyncio.CancelledError:
-            raise  # stop(): it waits for the step
+            output, seconds = await asyncio.shield(running)  # a cancel leaves the step to stop()
         except Exception:
             logger.exception("model step over %d rows failed", len(step.sequences))
             self._step_in_flight = None

@@ -3,7 +3,7 @@
 ``AsyncEngine`` runs the loop in an asyncio task for the HTTP server; offline callers (the
 seed's ``generate``, the Python API) need the same loop without one:
 
-    add requests -> admit_waiting() -> schedule() -> model.step() -> apply() -> (repeat)
+    add requests -> admit_waiting() -> schedule() -> model.step() -> advance() -> emit_text()
 
 It is the same core (``EngineCore``: the ``Scheduler`` built the same way, one failure rule),
 so the same admission policy, slot refilling, stop checks and finish funnel

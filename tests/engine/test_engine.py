@@ -204,6 +204,32 @@ async def test_a_failing_step_fails_its_rows_and_the_loop_goes_on(gated, monkeyp
     assert engine.is_alive
 
 
+async def test_an_output_that_fails_to_apply_fails_its_rows_and_the_loop_goes_on(
+    gated, monkeypatch
+) -> None:
+    """One failure rule for both drivers (``EngineCore``): any error while applying a step's
+    output fails that step's rows, as in ``SyncEngine``; it used to end the loop here unless it
+    was a ValueError."""
+    engine, model = gated
+    first = engine.submit(make_request("r1", "a", max_tokens=3))
+    await model.in_step()
+    advance = engine.scheduler.advance
+
+    def failing_advance(step, output) -> None:
+        raise RuntimeError("applying failed")
+
+    monkeypatch.setattr(engine.scheduler, "advance", failing_advance)
+    model.let_go()
+    final = await asyncio.wait_for(first.result(), STEP_WAIT_S)
+    assert final.finish_reason is FinishReason.ERROR
+    assert final.error == "the model failed on this request"
+    monkeypatch.setattr(engine.scheduler, "advance", advance)
+    second = engine.submit(make_request("r2", "b", max_tokens=2))
+    model.let_go(every_step=True)
+    assert (await asyncio.wait_for(second.result(), STEP_WAIT_S)).token_ids == (4, 5)
+    assert engine.is_alive
+
+
 async def test_drain_returns_when_the_last_request_ends_not_on_a_tick(gated) -> None:
     engine, model = gated
     handle = engine.submit(make_request("r1", "a", max_tokens=3))
