@@ -203,7 +203,7 @@ class NextTokensRunner:
             row = batch.rows[index]
             if row.sample and not row.inert:  # an inert or non-sampling row's output is dropped
                 result[index] = operator.index(token)
-        return StepOutput(tuple(result))
+        return StepOutput.of_token_ids(result)
 
     def release(self, slot: int) -> None:
         self._prefixes[slot] = []

@@ -22,25 +22,20 @@ import logging
 import time
 from dataclasses import dataclass
 
-from app.constraints import ConstraintCompiler
-from app.engine.detokenizer import TextAssembler
+from app.engine.engine_core import EngineCore
 from app.engine.handle import InFlightRequests, RequestHandle
 from app.engine.inbox import Cancel, Command, Inbox, Submit
 from app.engine.metrics import EngineMetrics
 from app.engine.model_thread import ModelThread
-from app.engine.policy import AdmissionPolicy, ContinuousBatching
-from app.engine.prompt_encoder import PromptEncoder
-from app.engine.prompt_operations import PromptOperations
-from app.engine.request import FinishReason, GenerationRequest, Sequence
-from app.engine.scheduler import Scheduler
+from app.engine.policy import AdmissionPolicy
+from app.engine.request import FinishReason, GenerationRequest
 from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import ScheduledStep
-from app.models.base import Model, ModelCapabilities, StepBatch, StepOutput
+from app.models.base import Model, StepBatch, StepOutput
 
 logger = logging.getLogger(__name__)
 
 _LOOP_FAILED = "the server's scheduler failed"
-_STEP_FAILED = "the model failed on this request"
 
 
 class EngineState(enum.Enum):
@@ -84,7 +79,7 @@ class AdmissionLimits:
     max_queued_tokens: int = 1_000_000
 
 
-class AsyncEngine(PromptOperations):
+class AsyncEngine(EngineCore):
     """Runs continuous batching over ``model`` in one background task.
 
     Args:
@@ -116,30 +111,28 @@ class AsyncEngine(PromptOperations):
         model_thread: ModelThread | None = None,
         chat_template: str | None = None,
     ) -> None:
-        caps = model.capabilities
-        self.limits = limits or AdmissionLimits()
-        self._model = model
-        self.metrics = metrics or EngineMetrics()
-        self.scheduler = Scheduler(
-            capabilities=caps,
-            tokenizer=model.tokenizer,
-            policy=policy or ContinuousBatching(),
-            metrics=self.metrics,
-            release_slot=model.release,
-            max_num_batched_tokens=max_num_batched_tokens or caps.default_max_num_batched_tokens,
+        super().__init__(
+            model,
+            policy=policy,
+            max_num_batched_tokens=max_num_batched_tokens,
+            metrics=metrics,
             prefix_caching=prefix_caching,
             speculation=speculation,
+            chat_template=chat_template,
         )
+        self.limits = limits or AdmissionLimits()
         self.metrics.track_queue(
             waiting=lambda: self.scheduler.num_waiting, running=lambda: self.scheduler.num_running
         )
         self.state = EngineState.CREATED
         self._inbox = Inbox()
         self._in_flight = InFlightRequests()
-        self._prompts = PromptEncoder(model.tokenizer, caps.name, chat_template=chat_template)
-        self._constraints = ConstraintCompiler(model.tokenizer, caps)
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
+        # the step on the model thread, from its start until the loop has its output; a
+        # release (stop, the loop's failure) waits for it first (base.py: ``step`` never
+        # runs concurrently with ``release``)
+        self._step_in_flight: asyncio.Future[tuple[StepOutput, float]] | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -175,7 +168,13 @@ class AsyncEngine(PromptOperations):
             emptied.cancel()
 
     async def stop(self) -> None:
-        """Ends every remaining request as cancelled and stops the loop. Idempotent."""
+        """Ends every remaining request as cancelled and stops the loop. Idempotent.
+
+        In this order: the loop task is cancelled and awaited; the step it left on the model
+        thread, if any, is waited for (it still uses its slots: a release never races a
+        step); then every request ends, releasing its slot; then the model thread shuts down.
+        A step that never returns therefore holds ``stop`` as long.
+        """
         if self.state in (EngineState.RUNNING, EngineState.DRAINING, EngineState.CREATED):
             self.state = EngineState.STOPPED
         if self._task is not None and not self._task.done():
@@ -184,15 +183,22 @@ class AsyncEngine(PromptOperations):
                 await self._task
             except asyncio.CancelledError:
                 pass
+        await self._step_returned()
         self._end_every_request(FinishReason.CANCELLED)
         self._model_thread.shutdown()
 
-    # ----------------------------------------------------------------- what the edge reads
+    async def _step_returned(self) -> None:
+        """Waits until no step runs on the model thread (its output or error is dropped)."""
+        running = self._step_in_flight
+        if running is None:
+            return
+        await asyncio.wait({running})
+        if self._step_in_flight is running:
+            self._step_in_flight = None
+        if not running.cancelled():
+            running.exception()  # retrieved: the loop that would have read it is gone
 
-    @property
-    def capabilities(self) -> ModelCapabilities:
-        """The model's declared limits (frozen, read once at start-up)."""
-        return self._model.capabilities
+    # ----------------------------------------------------------------- what the edge reads
 
     @property
     def prefix_caching(self) -> bool:
@@ -311,11 +317,7 @@ class AsyncEngine(PromptOperations):
     def _apply(self, command: Command) -> None:
         if isinstance(command, Submit):
             request = command.handle.request
-            sequence = Sequence(
-                request=request,
-                emit=command.handle.push,
-                text=TextAssembler(request.stop.stop_strings),
-            )
+            sequence = self.new_sequence(request, command.handle.push)
             self.scheduler.add(sequence)
             if command.handle.cancel_requested_at is not None:
                 self.scheduler.cancel(sequence)  # cancelled before it reached us: end it now
@@ -326,37 +328,46 @@ class AsyncEngine(PromptOperations):
 
     async def _run_step(self, step: ScheduledStep) -> None:
         """One model step on the model thread; while it runs, the previous step's text and
-        events (``emit_text``); then its output applied. A failure of the model (the step
-        raising, or an output that does not fit the step) fails the step's rows; a failure
-        while emitting or applying commands is the loop's own and ends the loop (after the
-        step returned: it still uses its slots, rule R16)."""
+        events (``emit_text``); then its output applied. The step raising, or its output not
+        applying, fails the step's rows (``EngineCore``'s rule); a failure while emitting or
+        applying commands is the loop's own and ends the loop (after the step returned: it
+        still uses its slots, rule R16).
+
+        The step is awaited through a shield: cancelling the loop (``stop``) leaves it
+        running, and ``stop`` waits for it (``_step_returned``) before releasing any slot.
+        """
         running = self._model_thread.start(self._timed_step, step.batch)
+        self._step_in_flight = running
         try:
             self.scheduler.emit_text(step_in_flight=True)
         except Exception:
-            await asyncio.wait({running})
+            await self._step_returned()
             raise
         try:
-            output, seconds = await running
+            output, seconds = await asyncio.shield(running)  # a cancel leaves the step to stop()
         except Exception:
             logger.exception("model step over %d rows failed", len(step.sequences))
-            self.scheduler.fail(step, _STEP_FAILED)
+            self._step_in_flight = None
+            self.fail_step(step)
             return
+        self._step_in_flight = None
         self.metrics.step_duration.observe(seconds)
         # Cancels that arrived during the step win over its output: a DELETE answered
         # 200 must end its request as cancelled, never with one more token.
         self._apply_inbox()
-        try:
-            self.scheduler.advance(step, output)
-        except ValueError:
-            logger.exception("model step over %d rows gave a malformed output", len(step.sequences))
-            self.scheduler.fail(step, _STEP_FAILED)
+        failure = self.advance_or_fail(step, output)
+        if failure is not None:
+            logger.error(
+                "model step over %d rows gave an output that did not apply",
+                len(step.sequences),
+                exc_info=failure,
+            )
 
     def _timed_step(self, batch: StepBatch) -> tuple[StepOutput, float]:
         """On the model thread: the step's output and its duration in seconds (the model's
         own time, whatever the loop did meanwhile)."""
         started = time.perf_counter()
-        output = self._model.step(batch)
+        output = self.model.step(batch)
         return output, time.perf_counter() - started
 
     def _end_every_request(self, reason: FinishReason, *, error: str | None = None) -> None:
@@ -375,5 +386,5 @@ class AsyncEngine(PromptOperations):
     ) -> None:
         """Ends a request the scheduler never took, through its finish funnel."""
         if not handle.is_finished:
-            sequence = Sequence(request=handle.request, emit=handle.push, text=TextAssembler())
+            sequence = self.new_sequence(handle.request, handle.push)
             self.scheduler.finish(sequence, reason, error=error)

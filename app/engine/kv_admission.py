@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from app.engine.kv_blocks import BlockManager
+from app.engine.kv_blocks import Admission, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.request import Sequence, SequenceStatus
 from app.engine.step_rows import prefix_salt
@@ -70,24 +70,23 @@ class KVAdmission:
         metrics.track_kv_cache(lambda: blocks.usage)
         return cls(blocks, metrics)
 
-    def admit(self, seq: Sequence) -> int | None:
+    def admit(self, seq: Sequence) -> Admission:
         """Blocks for what waiting ``seq`` must prefill (``seq.num_prefill_tokens``: its prompt,
         plus what it generated before a preemption but the last token).
 
         Returns:
-            The positions already computed (its cached prefix, a multiple of the block size;
-            counted in the prefix-cache metrics), None when the blocks do not fit (nothing
-            changes: admission should stop, FIFO), or ``kv_blocks.PREFIX_IN_FLIGHT`` when its next
-            prompt block is being computed by a running sequence (nothing changes: it should
-            keep its place and try after that sequence's step, so the prefix is computed once).
+            ``BlockManager.admit``'s outcome: admitted with the positions already computed
+            (counted in the prefix-cache metrics), ``NO_ROOM`` (admission should stop, FIFO)
+            or ``PREFIX_IN_FLIGHT`` (it keeps its place and tries after the running sequence
+            computing its prefix); nothing changes unless admitted.
         """
         blocks = self.blocks
         tokens = seq.all_token_ids()[: seq.num_prefill_tokens]
-        computed = blocks.admit(seq, tokens, prefix_salt(seq))
-        if computed is not None and computed >= 0 and blocks.prefix_caching:
+        admission = blocks.admit(seq, tokens, prefix_salt(seq))
+        if admission.admitted and blocks.prefix_caching:
             self._metrics.prefix_cache_queries.inc(len(tokens))
-            self._metrics.prefix_cache_hits.inc(computed)
-        return computed
+            self._metrics.prefix_cache_hits.inc(admission.num_cached_tokens)
+        return admission
 
     def grow_decoding(
         self, running: Iterable[Sequence], *, preempt: Callable[[Sequence], None]

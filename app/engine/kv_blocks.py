@@ -32,35 +32,47 @@ Owners are any hashable objects compared by identity-based hash (the scheduler p
 
 from __future__ import annotations
 
-import hashlib
-from array import array
+import enum
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from app.engine.kv_hash_chain import BlockHash, chain_hashes
 from app.models.base import NULL_BLOCK, ModelCapabilities
 
-BlockHash = bytes
 
-SALT_ANY = b"slotserve-kv-any"
-SALT_EXACT = b"slotserve-kv-exact"
+class AdmitOutcome(enum.Enum):
+    """How :meth:`BlockManager.admit` ended (rule R06): ``ADMITTED`` (the owner holds blocks
+    for all its tokens); ``NO_ROOM`` (too few free blocks: nothing changed, admission should
+    stop, FIFO); ``PREFIX_IN_FLIGHT`` (the next block of its prefix is being computed by
+    another owner: nothing changed, it tries again after that owner's step, so the prefix is
+    computed once)."""
 
-PREFIX_IN_FLIGHT = -1
-"""What :meth:`BlockManager.admit` returns for an owner that should wait for its prefix."""
+    ADMITTED = "admitted"
+    NO_ROOM = "no_room"
+    PREFIX_IN_FLIGHT = "prefix_in_flight"
 
 
-def chain_hashes(
-    token_ids: Sequence[int], block_size: int, salt: bytes, known: list[BlockHash] | None = None
-) -> list[BlockHash]:
-    """The digest of every full block of ``token_ids``: ``h[i] = H(h[i-1] || tokens of block i)``
-    with ``h[-1] = salt``. ``known`` (a previous result for a prefix of the same tokens and salt)
-    is extended in place and returned, so a growing sequence hashes each block once."""
-    hashes = known if known is not None else []
-    for index in range(len(hashes), len(token_ids) // block_size):
-        parent = hashes[index - 1] if index else salt
-        tokens = array("i", token_ids[index * block_size : (index + 1) * block_size])
-        hashes.append(hashlib.blake2b(parent + tokens.tobytes(), digest_size=16).digest())
-    return hashes
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The result of :meth:`BlockManager.admit`.
+
+    Attributes:
+        outcome: admitted, or why not.
+        num_cached_tokens: when admitted, the positions already computed (its cached prefix,
+            a multiple of the block size; 0 without a hit); 0 otherwise.
+    """
+
+    outcome: AdmitOutcome
+    num_cached_tokens: int = 0
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome is AdmitOutcome.ADMITTED
+
+
+NO_ROOM = Admission(AdmitOutcome.NO_ROOM)
+PREFIX_IN_FLIGHT = Admission(AdmitOutcome.PREFIX_IN_FLIGHT)
 
 
 @dataclass(slots=True)
@@ -234,16 +246,18 @@ class BlockManager:
         self._holdings[owner] = holding
         return len(hit) * self.block_size
 
-    def admit(self, owner: Hashable, token_ids: Sequence[int], salt: bytes) -> int | None:
+    def admit(self, owner: Hashable, token_ids: Sequence[int], salt: bytes) -> Admission:
         """``allocate`` for all of ``token_ids`` (a sequence about to prefill them), unless
-        the next block of its prefix is being computed by another owner: then
-        :data:`PREFIX_IN_FLIGHT` (-1), nothing changes, and it should try again after that
-        owner's step (the prefix is computed once). Else as ``allocate``: the positions
-        already computed, or None (no room)."""
+        the next block of its prefix is being computed by another owner (``PREFIX_IN_FLIGHT``:
+        nothing changes). ``NO_ROOM`` when ``allocate`` finds no room; else admitted, with
+        the positions already computed."""
         hit = self.cached_prefix(owner, token_ids, salt)
         if self.prefix_in_flight(owner, token_ids, salt, len(hit)):
             return PREFIX_IN_FLIGHT
-        return self.allocate(owner, token_ids, salt, num_tokens=len(token_ids))
+        computed = self.allocate(owner, token_ids, salt, num_tokens=len(token_ids))
+        if computed is None:
+            return NO_ROOM
+        return Admission(AdmitOutcome.ADMITTED, computed)
 
     # ----------------------------------------------------------------- growth and commit
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 from app.constraints import CompiledConstraint, ConstraintMatcher
-from app.engine.detokenizer import TextAssembler
 from app.models.base import SamplingParams, TokenLogprobs
+
+if TYPE_CHECKING:
+    from app.engine.output_processor import RequestOutput
 
 
 class FinishReason(enum.Enum):
@@ -137,22 +138,6 @@ class FinalEvent:
 StreamEvent = TokenEvent | FinalEvent
 
 
-class PendingToken(NamedTuple):
-    """A generated token whose text side has not run yet (``Sequence.untexted``).
-
-    Attributes:
-        token_id: the token, already in ``Sequence.generated``.
-        logprobs: the entry the step reported for it (one, possibly None), or () when the
-            step reported none; it goes to the token's ``TokenEvent``.
-        has_text: False for the token that ends its sequence without text (a stop token id,
-            EOS, a token outside the constraint): it joins the event's ids, never the text.
-    """
-
-    token_id: int
-    logprobs: tuple[TokenLogprobs | None, ...]
-    has_text: bool
-
-
 @dataclass(slots=True, eq=False)
 class Sequence:
     """Everything the engine knows about one request while it lives (seed 000).
@@ -162,23 +147,17 @@ class Sequence:
 
     Attributes:
         request: the frozen request it came from.
-        emit: where its events go (``RequestHandle.push``); never blocks.
+        output: its output side (text, stream, token times; ``app.engine.output_processor``).
         status: WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED.
         slot: the batch slot while RUNNING, else None.
         num_computed_tokens: tokens of ``prompt + generated`` the model's state covers.
         num_cached_tokens: of those, the prefix found in the prefix cache at admission (a
             multiple of the KV block size; 0 without a paged model).
-        generated: sampled token ids, in order.
-        untexted: generated tokens the text side (detokenizing, stop strings, the
-            ``TokenEvent``) has not run over yet, oldest first: the scheduler appends them when
-            a step is applied and runs the text side over them one step later, while the next
-            step runs (``Scheduler.emit_text``), or at once when it finishes the sequence or the
-            request has stop strings.
-        unsent_token_ids: generated ids not yet carried by a TokenEvent (their text is held).
-        logprobs / unsent_logprobs: the same for the tokens' logprobs (when asked for).
+        generated: sampled token ids, in order (the scheduler appends them; ``output``
+            keeps how far its text and its stream got).
+        logprobs: one entry a generated token, when the request asked for logprobs.
         prompt_logprobs: the prompt tokens' logprobs so far (when asked for).
-        text: assembles output text (UTF-8 safe, stop-string aware).
-        admitted_at / first_token_at: ``time.perf_counter()`` seconds, or None until then.
+        admitted_at: ``time.perf_counter()`` seconds, or None until then.
         matcher: the request's place in its constraint's language, from admission until it
             finishes (None when unconstrained, waiting or finished).
         draft_acceptance: speculative decoding's running estimate of the probability that
@@ -187,21 +166,15 @@ class Sequence:
     """
 
     request: GenerationRequest
-    emit: Callable[[StreamEvent], None]
-    text: TextAssembler
+    output: RequestOutput
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
-    untexted: list[PendingToken] = field(default_factory=list)
-    unsent_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
-    unsent_logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     admitted_at: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
     matcher: ConstraintMatcher | None = None
     draft_acceptance: float = 0.5
 
@@ -232,6 +205,32 @@ class Sequence:
     def all_token_ids(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids + tuple(self.generated)
 
+    def add_prompt_logprobs(self, entries: tuple[TokenLogprobs | None, ...]) -> None:
+        """Appends a prompt chunk's logprobs, those of the prompt's own positions only: a
+        preempted sequence recomputes from 0, its generated tokens after the prompt (each
+        scored once, when it was sampled)."""
+        room = self.num_prompt_tokens - len(self.prompt_logprobs)
+        self.prompt_logprobs.extend(entries[: max(0, room)])
+
+    def enter_slot(self, slot: int, num_cached_tokens: int, now: float) -> None:
+        """WAITING -> RUNNING in ``slot`` (the scheduler's admission), its first
+        ``num_cached_tokens`` positions already computed (a cached prefix) at ``now``
+        (seconds). A constrained request gets its matcher here; a preempted one keeps its
+        own, since its generated tokens stay."""
+        self.status = SequenceStatus.RUNNING
+        self.slot = slot
+        self.num_computed_tokens = self.num_cached_tokens = num_cached_tokens
+        self.admitted_at = now
+        if self.request.constraint is not None and self.matcher is None:
+            self.matcher = self.request.constraint.new_matcher()
+
+    def back_to_waiting(self) -> None:
+        """RUNNING -> WAITING by recompute preemption, once its slot and blocks are released:
+        nothing of it is computed any more; its generated tokens stay (it prefills them)."""
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = self.num_cached_tokens = 0
+        self.prompt_logprobs.clear()  # computed again with the prompt
+
     def emit_final(
         self,
         reason: FinishReason,
@@ -243,22 +242,20 @@ class Sequence:
         """Emits what text is held back (a last TokenEvent, when there is any), then the
         FinalEvent with this sequence's tokens, usage, logprobs and timings (``now``:
         ``time.perf_counter()`` seconds). The scheduler's ``finish`` calls it, once."""
-        tail = self.text.flush()
-        if tail or self.unsent_token_ids:
-            self.emit(TokenEvent(tail, tuple(self.unsent_token_ids), tuple(self.unsent_logprobs)))
-            self.unsent_token_ids.clear()
-            self.unsent_logprobs.clear()
+        output = self.output
+        output.send_rest(self.generated, self.logprobs)
         arrived = self.request.arrived_at
+        first_token_at = output.first_token_at
         timings = Timings(
             queued_ms=((self.admitted_at or now) - arrived) * 1000.0,
-            ttft_ms=None if self.first_token_at is None else (self.first_token_at - arrived) * 1e3,
+            ttft_ms=None if first_token_at is None else (first_token_at - arrived) * 1e3,
             total_ms=(now - arrived) * 1000.0,
         )
-        self.emit(
+        output.emit(
             FinalEvent(
                 finish_reason=reason,
                 stop_reason=stop_reason,
-                text=self.text.text,
+                text=output.text.text,
                 token_ids=tuple(self.generated),
                 prompt_tokens=self.num_prompt_tokens,
                 completion_tokens=len(self.generated),

@@ -1,36 +1,26 @@
 """Continuous batching: a waiting queue, a fixed number of slots, one step at a time.
 
-The scheduler is synchronous and knows nothing of asyncio or HTTP; ``AsyncEngine`` drives it:
+The scheduler is synchronous and knows nothing of asyncio or HTTP; the engines drive it:
 
     take new commands -> admit_waiting() -> schedule() -> model.step() -> apply() -> (repeat)
 
-``apply`` is ``advance`` (what the next step depends on: tokens, finishes, the constraint, the
-KV commit) then ``emit_text`` (detokenizing and token events); ``AsyncEngine`` calls the two
-apart and runs ``emit_text`` while the next step runs (``docs/ENGINE_LOOP.md``).
+``apply`` is ``advance`` (what the next step depends on: tokens appended, the constraint,
+the KV commit, every finish by ``stop_conditions``) then ``emit_text`` (the text side,
+``self.outputs``); ``AsyncEngine`` runs ``emit_text`` while the next step runs
+(``docs/ENGINE_LOOP.md``). Every way a sequence ends goes through ``finish()``, which frees
+the slot, releases the model's slot state, emits the final event and counts the metrics,
+exactly once (rule R16).
 
-Every way a sequence can end (EOS, stop string, stop token, length, cancel, error, shutdown)
-goes through ``finish()``, which frees the slot, releases the model's slot state, emits the
-final event and counts the metrics, exactly once (rule R16).
-
-With a paged model (``ModelCapabilities.paged``) the KV blocks' decisions have one owner,
-``self.kv`` (:class:`app.engine.kv_admission.KVAdmission`, holding the ``BlockManager``): a
-sequence is admitted only when the blocks of what it must prefill fit (its cached prefix
-reused); before each step every decoding sequence gets the block its next position needs, and
-when none is free the newest running one is preempted by recompute: ``_preempt`` releases its
-slot and blocks (through ``_release``, the one cleanup that ``finish`` uses too) and puts it
-back at the head of the waiting queue keeping its generated tokens, so it prefills
-``prompt + generated`` when readmitted (from the cache, mostly) and its stream goes on where it
-stopped. After each step the blocks a row filled are committed to the cache.
-
-A constrained request (structured output) owns a ``ConstraintMatcher`` from admission to
-``finish()``: its sampling rows carry the matcher's mask (``StepRow.token_mask``), each sampled
-token advances it, and the sequence finishes (``stop``) once its language allows no further
-token. Unconstrained rows carry no mask.
-
-With ``--speculative-ngram`` a decoding row may carry a draft (:mod:`app.engine.speculation`);
-``apply`` appends its accepted tokens one by one, and the rejected positions' blocks go back.
-Each decode-only step is timed from ``schedule`` to the end of ``advance`` (``draft_costs``):
-what a drafted token costs is measured on the steps themselves.
+With a paged model the KV blocks' decisions have one owner, ``self.kv`` (``KVAdmission``): a
+sequence enters when the blocks of what it must prefill fit; before each step every decoding
+sequence gets the block its next position needs, and when none is free the newest running
+one is preempted by recompute (``_preempt``: its slot and blocks released through
+``_release``, the cleanup ``finish`` uses too; back at the head of the queue with its
+generated tokens, which it prefills when readmitted). A constrained request owns a
+``ConstraintMatcher`` from admission to ``finish()``; its rows carry the matcher's mask. With
+``--speculative-ngram`` a decoding row may carry a draft (:mod:`app.engine.speculation`),
+whose accepted tokens ``advance`` appends one by one; decode-only steps are timed
+(``draft_costs``) so that what a drafted token costs is measured on the steps themselves.
 """
 
 from __future__ import annotations
@@ -40,37 +30,29 @@ import time
 from collections.abc import Callable, Iterator
 
 from app.engine.kv_admission import KVAdmission
-from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
+from app.engine.kv_blocks import Admission, AdmitOutcome, BlockManager
 from app.engine.metrics import EngineMetrics
+from app.engine.output_processor import OutputProcessor
 from app.engine.policy import AdmissionPolicy
-from app.engine.request import (
-    FinishReason,
-    GenerationRequest,
-    PendingToken,
-    Sequence,
-    SequenceStatus,
-    TokenEvent,
-)
+from app.engine.request import FinishReason, GenerationRequest, Sequence, SequenceStatus
+from app.engine.slot_table import SlotTable
 from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import (
     RowResult,
     ScheduledStep,
     decode_rows,
     padding_rows,
-    prefill_row,
+    prefill_rows,
     row_results,
     whole_groups,
 )
+from app.engine.stop_conditions import UNDECODABLE, limit_ending, text_ending, token_ending
 from app.engine.waiting_queue import WaitingQueue
-from app.models.base import ModelCapabilities, StepBatch, StepOutput, Tokenizer, TokenLogprobs
+from app.models.base import ModelCapabilities, StepBatch, StepOutput, Tokenizer
 
 logger = logging.getLogger(__name__)
 
-_UNDECODABLE = "failed to decode generated tokens"
-
-
-def _admission_order(seq: Sequence) -> float:
-    return seq.admitted_at or 0.0
+_UNPAGED = Admission(AdmitOutcome.ADMITTED)  # a model without KV blocks admits into any slot
 
 
 class Scheduler:
@@ -90,7 +72,9 @@ class Scheduler:
             and for a model that does not declare ``verifies_drafts``.
 
     Attributes:
+        waiting / slots: the sequences waiting, and those holding a slot (``SlotTable``).
         kv: the KV side of a paged model (admission by blocks, growth, commit), else None.
+        outputs: the text side of every sequence's tokens (``OutputProcessor``).
 
     Raises:
         ValueError: ``max_num_batched_tokens`` smaller than the number of slots, or a paged
@@ -118,25 +102,15 @@ class Scheduler:
         self.capabilities = capabilities
         self.policy = policy
         self.max_num_batched_tokens = max_num_batched_tokens
-        self._tokenizer = tokenizer
         self._metrics = metrics
         self._release_slot = release_slot
         self._clock = clock
         self.speculation = speculation if capabilities.verifies_drafts else NO_SPECULATION
         self.draft_costs = self.speculation.cost_model()  # timed steps: what a draft costs
         self.waiting = WaitingQueue()
-        self.slots: list[Sequence | None] = [None] * capabilities.max_num_seqs
-        # how many of ``slots`` hold a sequence: changed only where a slot is taken
-        # (admit_waiting) or freed (_release), read per submit and per loop turn
-        self._num_running = 0
+        self.slots = SlotTable(capabilities.max_num_seqs)
         self.kv: KVAdmission | None = None
-        # the text side's backlog, from one step's ``advance`` to the ``emit_text`` after it:
-        # the sequences with untexted tokens (in the order they got them), the latencies of
-        # their tokens, and those whose text failed to decode while a step was in flight
-        self._text_due: list[Sequence] = []
-        self._first_token_latencies: list[float] = []
-        self._inter_token_latencies: list[float] = []
-        self._undecodable: list[Sequence] = []
+        self.outputs = OutputProcessor(tokenizer, metrics)
         if capabilities.paged:
             self.kv = KVAdmission.for_model(capabilities, metrics, prefix_caching=prefix_caching)
 
@@ -157,18 +131,18 @@ class Scheduler:
 
     @property
     def num_free_slots(self) -> int:
-        return len(self.slots) - self._num_running
+        return self.slots.num_free
 
     @property
     def num_running(self) -> int:
-        return self._num_running
+        return self.slots.num_running
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting) or self._num_running > 0
+        return bool(self.waiting) or self.slots.num_running > 0
 
     def running(self) -> Iterator[Sequence]:
-        return (seq for seq in self.slots if seq is not None)
+        return iter(self.slots)
 
     def find(self, request: GenerationRequest) -> Sequence | None:
         """The live sequence made from this very request object (identity, rule R17)."""
@@ -205,9 +179,9 @@ class Scheduler:
         being computed by a running sequence waits for it (it is passed over, keeping its
         place), so a shared prefix is computed once.
         """
-        free = [index for index, seq in enumerate(self.slots) if seq is None]
+        free = self.slots.free_slots()
         count = self.policy.admit_count(
-            free_slots=len(free), running=len(self.slots) - len(free), waiting=len(self.waiting)
+            free_slots=len(free), running=self.slots.num_running, waiting=len(self.waiting)
         )
         count = whole_groups(self.waiting, count)
         now = self._clock()
@@ -216,23 +190,16 @@ class Scheduler:
         for seq in list(self.waiting):
             if admitted == count:
                 break
-            computed = kv.admit(seq) if kv is not None else 0
-            if computed is None:
+            admission = kv.admit(seq) if kv is not None else _UNPAGED
+            if admission.outcome is AdmitOutcome.NO_ROOM:
                 break  # its blocks do not fit
-            if computed == PREFIX_IN_FLIGHT:
+            if admission.outcome is AdmitOutcome.PREFIX_IN_FLIGHT:
                 continue  # its prefix is being computed: next time
             self.waiting.remove(seq)
             slot = free[admitted]
             admitted += 1
-            seq.status = SequenceStatus.RUNNING
-            seq.slot = slot
-            seq.num_computed_tokens = seq.num_cached_tokens = computed
-            seq.admitted_at = now
-            if seq.request.constraint is not None and seq.matcher is None:
-                # a preempted sequence keeps its matcher: its generated tokens stay
-                seq.matcher = seq.request.constraint.new_matcher()
-            self.slots[slot] = seq
-        self._num_running += admitted
+            seq.enter_slot(slot, admission.num_cached_tokens, now)
+            self.slots.take(slot, seq)
         return admitted
 
     def schedule(self) -> ScheduledStep | None:
@@ -253,20 +220,15 @@ class Scheduler:
         sequences: list[Sequence] = []  # the decoding ones, then those prefilling
         prefilling: list[Sequence] = []
         for seq in self.slots:
-            if seq is not None:
-                (prefilling if seq.is_prefilling else sequences).append(seq)
+            (prefilling if seq.is_prefilling else sequences).append(seq)
         costs = self.draft_costs
         drafts = self.speculation.drafts(sequences, budget, self.capabilities, self.kv, costs)
         rows = decode_rows(sequences, blocks, drafts)
         budget -= len(rows) + sum(map(len, drafts))
-        prefilling.sort(key=_admission_order)
-        for seq in prefilling:
-            if budget <= 0:
-                break
-            row = prefill_row(seq, budget, self.capabilities.max_tokens_per_row, blocks)
-            rows.append(row)
-            sequences.append(seq)
-            budget -= len(row.token_ids)
+        prefilling.sort(key=lambda seq: seq.admitted_at or 0.0)  # admission order
+        chunks = prefill_rows(prefilling, budget, self.capabilities.max_tokens_per_row, blocks)
+        rows.extend(chunks)
+        sequences.extend(prefilling[: len(chunks)])
         if not rows:
             return None
         decode_only = len(rows) == len(drafts)
@@ -284,15 +246,13 @@ class Scheduler:
         self.emit_text(step_in_flight=False)
 
     def advance(self, step: ScheduledStep, output: StepOutput) -> None:
-        """The part of a step's output the next step depends on: advances state, appends
-        tokens, finishes what is done (EOS, stop token, length, the constraint, and a stop
-        string: a request with stop strings runs its text side here). The text and events of
-        the other requests' new tokens wait for ``emit_text``.
-
+        """The part of a step's output the next step depends on: tokens appended, every
+        finish ``stop_conditions`` decides, the KV commit; the text waits for ``emit_text``.
         A row whose slot no longer holds the sequence it was built for (cancelled meanwhile)
-        is dropped (rule R17). A failure while applying one sequence's token fails only it.
+        is dropped (rule R17); a failure while applying one sequence's token fails only it.
         """
-        self._finish_undecodable()
+        for seq in self.outputs.take_undecodable():  # their text failed during the last step
+            self.finish(seq, FinishReason.ERROR, error=UNDECODABLE)
         results = row_results(step, output)  # ValueError: an output that does not fit
         self._metrics.batch_size.observe(len(step.sequences))
         now = self._clock()
@@ -301,17 +261,14 @@ class Scheduler:
         appended = 0
         for result in results:
             seq, row = result.sequence, result.row
-            if slots[row.slot] is not seq:
+            if not slots.holds(row.slot, seq):
                 continue
             if result.error is not None:
                 self.finish(seq, FinishReason.ERROR, error=result.error)
                 continue
             seq.num_computed_tokens += result.num_computed
             if result.prompt_logprobs is not None:
-                # the prompt's own positions only: a preempted sequence recomputes from 0,
-                # its generated tokens after the prompt (scored once, when sampled)
-                room = seq.num_prompt_tokens - len(seq.prompt_logprobs)
-                seq.prompt_logprobs.extend(result.prompt_logprobs[: max(0, room)])
+                seq.add_prompt_logprobs(result.prompt_logprobs)
             if kv is not None:
                 kv.commit_filled(seq, result.num_computed, result.token_ids[:-1])
             if not result.token_ids:
@@ -329,32 +286,17 @@ class Scheduler:
         self.draft_costs.applied(step, self._clock())
 
     def emit_text(self, *, step_in_flight: bool) -> None:
-        """The text side of the tokens ``advance`` appended: detokenizes them, puts their
-        ``TokenEvent`` on each request's stream and observes their latencies. The engine
-        runs it while the next step runs (``step_in_flight=True``).
-
-        It ends no sequence while a step is in flight (that step may still use its slot):
-        a token whose text fails to decode there ends its request (ERROR) at the next
-        ``advance``; with ``step_in_flight=False`` it ends at once.
-        """
-        due, self._text_due = self._text_due, []
-        for seq in due:
-            if seq.untexted and not self._emit_text_of(seq):
-                if step_in_flight:
-                    self._undecodable.append(seq)
-                else:
-                    self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)
-        first_token, self._first_token_latencies = self._first_token_latencies, []
-        between, self._inter_token_latencies = self._inter_token_latencies, []
-        for seconds in first_token:
-            self._metrics.time_to_first_token.observe(seconds)
-        for seconds in between:
-            self._metrics.inter_token_latency.observe(seconds)
+        """The text side of the tokens ``advance`` appended (``OutputProcessor.emit_due``);
+        the engine runs it while the next step runs (``step_in_flight=True``). A token whose
+        text fails to decode ends its request (ERROR) at once, or, while a step is in flight
+        (it may still use the slot), at the next ``advance``."""
+        for seq in self.outputs.emit_due(step_in_flight=step_in_flight):
+            self.finish(seq, FinishReason.ERROR, error=UNDECODABLE)
 
     def fail(self, step: ScheduledStep, message: str) -> None:
         """Ends every sequence of a failed step (still in its slot) with an ERROR."""
         for seq, row in zip(step.sequences, step.live_rows, strict=True):
-            if self.slots[row.slot] is seq:
+            if self.slots.holds(row.slot, seq):
                 self.finish(seq, FinishReason.ERROR, error=message)
 
     def finish_all(self, reason: FinishReason, *, error: str | None = None) -> None:
@@ -371,21 +313,22 @@ class Scheduler:
         *,
         stop_reason: str | int | None = None,
         error: str | None = None,
+        last_token_has_text: bool = True,
     ) -> None:
-        """The one way a sequence ends. Idempotent: a finished sequence is left alone."""
+        """The one way a sequence ends. Idempotent: a finished sequence is left alone. The
+        text side runs first over the tokens not through it yet (``last_token_has_text``
+        False: the last one has none); what it finds (``text_ending``) decides the end."""
         if seq.status is SequenceStatus.FINISHED:
             return
-        if seq.untexted and not self._emit_text_of(seq):
-            reason, stop_reason, error = FinishReason.ERROR, None, _UNDECODABLE
-        if seq.status is SequenceStatus.FINISHED:
-            return  # its text side ended it (a stop string matched)
+        text_end = text_ending(seq, self.outputs.run_text(seq, last_has_text=last_token_has_text))
+        if text_end is not None:
+            reason, stop_reason, error = text_end.reason, text_end.stop_reason, text_end.error
         was_waiting = seq.status is SequenceStatus.WAITING
         seq.status = SequenceStatus.FINISHED
         seq.matcher = None  # the constraint's state ends with the request
         self._release(seq)
         if was_waiting and seq in self.waiting:
             self.waiting.remove(seq)
-
         now = self._clock()
         seq.emit_final(reason, now, stop_reason=stop_reason, error=error)
         self._metrics.requests_finished.labels(finish_reason=reason.value).inc()
@@ -396,135 +339,59 @@ class Scheduler:
         """Gives back what ``seq`` holds: its slot (and the model's state of it) and its KV
         blocks. The cleanup shared by ``finish`` and preemption; a no-op for what it lacks."""
         if seq.slot is not None:
-            self.slots[seq.slot] = None
-            self._num_running -= 1
+            self.slots.free(seq.slot)
             self._release_slot(seq.slot)
             seq.slot = None
         if self.kv is not None:
             self.kv.free(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption of a running sequence (the victim ``KVAdmission`` chose): it
-        gives back its blocks and slot and goes to the head of the waiting queue, keeping its
-        generated tokens (``num_prefill_tokens``)."""
-        logger.info(
-            "request %s preempted (%d tokens): no free KV block",
-            seq.request_id,
-            seq.num_computed_tokens,
-        )
+        """Recompute preemption of the victim ``KVAdmission`` chose: its blocks and slot go,
+        it goes to the head of the waiting queue keeping its generated tokens."""
+        tokens = seq.num_computed_tokens
+        logger.info("request %s preempted (%d tokens): no free KV block", seq.request_id, tokens)
         self._release(seq)
-        seq.status = SequenceStatus.WAITING
-        seq.num_computed_tokens = seq.num_cached_tokens = 0
-        seq.prompt_logprobs.clear()  # computed again with the prompt
+        seq.back_to_waiting()
         self.waiting.appendleft(seq)
         self._metrics.preemptions.inc()
 
     # ----------------------------------------------------------------- internals
 
     def _append_tokens(self, result: RowResult, now: float) -> int:
-        """A row's tokens (one, or an accepted draft and the model's own), each appended as if
-        generated alone; those after the one that finishes the sequence are dropped. Returns
-        how many were appended."""
+        """Appends a row's tokens (one, or an accepted draft's and the model's own) one by one,
+        up to the one that finishes the sequence; returns how many."""
         seq = result.sequence
         logprobs = result.logprobs
         appended = 0
         for index, token in enumerate(result.token_ids):
             if seq.status is SequenceStatus.FINISHED:
                 break
-            entry = () if logprobs is None else (logprobs[index],)
             if logprobs is not None:
                 seq.logprobs.append(logprobs[index])
             appended += 1
             try:
-                self._append_token(seq, token, entry, now)
+                self._append_token(seq, token, now)
             except Exception:
                 logger.exception("request %s: applying token %d failed", seq.request_id, token)
-                self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)
+                self.finish(seq, FinishReason.ERROR, error=UNDECODABLE)
         return appended
 
-    def _append_token(
-        self,
-        seq: Sequence,
-        token: int,
-        logprobs: tuple[TokenLogprobs | None, ...],
-        now: float,
-    ) -> None:
+    def _append_token(self, seq: Sequence, token: int, now: float) -> None:
+        """Appends ``token``, then ends the sequence at the first ``stop_conditions`` that
+        holds; a request with stop strings runs its text side now (a stop string cannot
+        wait for the next step)."""
         seq.generated.append(token)
-        if seq.first_token_at is None:
-            seq.first_token_at = now
-            self._first_token_latencies.append(now - seq.request.arrived_at)
-        elif seq.last_token_at is not None:
-            self._inter_token_latencies.append(now - seq.last_token_at)
-        seq.last_token_at = now
-        stop = seq.request.stop
-        # A token that ends the sequence here has no text of its own (it is pending all the
-        # same, so its logprobs and usage go out with the final event).
-        ending: tuple[FinishReason, dict[str, object]] | None = None
-        if seq.matcher is not None and not seq.matcher.advance(token):
-            logger.error(
-                "request %s: token %d is outside its constraint (%s)",
-                seq.request_id,
-                token,
-                seq.matcher.error or "the mask was not applied",
-            )
-            ending = FinishReason.ERROR, {"error": "the output left the request's constraint"}
-        elif token in stop.stop_token_ids:
-            ending = FinishReason.STOP, {"stop_reason": token}
-        elif not stop.ignore_eos and token in self.capabilities.eos_token_ids:
-            ending = FinishReason.STOP, {}
+        self.outputs.token_appended(seq, now)
+        ending = token_ending(seq, token, self.capabilities.eos_token_ids)
+        if ending is None and seq.request.stop.stop_strings:
+            ending = text_ending(seq, self.outputs.run_text(seq))
+        if ending is None:
+            ending = limit_ending(seq, self.capabilities.context_length)
         if ending is not None:
-            seq.untexted.append(PendingToken(token, logprobs, False))
-            reason, details = ending
-            self.finish(seq, reason, **details)  # type: ignore[arg-type]
-            return
-        seq.untexted.append(PendingToken(token, logprobs, True))
-        if stop.stop_strings:
-            # a stop string ends the request: its text cannot wait for the next step
-            if not self._emit_text_of(seq):
-                self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)
-            if seq.status is SequenceStatus.FINISHED:
-                return
-        elif len(seq.untexted) == 1:
-            self._text_due.append(seq)
-        if seq.matcher is not None and seq.matcher.is_finished:
-            self.finish(seq, FinishReason.STOP)  # the language allows no further token
-        elif (
-            len(seq.generated) >= seq.request.max_tokens
-            or seq.num_prompt_tokens + len(seq.generated) >= self.capabilities.context_length
-        ):
-            self.finish(seq, FinishReason.LENGTH)
-
-    def _emit_text_of(self, seq: Sequence) -> bool:
-        """Runs the text side over ``seq.untexted``, oldest first, as if each token had just
-        been generated: its text appended, a ``TokenEvent`` for whatever text became safe to
-        send; a stop string matched finishes the sequence (STOP) and drops the tokens after
-        it. Returns False when a token's text failed to decode (logged; the caller ends the
-        request), True otherwise."""
-        untexted, seq.untexted = seq.untexted, []
-        text = seq.text
-        for token, logprobs, has_text in untexted:
-            seq.unsent_token_ids.append(token)
-            seq.unsent_logprobs.extend(logprobs)
-            if not has_text:
-                continue
-            try:
-                new_text = text.append(self._tokenizer.decode_bytes((token,)))
-            except Exception:
-                logger.exception("request %s: decoding token %d failed", seq.request_id, token)
-                return False
-            if new_text:
-                seq.emit(
-                    TokenEvent(new_text, tuple(seq.unsent_token_ids), tuple(seq.unsent_logprobs))
-                )
-                seq.unsent_token_ids.clear()
-                seq.unsent_logprobs.clear()
-            if text.matched_stop is not None:
-                self.finish(seq, FinishReason.STOP, stop_reason=text.matched_stop)
-                return True
-        return True
-
-    def _finish_undecodable(self) -> None:
-        """Ends (ERROR) the requests whose text failed to decode while a step was in flight."""
-        undecodable, self._undecodable = self._undecodable, []
-        for seq in undecodable:
-            self.finish(seq, FinishReason.ERROR, error=_UNDECODABLE)
+            self.finish(
+                seq,
+                ending.reason,
+                stop_reason=ending.stop_reason,
+                error=ending.error,
+                last_token_has_text=ending.last_token_has_text,
+            )

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager
+from app.engine.kv_blocks import BlockManager
+from app.engine.kv_hash_chain import SALT_ANY, SALT_EXACT
 from app.engine.request import Sequence
 from app.models.base import KVBlocks, StepBatch, StepOutput, StepRow, TokenLogprobs
 
@@ -71,26 +72,24 @@ def row_results(step: ScheduledStep, output: StepOutput) -> list[RowResult]:
         ValueError: ``output`` does not have one result per row, or a row accepted more
             drafted tokens than it had (or fewer than none).
     """
-    if len(output.next_token_ids) != len(step.batch.rows):
+    if len(output.rows) != len(step.batch.rows):
         raise ValueError(
-            f"model returned {len(output.next_token_ids)} results for {len(step.batch.rows)} rows"
+            f"model returned {len(output.rows)} results for {len(step.batch.rows)} rows"
         )
     results = []
-    for index, (seq, row) in enumerate(zip(step.sequences, step.live_rows, strict=True)):
-        token = output.next_token_ids[index]
-        accepted = output.num_accepted[index] if output.num_accepted else 0
+    live = zip(step.sequences, step.live_rows, output.rows[: len(step.sequences)], strict=True)
+    for index, (seq, row, out) in enumerate(live):
+        token, accepted, logprobs = out.token_id, out.num_accepted, out.logprobs
         if not 0 <= accepted <= row.num_draft_tokens:
             raise ValueError(f"row {index}: {accepted} accepted of {row.num_draft_tokens}")
-        logprobs = output.logprobs[index] if output.logprobs else None
-        drafted = output.draft_logprobs[index] if output.draft_logprobs else None
         results.append(
             RowResult(
                 sequence=seq,
                 row=row,
                 token_ids=() if token is None else (*row.draft_token_ids[:accepted], token),
-                logprobs=None if logprobs is None else (*(drafted or ()), logprobs),
-                prompt_logprobs=output.prompt_logprobs[index] if output.prompt_logprobs else None,
-                error=output.row_errors[index] if output.row_errors else None,
+                logprobs=None if logprobs is None else (*(out.draft_logprobs or ()), logprobs),
+                prompt_logprobs=out.prompt_logprobs,
+                error=out.error,
                 num_accepted=accepted,
             )
         )
@@ -143,6 +142,21 @@ def prefill_row(
         token_mask=next_token_mask(seq) if sample else None,
         kv_blocks=kv_blocks_of(seq, kv),
     )
+
+
+def prefill_rows(
+    prefilling: list[Sequence], budget: int, max_tokens_per_row: int, kv: BlockManager | None
+) -> list[StepRow]:
+    """The next prompt chunk of each of ``prefilling``, in order, while ``budget`` tokens
+    last (``prefill_row``); ``rows[i]`` is ``prefilling[i]``'s."""
+    rows = []
+    for seq in prefilling:
+        if budget <= 0:
+            break
+        row = prefill_row(seq, budget, max_tokens_per_row, kv)
+        rows.append(row)
+        budget -= len(row.token_ids)
+    return rows
 
 
 def padding_rows(rows: list[StepRow], num_slots: int) -> list[StepRow]:

@@ -3,10 +3,11 @@
 ``AsyncEngine`` runs the loop in an asyncio task for the HTTP server; offline callers (the
 seed's ``generate``, the Python API) need the same loop without one:
 
-    add requests -> admit_waiting() -> schedule() -> model.step() -> apply() -> (repeat)
+    add requests -> admit_waiting() -> schedule() -> model.step() -> advance() -> emit_text()
 
-It is the same ``Scheduler``, so the same admission policy, slot refilling, stop checks and
-finish funnel (``Scheduler.finish``) decide every request's tokens, exactly as in the server.
+It is the same core (``EngineCore``: the ``Scheduler`` built the same way, one failure rule),
+so the same admission policy, slot refilling, stop checks and finish funnel
+(``Scheduler.finish``) decide every request's tokens, exactly as in the server.
 What differs is only who waits: here ``step`` returns once the model step is applied.
 
 The model should be stepped on the thread that loaded it (one OpenMP team, see
@@ -17,19 +18,13 @@ from __future__ import annotations
 
 import functools
 
-from app.constraints import ConstraintCompiler
-from app.engine.detokenizer import TextAssembler
+from app.engine.engine_core import EngineCore
 from app.engine.metrics import EngineMetrics
-from app.engine.policy import AdmissionPolicy, ContinuousBatching
-from app.engine.prompt_encoder import PromptEncoder
-from app.engine.prompt_operations import PromptOperations
-from app.engine.request import FinalEvent, FinishReason, GenerationRequest, Sequence, StreamEvent
-from app.engine.scheduler import Scheduler
+from app.engine.policy import AdmissionPolicy
+from app.engine.request import FinalEvent, FinishReason, GenerationRequest, StreamEvent
 from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import ScheduledStep
-from app.models.base import Model, ModelCapabilities
-
-MODEL_FAILED = "the model failed on this request"
+from app.models.base import Model
 
 
 class ModelStepError(RuntimeError):
@@ -75,18 +70,11 @@ class SyncHandle:
         return self.final is not None
 
 
-class SyncEngine(PromptOperations):
+class SyncEngine(EngineCore):
     """Runs continuous batching over ``model`` on the caller's thread.
 
-    Args:
-        model: anything implementing ``app.models.base.Model``.
-        policy: admission policy (continuous by default).
-        max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
-            ``model.capabilities.default_max_num_batched_tokens``, as ``AsyncEngine``.
-        metrics: where to count; a fresh registry by default.
-        prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
-            (``--no-prefix-caching``: False).
-        speculation: n-gram speculative decoding (``--speculative-ngram``); off by default.
+    Args: those of :class:`app.engine.engine_core.EngineCore` (the model, the admission
+    policy, the token budget, metrics, prefix caching, speculation), as ``AsyncEngine``.
 
     Attributes:
         num_model_steps: ``model.step`` calls made so far, failed ones included.
@@ -102,35 +90,16 @@ class SyncEngine(PromptOperations):
         prefix_caching: bool = True,
         speculation: NgramSpeculation = NO_SPECULATION,
     ) -> None:
-        caps = model.capabilities
-        self.model = model
-        self.metrics = metrics or EngineMetrics()
-        self.scheduler = Scheduler(
-            capabilities=caps,
-            tokenizer=model.tokenizer,
-            policy=policy or ContinuousBatching(),
-            metrics=self.metrics,
-            release_slot=model.release,
-            max_num_batched_tokens=max_num_batched_tokens or caps.default_max_num_batched_tokens,
+        super().__init__(
+            model,
+            policy=policy,
+            max_num_batched_tokens=max_num_batched_tokens,
+            metrics=metrics,
             prefix_caching=prefix_caching,
             speculation=speculation,
         )
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}
-        self._prompts = PromptEncoder(model.tokenizer, caps.name)
-        self._constraints = ConstraintCompiler(model.tokenizer, caps)
-
-    @property
-    def has_work(self) -> bool:
-        return self.scheduler.has_work
-
-    # What the edge reads of the model, as on ``AsyncEngine`` (so ``RequestBuilder`` takes
-    # either engine).
-
-    @property
-    def capabilities(self) -> ModelCapabilities:
-        """The model's declared limits."""
-        return self.model.capabilities
 
     def add(self, request: GenerationRequest) -> SyncHandle:
         """Queues ``request`` (FIFO behind those added before); ``max_tokens == 0`` finishes
@@ -143,12 +112,7 @@ class SyncEngine(PromptOperations):
             raise ValueError(f"a request with id {request.request_id!r} is already in flight")
         handle = SyncHandle(request)
         self._in_flight[request.request_id] = handle
-        sequence = Sequence(
-            request=request,
-            emit=functools.partial(self._deliver, handle),
-            text=TextAssembler(request.stop.stop_strings),
-        )
-        self.scheduler.add(sequence)
+        self.scheduler.add(self.new_sequence(request, functools.partial(self._deliver, handle)))
         return handle
 
     def step(self) -> None:
@@ -190,15 +154,22 @@ class SyncEngine(PromptOperations):
         self.scheduler.finish_all(FinishReason.CANCELLED)
 
     def _run(self, scheduled: ScheduledStep) -> None:
+        """The step, then its output applied whole (``EngineCore``'s failure rule); the caller
+        gets a failure as ``ModelStepError`` (not logged here: it decides)."""
         self.num_model_steps += 1
         try:
             output = self.model.step(scheduled.batch)
-            self.scheduler.apply(scheduled, output)
         except Exception as exc:
-            # Not logged here: the caller gets the exception and decides (raise, or log and go on).
-            self.scheduler.fail(scheduled, MODEL_FAILED)
-            request_ids = tuple(seq.request_id for seq in scheduled.sequences)
-            raise ModelStepError(self.num_model_steps, request_ids, exc) from exc
+            self.fail_step(scheduled)
+            raise self._step_error(scheduled, exc) from exc
+        failure = self.advance_or_fail(scheduled, output)
+        if failure is not None:
+            raise self._step_error(scheduled, failure) from failure
+        self.scheduler.emit_text(step_in_flight=False)
+
+    def _step_error(self, scheduled: ScheduledStep, cause: Exception) -> ModelStepError:
+        request_ids = tuple(seq.request_id for seq in scheduled.sequences)
+        return ModelStepError(self.num_model_steps, request_ids, cause)
 
     def _deliver(self, handle: SyncHandle, event: StreamEvent) -> None:
         if isinstance(event, FinalEvent):

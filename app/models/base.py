@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -208,7 +208,7 @@ class StepRow:
             at each of the row's last ``num_draft_tokens + 1`` positions in order, one random
             draw per position, and stops at the first sample that differs from the drafted
             token after it; it keeps ``[0, position + 1 + accepted)`` of the row (the rest is
-            rolled back) and reports ``StepOutput.num_accepted``. 0: an ordinary row.
+            rolled back) and reports ``RowOutput.num_accepted``. 0: an ordinary row.
     """
 
     slot: int
@@ -272,46 +272,17 @@ class StepBatch:
         return StepBatch(tuple(row for row in self.rows if not row.inert))
 
     def expand(self, output: StepOutput) -> StepOutput:
-        """Aligns ``output`` of ``compacted()`` with these rows: None (and no error) for
-        every inert row.
+        """Aligns ``output`` of ``compacted()`` with these rows: an empty ``RowOutput`` (no
+        token, no error) for every inert row.
 
         Raises:
             ValueError: ``output`` does not have one result per live row.
         """
-        live = [index for index, row in enumerate(self.rows) if not row.inert]
-        if len(output.next_token_ids) != len(live):
-            raise ValueError(f"{len(output.next_token_ids)} results for {len(live)} live rows")
-        tokens: list[int | None] = [None] * len(self.rows)
-        errors: list[str | None] = [None] * len(self.rows)
-        logprobs: list[TokenLogprobs | None] = [None] * len(self.rows)
-        row_errors = output.row_errors or (None,) * len(live)
-        row_logprobs = output.logprobs or (None,) * len(live)
-        for index, token, error, logprob in zip(
-            live, output.next_token_ids, row_errors, row_logprobs, strict=True
-        ):
-            tokens[index] = token
-            errors[index] = error
-            logprobs[index] = logprob
-        prompt: list[tuple[TokenLogprobs | None, ...] | None] = [None] * len(self.rows)
-        for index, entries in zip(live, output.prompt_logprobs or (None,) * len(live), strict=True):
-            prompt[index] = entries
-        accepted = [0] * len(self.rows)
-        draft_logprobs: list[tuple[TokenLogprobs, ...] | None] = [None] * len(self.rows)
-        for index, count, entries in zip(
-            live,
-            output.num_accepted or (0,) * len(live),
-            output.draft_logprobs or (None,) * len(live),
-            strict=True,
-        ):
-            accepted[index], draft_logprobs[index] = count, entries
-        return StepOutput(
-            tuple(tokens),
-            tuple(errors) if output.row_errors else None,
-            tuple(logprobs) if output.logprobs else None,
-            tuple(prompt) if output.prompt_logprobs else None,
-            tuple(accepted) if output.num_accepted else None,
-            tuple(draft_logprobs) if output.draft_logprobs else None,
-        )
+        live = iter(output.rows)
+        num_live = sum(not row.inert for row in self.rows)
+        if len(output.rows) != num_live:
+            raise ValueError(f"{len(output.rows)} results for {num_live} live rows")
+        return StepOutput(tuple(_INERT_OUTPUT if row.inert else next(live) for row in self.rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,36 +302,57 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """The result of one step, aligned with ``StepBatch.rows``.
+class RowOutput(NamedTuple):
+    """What one row of a step produced (immutable; a named tuple, cheap to build per row).
 
-    ``next_token_ids[i]`` is the sampled token of row ``i``, or None when that row did not ask
-    for one (``sample=False``) or failed.
-
-    ``row_errors`` lets a model that can tell which rows failed say so: ``row_errors[i]`` is a
-    client-safe message for a failed row ``i`` (its token is ignored and the request ends with
-    an error), None for a row that succeeded. A model that cannot tell raises from ``step``
-    instead, which fails every row of the step.
-
-    ``logprobs[i]`` is row ``i``'s :class:`TokenLogprobs` when its sampling asked for them
-    (``SamplingParams.logprobs``), else None; ``logprobs`` itself is None when no row asked.
-    ``prompt_logprobs[i]``: for a prompt chunk of a request with ``prompt_logprobs``, one
-    entry per token of the chunk (None for the prompt's first token), else None.
-
-    Speculative decoding (rows with ``num_draft_tokens``): ``num_accepted[i]`` is how many of
-    row ``i``'s drafted tokens were accepted (0 for other rows; ``num_accepted`` itself is None
-    when no row drafted): the row's output is ``draft_token_ids[:num_accepted[i]]`` followed by
-    ``next_token_ids[i]``. ``draft_logprobs[i]``: the logprobs of those accepted drafted
-    tokens, when the row asked for logprobs (``logprobs[i]`` stays the last token's).
+    Attributes:
+        token_id: the sampled token, or None when the row did not ask for one
+            (``sample=False``), is inert, or failed.
+        error: a client-safe message when this row failed (its token is ignored and the
+            request ends with an error); None for a row that succeeded. A model that cannot
+            tell which rows failed raises from ``step`` instead, failing every row.
+        logprobs: the sampled token's :class:`TokenLogprobs` when the row's sampling asked
+            for them (``SamplingParams.logprobs``), else None.
+        prompt_logprobs: for a prompt chunk of a request with ``prompt_logprobs``, one entry
+            per token of the chunk (None for the prompt's first token), else None.
+        num_accepted: speculative decoding (a row with ``num_draft_tokens``): how many of its
+            drafted tokens were accepted; the row's output is then
+            ``draft_token_ids[:num_accepted]`` followed by ``token_id``. 0 for other rows.
+        draft_logprobs: the logprobs of those accepted drafted tokens, when the row asked for
+            logprobs (``logprobs`` stays the last token's), else None.
     """
 
-    next_token_ids: tuple[int | None, ...]
-    row_errors: tuple[str | None, ...] | None = None
-    logprobs: tuple[TokenLogprobs | None, ...] | None = None
-    prompt_logprobs: tuple[tuple[TokenLogprobs | None, ...] | None, ...] | None = None
-    num_accepted: tuple[int, ...] | None = None
-    draft_logprobs: tuple[tuple[TokenLogprobs, ...] | None, ...] | None = None
+    token_id: int | None = None
+    error: str | None = None
+    logprobs: TokenLogprobs | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    num_accepted: int = 0
+    draft_logprobs: tuple[TokenLogprobs, ...] | None = None
+
+
+_INERT_OUTPUT = RowOutput()
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """The result of one step: ``rows[i]`` is what ``StepBatch.rows[i]`` produced.
+
+    Attributes:
+        rows: one :class:`RowOutput` per row of the step, in the batch's order.
+    """
+
+    rows: tuple[RowOutput, ...]
+
+    @classmethod
+    def of_token_ids(cls, token_ids: Sequence[int | None]) -> StepOutput:
+        """An output of sampled tokens only (None: the row sampled nothing), row by row."""
+        return cls(tuple(RowOutput(token) for token in token_ids))
+
+    @property
+    def next_token_ids(self) -> tuple[int | None, ...]:
+        """Each row's sampled token (None where it sampled none), in row order: a view
+        derived from ``rows``."""
+        return tuple(row.token_id for row in self.rows)
 
 
 class Tokenizer(Protocol):

@@ -34,6 +34,7 @@ import torch
 from app.models.base import (
     NULL_BLOCK,
     ModelCapabilities,
+    RowOutput,
     StepBatch,
     StepOutput,
     StepRow,
@@ -155,7 +156,7 @@ class MockModelRunner:
         max_tokens_per_row: prompt chunk size the scheduler may use.
         eos_one_in: see ``MockModel``.
         fail_every: fault injection: every ``fail_every``-th step raises (0: never). Rows whose
-            prefix contains ``<<fail>>`` fail on their own (``StepOutput.row_errors``).
+            prefix contains ``<<fail>>`` fail on their own (``RowOutput.error``).
         kv_blocks: blocks of ``MOCK_KV_BLOCK_SIZE`` positions in a paged pool, the null block
             included; None: not paged (per-slot prefixes only).
         order: see ``MockModel``.
@@ -250,13 +251,22 @@ class MockModelRunner:
                     accepted[index], token = self._verify(row)
                 mask = row.token_mask
                 result[index] = token if mask is None else _within(mask, token, prefixes[index])
-            drafted = any(row.num_draft_tokens for row in batch.rows)
+            asked = any(row.sampling.logprobs is not None for row in batch.rows)
+            if not asked and not any(row.num_draft_tokens for row in batch.rows):
+                return StepOutput(tuple(map(RowOutput, result, errors)))
             return StepOutput(
-                tuple(result),
-                errors if any(errors) else None,
-                _certain_logprobs(batch, result),
-                num_accepted=tuple(accepted) if drafted else None,
-                draft_logprobs=_certain_draft_logprobs(batch, accepted) if drafted else None,
+                tuple(
+                    RowOutput(
+                        token,
+                        error,
+                        _certain_logprobs(row, token),
+                        num_accepted=count,
+                        draft_logprobs=_certain_draft_logprobs(row, count),
+                    )
+                    for row, token, error, count in zip(
+                        batch.rows, result, errors, accepted, strict=True
+                    )
+                )
             )
 
     def _verify(self, row: StepRow) -> tuple[int, int]:
@@ -305,34 +315,21 @@ class MockModelRunner:
             self._pool[table[block] * MOCK_KV_BLOCK_SIZE + offset] = token
 
 
-def _certain_draft_logprobs(
-    batch: StepBatch, accepted: list[int]
-) -> tuple[tuple[TokenLogprobs, ...] | None, ...] | None:
-    """The accepted drafted tokens' logprobs (certain, as every mock token) for the rows that
-    asked; None when none did."""
-    if not any(row.sampling.logprobs is not None for row in batch.rows):
+def _certain_draft_logprobs(row: StepRow, accepted: int) -> tuple[TokenLogprobs, ...] | None:
+    """The accepted drafted tokens' logprobs (certain, as every mock token) when the row
+    drafted and asked for logprobs, else None."""
+    if row.sampling.logprobs is None or not row.num_draft_tokens:
         return None
+    top = row.sampling.logprobs
     return tuple(
-        None
-        if row.sampling.logprobs is None or not row.num_draft_tokens
-        else tuple(
-            TokenLogprobs(token, 0.0, ((token, 0.0),) if row.sampling.logprobs else ())
-            for token in row.draft_token_ids[:count]
-        )
-        for row, count in zip(batch.rows, accepted, strict=True)
+        TokenLogprobs(token, 0.0, ((token, 0.0),) if top else ())
+        for token in row.draft_token_ids[:accepted]
     )
 
 
-def _certain_logprobs(
-    batch: StepBatch, tokens: list[int | None]
-) -> tuple[TokenLogprobs | None, ...] | None:
+def _certain_logprobs(row: StepRow, token: int | None) -> TokenLogprobs | None:
     """The mock's logprobs: its next token is certain (log-probability 0, the only
-    alternative with any probability), for the rows that asked; None when none did."""
-    if not any(row.sampling.logprobs is not None for row in batch.rows):
+    alternative with any probability), when the row sampled one and asked; else None."""
+    if token is None or row.sampling.logprobs is None:
         return None
-    return tuple(
-        None
-        if token is None or row.sampling.logprobs is None
-        else TokenLogprobs(token, 0.0, ((token, 0.0),) if row.sampling.logprobs else ())
-        for row, token in zip(batch.rows, tokens, strict=True)
-    )
+    return TokenLogprobs(token, 0.0, ((token, 0.0),) if row.sampling.logprobs else ())

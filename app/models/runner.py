@@ -22,6 +22,7 @@ import torch
 from app.models.base import (
     NULL_BLOCK,
     ModelCapabilities,
+    RowOutput,
     StepBatch,
     StepOutput,
     StepRow,
@@ -206,20 +207,19 @@ class ModelRunner:
             # a speculative row keeps its accepted positions; the rest is rolled back
             rejected = row.num_draft_tokens - (sample.num_accepted if sample else 0)
             self._slot_lengths[row.slot] = row.position + len(row.token_ids) - rejected
-        asked = any(s is not None and s.logprobs is not None for s in samples)
-        drafted = any(row.num_draft_tokens for row in rows)
         return StepOutput(
-            tuple(s.token if s is not None else None for s in samples),
-            logprobs=tuple(s.logprobs if s else None for s in samples) if asked else None,
-            prompt_logprobs=(
-                tuple(prompt_logprobs.get(row.slot) for row in rows) if prompt_logprobs else None
-            ),
-            num_accepted=tuple(s.num_accepted if s else 0 for s in samples) if drafted else None,
-            draft_logprobs=(
-                tuple(s.draft_logprobs if s else None for s in samples)
-                if drafted and asked
-                else None
-            ),
+            tuple(
+                RowOutput(prompt_logprobs=prompt_logprobs.get(row.slot))
+                if sample is None
+                else RowOutput(
+                    sample.token,
+                    logprobs=sample.logprobs,
+                    prompt_logprobs=prompt_logprobs.get(row.slot),
+                    num_accepted=sample.num_accepted,
+                    draft_logprobs=sample.draft_logprobs,
+                )
+                for row, sample in zip(rows, samples, strict=True)
+            )
         )
 
     def warm_up(self, max_num_batched_tokens: int) -> WarmUp:

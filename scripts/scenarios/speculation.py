@@ -169,7 +169,7 @@ class TimedSteps:
         if any(len(row.token_ids) != 1 + row.num_draft_tokens for row in batch.rows):
             self.prefill_seconds += time.perf_counter() - started
         self.drafted += sum(row.num_draft_tokens for row in batch.rows)
-        self.accepted += sum(output.num_accepted or ())
+        self.accepted += sum(row.num_accepted for row in output.rows)
         return output
 
     def release(self, slot: int) -> None:

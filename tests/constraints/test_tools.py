@@ -168,7 +168,7 @@ class ScriptedToolModel(MockModelRunner):
             script = SCRIPT.encode()
             tokens.append(script[written] if written < len(script) else MOCK_EOS_TOKEN_ID)
             self._written[row.slot] = written + 1
-        return StepOutput(tuple(tokens))
+        return StepOutput.of_token_ids(tokens)
 
 
 async def test_auto_reads_the_models_tool_call_and_the_result_goes_back():

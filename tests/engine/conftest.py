@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from app.engine.detokenizer import TextAssembler
 from app.engine.metrics import EngineMetrics
+from app.engine.output_processor import RequestOutput
 from app.engine.policy import AdmissionPolicy, ContinuousBatching
 from app.engine.request import (
     FinalEvent,
@@ -71,7 +71,7 @@ class ScriptedModel:
             prompt, generated = self._split(tokens)
             script = self.scripts.get(bytes(prompt), [])
             out.append(script[generated] if generated < len(script) else EOS)
-        return StepOutput(tuple(out))
+        return StepOutput.of_token_ids(out)
 
     def _split(self, tokens: list[int]) -> tuple[list[int], int]:
         matches = [p for p in self.scripts if bytes(tokens[: len(p)]) == p]
@@ -130,9 +130,7 @@ def make_request(
 
 def make_sequence(request: GenerationRequest) -> tuple[EngineSequence, Collected]:
     sink = Collected()
-    return EngineSequence(
-        request=request, emit=sink, text=TextAssembler(request.stop.stop_strings)
-    ), sink
+    return EngineSequence(request=request, output=RequestOutput(request, sink)), sink
 
 
 def make_scheduler(

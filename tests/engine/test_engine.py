@@ -105,13 +105,57 @@ async def test_stop_ends_requests_in_a_step_and_in_the_inbox(gated) -> None:
     running = engine.submit(make_request("r1", "a", max_tokens=3))
     await model.in_step()
     queued = [engine.submit(make_request(f"q{i}", "b", max_tokens=2)) for i in range(3)]
-    await engine.stop()  # while the step is still on the model thread
+    stopping = asyncio.ensure_future(engine.stop())  # while the step is on the model thread
+    await asyncio.sleep(0.05)
+    assert not stopping.done()  # it waits for the step: a release never races a step
+    model.let_go(every_step=True)
+    await asyncio.wait_for(stopping, STEP_WAIT_S)
     for handle in (running, *queued):
         final = await asyncio.wait_for(handle.result(), STEP_WAIT_S)
         assert final.finish_reason is FinishReason.CANCELLED, handle.request_id
     assert engine.state is EngineState.STOPPED and engine.num_in_flight == 0
     with pytest.raises(EngineUnavailable):
         engine.submit(make_request("late", "c"))
+
+
+class ReleaseRecordingModel(GatedModel):
+    """A gated model that records every ``release`` made while one of its steps runs."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, **kwargs) -> None:
+        super().__init__(loop, **kwargs)
+        self.in_model_step = threading.Event()
+        self.released_during_a_step: list[int] = []
+
+    def step(self, batch: StepBatch) -> StepOutput:
+        self.in_model_step.set()
+        try:
+            return super().step(batch)
+        finally:
+            self.in_model_step.clear()
+
+    def release(self, slot: int) -> None:
+        if self.in_model_step.is_set():
+            self.released_during_a_step.append(slot)
+        super().release(slot)
+
+
+async def test_stop_waits_for_the_step_before_releasing_its_slots() -> None:
+    """Found: ``stop`` cancelled the loop and released every slot while the step it left still
+    ran on the model thread (``Model``: ``step`` never runs concurrently with ``release``)."""
+    model = ReleaseRecordingModel(asyncio.get_running_loop(), max_num_seqs=2)
+    engine = AsyncEngine(model)
+    await engine.start()
+    handles = [engine.submit(make_request(f"r{i}", "a", max_tokens=3)) for i in range(2)]
+    await model.in_step()  # held on the model thread
+    stopping = asyncio.ensure_future(engine.stop())
+    await asyncio.sleep(0.05)  # the old order released both slots here, during the step
+    model.let_go(every_step=True)
+    await asyncio.wait_for(stopping, STEP_WAIT_S)
+    assert model.released_during_a_step == []
+    assert sorted(model.released) == [0, 1]  # released once the step returned
+    for handle in handles:
+        final = await asyncio.wait_for(handle.result(), STEP_WAIT_S)
+        assert final.finish_reason is FinishReason.CANCELLED
 
 
 async def test_loop_failure_ends_the_scheduled_the_queued_and_the_one_being_applied(
@@ -154,6 +198,32 @@ async def test_a_failing_step_fails_its_rows_and_the_loop_goes_on(gated, monkeyp
     assert final.finish_reason is FinishReason.ERROR
     assert final.error == "the model failed on this request"
     monkeypatch.undo()
+    second = engine.submit(make_request("r2", "b", max_tokens=2))
+    model.let_go(every_step=True)
+    assert (await asyncio.wait_for(second.result(), STEP_WAIT_S)).token_ids == (4, 5)
+    assert engine.is_alive
+
+
+async def test_an_output_that_fails_to_apply_fails_its_rows_and_the_loop_goes_on(
+    gated, monkeypatch
+) -> None:
+    """One failure rule for both drivers (``EngineCore``): any error while applying a step's
+    output fails that step's rows, as in ``SyncEngine``; it used to end the loop here unless it
+    was a ValueError."""
+    engine, model = gated
+    first = engine.submit(make_request("r1", "a", max_tokens=3))
+    await model.in_step()
+    advance = engine.scheduler.advance
+
+    def failing_advance(step, output) -> None:
+        raise RuntimeError("applying failed")
+
+    monkeypatch.setattr(engine.scheduler, "advance", failing_advance)
+    model.let_go()
+    final = await asyncio.wait_for(first.result(), STEP_WAIT_S)
+    assert final.finish_reason is FinishReason.ERROR
+    assert final.error == "the model failed on this request"
+    monkeypatch.setattr(engine.scheduler, "advance", advance)
     second = engine.submit(make_request("r2", "b", max_tokens=2))
     model.let_go(every_step=True)
     assert (await asyncio.wait_for(second.result(), STEP_WAIT_S)).token_ids == (4, 5)

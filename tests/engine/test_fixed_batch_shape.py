@@ -12,7 +12,7 @@ from app.engine.engine import AsyncEngine
 from app.engine.metrics import EngineMetrics
 from app.engine.policy import ContinuousBatching, StaticBatching
 from app.engine.scheduler import Scheduler
-from app.models.base import StepBatch, StepOutput, StepRow
+from app.models.base import RowOutput, StepBatch, StepOutput, StepRow
 from app.models.mock import MockModelRunner
 from tests.engine.conftest import ScriptedModel, make_request, make_scheduler, make_sequence
 
@@ -45,11 +45,8 @@ class FixedShapeScripted:
         self.steps.append(batch)
         live = self.inner.step(batch.compacted())
         tokens = batch.expand(live).next_token_ids
-        return StepOutput(
-            tuple(
-                POISON if row.inert else token
-                for row, token in zip(batch.rows, tokens, strict=True)
-            )
+        return StepOutput.of_token_ids(
+            [POISON if row.inert else token for row, token in zip(batch.rows, tokens, strict=True)]
         )
 
     def release(self, slot: int) -> None:
@@ -195,12 +192,12 @@ def test_expand_aligns_tokens_and_errors_with_the_inert_rows():
     live = StepRow(1, (3,), 0, True, StepRow.padding(0).sampling)
     batch = StepBatch((StepRow.padding(0), live, StepRow.padding(2)))
     assert batch.compacted() == StepBatch((live,))
-    assert batch.expand(StepOutput((9,))) == StepOutput((None, 9, None))
-    assert batch.expand(StepOutput((None,), ("bad",))) == StepOutput(
-        (None, None, None), (None, "bad", None)
+    assert batch.expand(StepOutput.of_token_ids((9,))) == StepOutput.of_token_ids((None, 9, None))
+    assert batch.expand(StepOutput((RowOutput(error="bad"),))) == StepOutput(
+        (RowOutput(), RowOutput(error="bad"), RowOutput())
     )
     with pytest.raises(ValueError, match="2 results for 1 live rows"):
-        batch.expand(StepOutput((1, 2)))
+        batch.expand(StepOutput.of_token_ids((1, 2)))
 
 
 def test_mock_runner_leaves_inert_slots_alone():

@@ -5,7 +5,7 @@ yield through the callback it is handed (the scheduler's ``_preempt``)."""
 from __future__ import annotations
 
 from app.engine.kv_admission import KVAdmission
-from app.engine.kv_blocks import PREFIX_IN_FLIGHT, BlockManager
+from app.engine.kv_blocks import PREFIX_IN_FLIGHT, Admission, AdmitOutcome, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.request import Sequence, SequenceStatus
 from tests.engine.conftest import make_request, make_sequence
@@ -27,7 +27,7 @@ def _counter(metrics: EngineMetrics, name: str) -> float:
 def _running(kv: KVAdmission, name: str, prompt: bytes, admitted_at: float) -> Sequence:
     """A sequence admitted, its prompt computed, one token sampled: decoding."""
     seq, _ = make_sequence(make_request(name, prompt))
-    assert kv.admit(seq) == 0
+    assert kv.admit(seq) == Admission(AdmitOutcome.ADMITTED, 0)
     seq.status = SequenceStatus.RUNNING
     seq.admitted_at = admitted_at
     seq.num_computed_tokens = len(prompt)
@@ -38,7 +38,7 @@ def _running(kv: KVAdmission, name: str, prompt: bytes, admitted_at: float) -> S
 def test_admission_counts_the_prefix_cache_and_reuses_what_was_committed() -> None:
     kv, metrics = _kv(usable_blocks=8)
     first, _ = make_sequence(make_request("a", b"abcdefghi"))  # 9 tokens: 3 blocks
-    assert kv.admit(first) == 0
+    assert kv.admit(first) == Admission(AdmitOutcome.ADMITTED, 0)
     assert kv.blocks.table(first) and len(kv.blocks.table(first)) == 3
     assert _counter(metrics, "slotserve_prefix_cache_queries_total") == 9
     assert _counter(metrics, "slotserve_prefix_cache_hits_total") == 0
@@ -51,7 +51,7 @@ def test_admission_counts_the_prefix_cache_and_reuses_what_was_committed() -> No
     first.num_computed_tokens = 9
     kv.commit_filled(first, 9)
     assert kv.blocks.num_cached_blocks == 2  # the two full blocks; the third holds one token
-    assert kv.admit(second) == 2 * BS
+    assert kv.admit(second) == Admission(AdmitOutcome.ADMITTED, 2 * BS)
     assert _counter(metrics, "slotserve_prefix_cache_queries_total") == 18
     assert _counter(metrics, "slotserve_prefix_cache_hits_total") == 8
     kv.free(first)
@@ -63,7 +63,7 @@ def test_admission_counts_the_prefix_cache_and_reuses_what_was_committed() -> No
 def test_commit_only_when_the_step_crossed_a_block_boundary() -> None:
     kv, _ = _kv(usable_blocks=8)
     seq, _ = make_sequence(make_request("a", b"abcdefghijkl"))  # 12 tokens
-    assert kv.admit(seq) == 0
+    assert kv.admit(seq) == Admission(AdmitOutcome.ADMITTED, 0)
     for computed, new_tokens, cached in ((3, 3, 0), (5, 2, 1), (7, 2, 1), (8, 1, 2), (12, 4, 3)):
         seq.num_computed_tokens = computed
         kv.commit_filled(seq, new_tokens)
@@ -94,7 +94,8 @@ def test_growth_makes_the_newest_running_sequence_yield() -> None:
 def test_a_sequence_that_is_itself_the_newest_yields_itself() -> None:
     kv, _ = _kv(usable_blocks=3)
     other, _ = make_sequence(make_request("other", b"0123456"))
-    assert kv.admit(other) == 0  # 2 blocks, held by a sequence that is not running
+    # 2 blocks, held by a sequence that is not running
+    assert kv.admit(other) == Admission(AdmitOutcome.ADMITTED, 0)
     solo = _running(kv, "solo", b"abcd", admitted_at=1.0)  # the last block
     preempted: list[Sequence] = []
 

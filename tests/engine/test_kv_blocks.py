@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.kv_blocks import SALT_ANY, SALT_EXACT, BlockManager, chain_hashes
+from app.engine.kv_blocks import BlockManager
+from app.engine.kv_hash_chain import SALT_ANY, SALT_EXACT, chain_hashes
 from app.models.base import NULL_BLOCK
 
 BS = 4

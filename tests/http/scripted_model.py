@@ -40,4 +40,4 @@ class ScriptedModel(MockModelRunner):
             script = self.script
             tokens.append(script[written] if written < len(script) else MOCK_EOS_TOKEN_ID)
             self._written[row.slot] = written + 1
-        return StepOutput(tuple(tokens))
+        return StepOutput.of_token_ids(tokens)

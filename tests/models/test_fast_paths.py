@@ -210,12 +210,10 @@ def test_a_mixed_step_equals_separate_steps(
         )
         chunk = StepRow(2, arriving, 0, True, greedy)
         if mixed:
-            out = model.step(StepBatch((*decode_rows, chunk))).logprobs
+            rows = model.step(StepBatch((*decode_rows, chunk))).rows
         else:
-            out = (
-                *model.step(StepBatch(decode_rows)).logprobs,
-                *model.step(StepBatch((chunk,))).logprobs,
-            )
+            rows = (*model.step(StepBatch(decode_rows)).rows, *model.step(StepBatch((chunk,))).rows)
+        out = tuple(row.logprobs for row in rows)
         for slot in (0, 1, 2):
             model.release(slot)
         assert out is not None and all(entry is not None for entry in out)

@@ -37,7 +37,7 @@ class CountingDrafts:
 
     def step(self, batch: StepBatch) -> StepOutput:
         output = self.runner.step(batch)
-        self.accepted += sum(output.num_accepted or ())
+        self.accepted += sum(row.num_accepted for row in output.rows)
         return output
 
     def release(self, slot: int) -> None:

@@ -100,7 +100,7 @@ class ScriptedChatModel:
                 tokens.append(next(answer, MOCK_EOS_TOKEN_ID))
             if self.step_ms > 0:
                 time.sleep(self.step_ms / 1000.0)
-            return StepOutput(tuple(tokens))
+            return StepOutput.of_token_ids(tokens)
 
     def release(self, slot: int) -> None:
         with self._lock:
