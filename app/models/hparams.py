@@ -141,8 +141,13 @@ class HParams:
         post_norms: each block also RMS-normalises the attention output and the MLP output
             before their residual adds (Gemma's four norms per block).
         embedding_scale: the token embedding rows are multiplied by this (Gemma:
-            ``sqrt(embedding_length)``, rounded to the model dtype as transformers does), or
-            None.
+            ``sqrt(embedding_length)``), or None.
+        embedding_scale_rounded: the scale is rounded to the model dtype first, as
+            transformers does (HF checkpoints); false: the product is taken in float32 and
+            rounded once, as llama.cpp does (``ggml_scale`` by ``sqrtf(n_embd)``; GGUF files).
+            In bfloat16 the rounded scale is 25.25 for 25.30 (Gemma 3 270M): on the real file
+            that alone moved a decode logit gap against llama.cpp's from -0.01 to +0.21
+            (llama.cpp: +0.25).
         attention_scale: the factor of the attention scores; None: ``1 / sqrt(head_dim)``.
         rope_dims: the leading dimensions of each head that rope rotates (Phi-4-mini's
             ``partial_rotary_factor`` 0.75: 96 of 128), None for all of them.
@@ -169,6 +174,7 @@ class HParams:
     ffn_activation: Activation = Activation.SILU
     post_norms: bool = False
     embedding_scale: float | None = None
+    embedding_scale_rounded: bool = True
     attention_scale: float | None = None
     rope_dims: int | None = None
     experts: Experts | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -85,6 +86,25 @@ def test_hyperparameters_from_both_formats(tiny_checkpoints: TinyCheckpoints) ->
         assert hp.attention_scale == (0.25 if path.is_dir() else None)
         assert hp.ffn_activation is Activation.GELU_TANH
         assert hp.post_norms and hp.qk_norm and hp.tied_embeddings
+
+
+def test_embedding_scale_rounds_as_its_formats_reference(tiny_checkpoints: TinyCheckpoints) -> None:
+    """An HF checkpoint's scale is rounded to the model dtype first (transformers); a GGUF's
+    product is float32, rounded once (llama.cpp). With bfloat16 and sqrt(640) (Gemma 3 270M:
+    25.30, rounded 25.25) the two differ."""
+    embedded = torch.linspace(-3, 3, 640).to(torch.bfloat16)[None, :]
+    scale = math.sqrt(640)
+    results = {}
+    for path in (tiny_checkpoints.hf("gemma3"), tiny_checkpoints.gguf("gemma3")):
+        tensors = open_tensors(path)
+        hp = dataclasses.replace(tensors.hparams, embedding_scale=scale)
+        assert hp.embedding_scale_rounded is path.is_dir()
+        weights = load_weights(tensors, dtype=torch.bfloat16, device=CPU, kernel=LinearKernel.DENSE)
+        model = DecoderModel(hp, weights, max_model_len=8, fused_decode=False)
+        results[path.is_dir()] = model._scaled(embedded)
+    assert torch.equal(results[True], embedded * torch.tensor(scale, dtype=torch.bfloat16))
+    assert torch.equal(results[False], (embedded.float() * scale).to(torch.bfloat16))
+    assert not torch.equal(results[True], results[False])
 
 
 @pytest.mark.parametrize("chunk", [5, 40], ids=["decode-past-window", "prefill-past-window"])

@@ -197,6 +197,7 @@ class GGUFFile:
             embedding_scale=(
                 math.sqrt(embedding_length) if architecture.scaled_embedding else None
             ),
+            embedding_scale_rounded=False,  # llama.cpp's float32 product
             attention_scale=gguf_attention_scale(
                 architecture,
                 block_count=block_count,

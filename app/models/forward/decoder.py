@@ -83,11 +83,16 @@ class DecoderModel:
             if hparams.local_attention is None
             else rope_tables(hparams, max_model_len, dtype=dtype, device=device, local=True)
         )
-        # Gemma: sqrt(hidden) rounded to the model dtype, as transformers' scaled embedding
+        # Gemma: sqrt(hidden), rounded to the model dtype as transformers' scaled embedding
+        # (HF checkpoints), or float32 as llama.cpp's (GGUF files; see _scaled)
         self._embedding_scale = (
             None
             if hparams.embedding_scale is None
-            else torch.tensor(hparams.embedding_scale, dtype=dtype, device=device)
+            else torch.tensor(
+                hparams.embedding_scale,
+                dtype=dtype if hparams.embedding_scale_rounded else torch.float32,
+                device=device,
+            )
         )
         self._activation = ACTIVATIONS[hparams.ffn_activation]
         self._rms_eps = torch.tensor(hparams.rms_norm_eps, dtype=torch.float32, device=device)
@@ -128,9 +133,7 @@ class DecoderModel:
             if layout is not None or self._python_fused:
                 return self._forward_fused_decode(plan, cache, self.fused_decode, layout)
         w, hp = self.weights, self.hparams
-        hidden = w.embedding(plan.token_ids)
-        if self._embedding_scale is not None:
-            hidden = hidden * self._embedding_scale
+        hidden = self._scaled(w.embedding(plan.token_ids))
         ropes = {False: _rope_rows(self._rope_cos, self._rope_sin, plan)}
         local, window_masks = hp.local_attention, None
         if local is not None and self._local_rope is not None:
@@ -204,9 +207,7 @@ class DecoderModel:
         scores = torch.empty((threads, hp.group_size * rows.key_length), dtype=torch.float32)
         hidden = w.embedding(plan.token_ids)
         if layout is not None:  # the loop below, in one C call
-            if self._embedding_scale is not None:
-                hidden = hidden * self._embedding_scale
-            hidden = hidden.contiguous()
+            hidden = self._scaled(hidden).contiguous()
             kernels.decode_layers(
                 layout,
                 hidden,
@@ -259,6 +260,16 @@ class DecoderModel:
             self._layout = (cache, built)
         layout, max_rows = self._layout[1]
         return layout if layout is not None and num_rows <= max_rows else None
+
+    def _scaled(self, embedded: torch.Tensor) -> torch.Tensor:
+        """The embedded tokens ``[N, hidden]`` times the embedding scale (Gemma), in the model
+        dtype: with a float32 scale the product is float32, rounded once."""
+        scale = self._embedding_scale
+        if scale is None:
+            return embedded
+        if scale.dtype == embedded.dtype:
+            return embedded * scale
+        return (embedded.float() * scale).to(embedded.dtype)
 
     def _logits(
         self, hidden: torch.Tensor, plan: ForwardPlan, exact: torch.Tensor | None
