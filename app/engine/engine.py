@@ -21,15 +21,13 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from app.engine.engine_core import EngineCore
 from app.engine.handle import InFlightRequests, RequestHandle
 from app.engine.inbox import Cancel, Command, Inbox, Submit
-from app.engine.metrics import EngineMetrics
 from app.engine.model_thread import ModelThread
-from app.engine.policy import AdmissionPolicy
 from app.engine.request import FinishReason, GenerationRequest
-from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import ScheduledStep
 from app.models.base import Model, StepBatch, StepOutput
 
@@ -82,44 +80,24 @@ class AdmissionLimits:
 class AsyncEngine(EngineCore):
     """Runs continuous batching over ``model`` in one background task.
 
-    Args:
-        model: anything implementing ``app.models.base.Model``.
-        policy: admission policy (continuous by default).
-        max_num_batched_tokens: per-step token budget (decodes + prompt chunks); defaults to
-            ``model.capabilities.default_max_num_batched_tokens``.
-        metrics: where to count; a fresh registry by default.
-        prefix_caching: a paged model reuses cached KV blocks of prompt prefixes
-            (``--no-prefix-caching``: False).
-        speculation: n-gram speculative decoding (``--speculative-ngram``); off by default.
+    Args: :class:`app.engine.engine_core.EngineCore`'s (the model, admission policy, token
+    budget, metrics, prefix caching, speculation, chat template), and
+
         limits: admission limits (queue length and queued prompt tokens).
         model_thread: where ``model.step`` runs; pass the thread the model was loaded on
             (see :mod:`app.engine.model_thread`). A new one by default. The engine shuts it
             down in :meth:`stop`.
-        chat_template: a chat template source that replaces the model's (``--chat-template``).
     """
 
     def __init__(
         self,
         model: Model,
         *,
-        policy: AdmissionPolicy | None = None,
-        max_num_batched_tokens: int | None = None,
-        metrics: EngineMetrics | None = None,
-        prefix_caching: bool = True,
-        speculation: NgramSpeculation = NO_SPECULATION,
         limits: AdmissionLimits | None = None,
         model_thread: ModelThread | None = None,
-        chat_template: str | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            model,
-            policy=policy,
-            max_num_batched_tokens=max_num_batched_tokens,
-            metrics=metrics,
-            prefix_caching=prefix_caching,
-            speculation=speculation,
-            chat_template=chat_template,
-        )
+        super().__init__(model, **options)
         self.limits = limits or AdmissionLimits()
         self.metrics.track_queue(
             waiting=lambda: self.scheduler.num_waiting, running=lambda: self.scheduler.num_running

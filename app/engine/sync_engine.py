@@ -17,12 +17,10 @@ The model should be stepped on the thread that loaded it (one OpenMP team, see
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from app.engine.engine_core import EngineCore
-from app.engine.metrics import EngineMetrics
-from app.engine.policy import AdmissionPolicy
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, StreamEvent
-from app.engine.speculation import NO_SPECULATION, NgramSpeculation
 from app.engine.step_rows import ScheduledStep
 from app.models.base import Model
 
@@ -73,31 +71,17 @@ class SyncHandle:
 class SyncEngine(EngineCore):
     """Runs continuous batching over ``model`` on the caller's thread.
 
-    Args: those of :class:`app.engine.engine_core.EngineCore` (the model, the admission
-    policy, the token budget, metrics, prefix caching, speculation), as ``AsyncEngine``.
+    Args:
+        model: anything implementing ``app.models.base.Model``.
+        options: :class:`app.engine.engine_core.EngineCore`'s keyword arguments (admission
+            policy, token budget, metrics, prefix caching, speculation, chat template).
 
     Attributes:
         num_model_steps: ``model.step`` calls made so far, failed ones included.
     """
 
-    def __init__(
-        self,
-        model: Model,
-        *,
-        policy: AdmissionPolicy | None = None,
-        max_num_batched_tokens: int | None = None,
-        metrics: EngineMetrics | None = None,
-        prefix_caching: bool = True,
-        speculation: NgramSpeculation = NO_SPECULATION,
-    ) -> None:
-        super().__init__(
-            model,
-            policy=policy,
-            max_num_batched_tokens=max_num_batched_tokens,
-            metrics=metrics,
-            prefix_caching=prefix_caching,
-            speculation=speculation,
-        )
+    def __init__(self, model: Model, **options: Any) -> None:
+        super().__init__(model, **options)
         self.num_model_steps = 0
         self._in_flight: dict[str, SyncHandle] = {}
 
