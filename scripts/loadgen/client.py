@@ -101,6 +101,7 @@ class Attempt:
     started_at: float
     chunks: list[Chunk] = field(default_factory=list)
     held_tokens: int = 0  # tokens of events whose text the server held back
+    token_ids: list[int] = field(default_factory=list)
     cancel_requested: bool = False
     cancel_confirmed: bool | None = None  # the DELETE's answer: 200 (True) or not
     final_events: int = 0  # `Completion`s and `Failure`s the server sent
@@ -130,6 +131,7 @@ class Attempt:
     def add_text(self, delta: TextDelta, at: float) -> None:
         if self.outcome is not None:
             return
+        self.token_ids.extend(delta.token_ids)
         if delta.text:
             self.chunks.append(Chunk(at=at, tokens=delta.tokens + self.held_tokens))
             self.held_tokens = 0
@@ -167,6 +169,7 @@ class Attempt:
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.tokens_received() if output_tokens is None else output_tokens,
             chunks=tuple(self.chunks),
+            token_ids=tuple(self.token_ids),
             final_events=self.final_events,
             cancel_confirmed=self.cancel_confirmed,
             server_request_id=self.server_request_id,

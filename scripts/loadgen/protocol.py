@@ -26,6 +26,7 @@ from loadgen.workload import RequestSpec
 class TextDelta:
     text: str
     tokens: int
+    token_ids: tuple[int, ...] = ()  # where the API sends them (native), else empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +83,9 @@ class NativeFormat:
 
     def decode_response(self, payload: Any) -> tuple[TextDelta, Completion]:
         completion = native_completion(payload)
-        tokens = completion.output_tokens or len(payload.get("token_ids") or ())
-        return TextDelta(payload.get("text") or "", tokens), completion
+        token_ids = tuple(payload.get("token_ids") or ())
+        tokens = completion.output_tokens or len(token_ids)
+        return TextDelta(payload.get("text") or "", tokens, token_ids), completion
 
 
 class NativeStreamDecoder:
@@ -91,8 +93,9 @@ class NativeStreamDecoder:
         payload = json.loads(event.data)
         if event.event == "token":
             token_ids = payload.get("token_ids")
-            tokens = len(token_ids) if isinstance(token_ids, list) else 1
-            return [TextDelta(payload.get("text") or "", tokens)]
+            if not isinstance(token_ids, list):
+                return [TextDelta(payload.get("text") or "", 1)]
+            return [TextDelta(payload.get("text") or "", len(token_ids), tuple(token_ids))]
         if event.event == "done":
             return [native_completion(payload)]
         if event.event == "error":

@@ -52,6 +52,7 @@ class RequestRecord:
     prompt_tokens: int | None = None  # from the server's usage
     output_tokens: int = 0  # the server's usage.completion_tokens, else the tokens counted
     chunks: tuple[Chunk, ...] = ()
+    token_ids: tuple[int, ...] = ()  # the answer's token ids where the API sends them (native)
     final_events: int = 0  # final events the server sent (a whole answer counts one)
     cancel_confirmed: bool | None = None  # the DELETE was answered 200; None: none was sent
     server_request_id: str | None = None  # X-Request-Id of the answer

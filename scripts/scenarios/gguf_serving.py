@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.server import Server, ServerSpec
+from loadgen import Api
 
 from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.tokenizers import load_gguf_tokenizer
 from scenarios.model_serving import (
     READY_TIMEOUT_S,
     HttpSystem,
-    OpenAIEndpoint,
     make_prompt,
     measure_throughput,
     run_wave,
@@ -111,7 +111,7 @@ async def run_gguf_bench(bench: GGUFBench) -> dict:
                 f"RSS {report[name]['rss_after_load_mib']} MiB",
                 flush=True,
             )
-        systems = [HttpSystem(name, OpenAIEndpoint(s.url)) for name, s in servers.items()]
+        systems = [HttpSystem(name, s.url, Api.OPENAI) for name, s in servers.items()]
         waves = await measure_throughput(systems, bench.sizes, bench.rounds, bench.max_tokens)
         prompt = long_prompt(bench.model, bench.prefill_tokens)
         for name, server in servers.items():
@@ -121,11 +121,10 @@ async def run_gguf_bench(bench: GGUFBench) -> dict:
                 for size, runs in waves[name].items()
             }
             entry["peak_rss_mib"] = round(server.stats.peak_rss_bytes() / MIB, 1)
-            endpoint = OpenAIEndpoint(server.url)
             best = None
             for run in range(2):  # a new first line each time: no cached prefix to reuse
                 unique = f"Run {run} of {name}.\n{prompt}"
-                record = (await run_wave(endpoint, [unique], 1)).streams[0]
+                record = (await run_wave(server.url, Api.OPENAI, [unique], 1)).streams[0]
                 seconds = record.first_token_at - record.sent_at
                 rate = (record.prompt_tokens or 0) / seconds
                 best = rate if best is None else max(best, rate)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.server import running
+from loadgen import Api
 
 from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.load.smollm2 import smollm2_gguf_path
@@ -21,9 +22,7 @@ from app.models.tokenizers import load_gguf_tokenizer
 from scenarios.model_serving import (
     LLAMA_CPP_ISSUE,
     HttpSystem,
-    NativeEndpoint,
-    OpenAIEndpoint,
-    ServerConfig,
+    ServerSetup,
     System,
     Wave,
     fill_every_slot,
@@ -39,7 +38,7 @@ class Comparison:
     """One run: our server's ``configs`` (the first is the default one: TTFT and memory are
     measured on it), waves of ``sizes`` streams, ``rounds`` rounds of ``max_tokens`` tokens."""
 
-    configs: tuple[ServerConfig, ...]
+    configs: tuple[ServerSetup, ...]
     sizes: tuple[int, ...]
     rounds: int
     max_tokens: int
@@ -66,11 +65,11 @@ def run_comparison(comparison: Comparison) -> dict:
         for config in configs:
             spec = config.spec(max_num_seqs=max(sizes), max_model_len=2048, threads=threads)
             our_servers[config.name] = server = servers.enter_context(running(spec, log_dir))
-            systems.append(HttpSystem(config.name, NativeEndpoint(server.url)))
+            systems.append(HttpSystem(config.name, server.url))
         if comparison.llama_server:
             spec = llama_server_spec(comparison.llama_server, parallel=max(sizes), threads=threads)
             llama = servers.enter_context(running(spec, log_dir))
-            systems.append(HttpSystem("llama.cpp", OpenAIEndpoint(llama.url)))
+            systems.append(HttpSystem("llama.cpp", llama.url, Api.OPENAI))
         systems += [TransformersSystem.load(dtype) for dtype in comparison.hf_dtypes]
         print(f"== throughput: {[s.name for s in systems]}", flush=True)
         waves = asyncio.run(

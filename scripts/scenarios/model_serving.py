@@ -3,32 +3,34 @@
 ``llama-server`` when given its path. The command line, and what it measures in which order, is
 ``scripts/bench_model.py``.
 
-The client is lean on purpose: aiohttp, the raw chunks kept as they come and parsed once the
-stream has ended (``harness.sse.parse_events``), the first token's time taken from the first
-chunk holding a token event. On the 2-core machine the client shares the cores with the server,
-and httpx reading event by event cost ~3x the client CPU of this one per wave (see
-docs/MODEL_PERF.md, "The client's share").
+Every request goes through ``loadgen`` (``run_load``): a wave is an open-loop run at an infinite
+rate (all its streams sent at once), each stream read event by event with httpx-sse; the first
+token's time is that of the first event carrying text. On the 2-core machine the client shares the
+cores with the server: reading event by event costs the client more CPU per wave than keeping raw
+chunks did (docs/MODEL_PERF.md, "The client's share"), the price of one client for every script.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import aiohttp
+import httpx
+from harness.metrics import counter_delta, scrape
 from harness.server import ServerSpec
-from harness.sse import parse_events
 from harness.wait import wait_for
+from loadgen import Api, LoadConfig, LoadResult, Outcome, RequestRecord, RequestSpec, run_load
 
 from app.models.load.smollm2 import smollm2_gguf_path
 from app.models.tokenizers import TextTokenizer
 
 READY_TIMEOUT_S = 300.0  # loading SmolLM2 (and building the fused kernels) on a busy machine
+REQUEST_TIMEOUT_S = 900.0  # a wave of 64 streams of 128 tokens on a busy 2-core machine
 
 # Figures given in the issue for llama.cpp's llama-server on this machine kind (same GGUF,
 # 128 new tokens per request): 1 stream and 16 concurrent streams, aggregate tok/s.
@@ -64,7 +66,7 @@ def make_prompt(index: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StreamRecord:
-    """One streamed request, times in seconds on the client's monotonic clock."""
+    """One streamed request, times in seconds on one clock (a wave's run clock)."""
 
     prompt_tokens: int | None
     completion_tokens: int
@@ -72,6 +74,19 @@ class StreamRecord:
     sent_at: float
     first_token_at: float | None
     done_at: float
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> StreamRecord:
+        """What a wave keeps of a loadgen record (``ended_well``'s)."""
+        ended_well(record)
+        return cls(
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.output_tokens,
+            token_ids=record.token_ids or None,
+            sent_at=record.started_at,
+            first_token_at=record.chunks[0].at if record.chunks else None,
+            done_at=record.finished_at,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,141 +109,62 @@ class Wave:
         return 1000 * statistics.median(ttfts) if ttfts else None
 
 
-class Endpoint(Protocol):
-    """Sends one streamed greedy request and records it."""
+def ended_well(record: RequestRecord) -> RequestRecord:
+    """``record``, once it is known to have ended with a whole answer.
 
-    async def stream(
-        self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
-    ) -> StreamRecord: ...
-
-
-def client_session(connections: int, timeout_s: float = 600) -> aiohttp.ClientSession:
-    """The benchmark's HTTP client. aiohttp (C HTTP parser), as vLLM's serving benchmark uses:
-    on the 2-core machine the client shares the cores with the server, and httpx spent ~4x
-    more CPU per streamed token (1.6 s against 0.4 s for a 64-stream wave), time the server's
-    threads then lost (see docs/MODEL_PERF.md, "The client's share")."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=connections),
-        timeout=aiohttp.ClientTimeout(total=timeout_s),
-    )
+    Raises:
+        RuntimeError: it did not (refused, failed, cut off); the message says how.
+    """
+    if record.outcome is not Outcome.OK:
+        raise RuntimeError(f"request {record.spec.index}: {record.outcome} {record.error}")
+    return record
 
 
-async def read_stream(
-    response: aiohttp.ClientResponse, first_marker: bytes
-) -> tuple[str, float | None]:
-    """The whole body of a streamed ``response`` and when the first chunk holding
-    ``first_marker`` arrived (``time.perf_counter()``; None if none did). Chunks are kept as
-    they come and decoded once at the end: per chunk only a byte search."""
-    first: float | None = None
-    chunks: list[bytes] = []
-    async for chunk in response.content.iter_any():
-        if first is None and first_marker in chunk:
-            first = time.perf_counter()
-        chunks.append(chunk)
-    return b"".join(chunks).decode(), first
-
-
-def greedy_body(prompt: str, max_tokens: int, **fields: object) -> dict[str, object]:
-    """A greedy streamed request that generates exactly ``max_tokens`` tokens."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    return body | {"stream": True} | fields
-
-
-@dataclass(frozen=True, slots=True)
-class TimedStream:
-    """A streamed answer read whole: its text, when it was sent, when the first token came and
-    when it ended (``time.perf_counter()`` seconds)."""
-
-    text: str
-    sent_at: float
-    first_token_at: float | None
-    done_at: float
-
-    @classmethod
-    async def post(
-        cls, http: aiohttp.ClientSession, url: str, body: dict[str, object], first_marker: bytes
-    ) -> TimedStream:
-        sent = time.perf_counter()
-        async with http.post(url, json=body) as response:
-            response.raise_for_status()
-            text, first = await read_stream(response, first_marker)
-        return cls(text, sent, first, time.perf_counter())
-
-    def record(
-        self, prompt_tokens: int | None, completion_tokens: int, token_ids: tuple[int, ...] | None
-    ) -> StreamRecord:
-        return StreamRecord(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            token_ids=token_ids,
-            sent_at=self.sent_at,
-            first_token_at=self.first_token_at,
-            done_at=self.done_at,
+def greedy_specs(
+    prompts: Sequence[str], max_tokens: int, *, stream: bool = True
+) -> list[RequestSpec]:
+    """Greedy requests that generate exactly ``max_tokens`` tokens each, in ``prompts``' order."""
+    tag = secrets.token_hex(4)
+    return [
+        RequestSpec(
+            index=index,
+            request_id=f"bench-{tag}-{index}",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            cancel_after_tokens=None,
+            stream=stream,
+            ignore_eos=True,
+            temperature=0.0,
         )
+        for index, prompt in enumerate(prompts)
+    ]
 
 
-@dataclass(frozen=True, slots=True)
-class NativeEndpoint:
-    """Our ``POST /generate`` with ``stream: true`` (events ``token`` ... ``done``)."""
-
-    url: str
-
-    async def stream(
-        self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
-    ) -> StreamRecord:
-        body = greedy_body(prompt, max_tokens)
-        answer = await TimedStream.post(http, f"{self.url}/generate", body, b"event: token")
-        token_ids: list[int] = []
-        usage: dict = {}
-        for event in parse_events(answer.text):
-            payload = event.json()
-            if event.event == "token":
-                token_ids.extend(payload["token_ids"])
-            elif event.event == "done":
-                usage = payload["usage"]
-            elif event.event == "error":
-                raise RuntimeError(f"server error: {payload}")
-        return answer.record(usage.get("prompt_tokens"), len(token_ids), tuple(token_ids))
+async def send_all(url: str, api: Api, specs: Sequence[RequestSpec]) -> LoadResult:
+    """``specs`` sent at once (an open loop at an infinite rate) and read to their ends. The
+    OpenAI API (llama.cpp's server) gets ``stream_options.include_usage`` and ``ignore_eos``."""
+    config = LoadConfig(
+        url=url,
+        rate=float("inf"),
+        num_requests=len(specs),
+        api=api,
+        timeout_s=REQUEST_TIMEOUT_S,
+    )
+    return await run_load(config, specs=specs)
 
 
-@dataclass(frozen=True, slots=True)
-class OpenAIEndpoint:
-    """``POST /v1/completions`` streamed (llama.cpp's server): tokens counted from ``usage``
-    when the server sends it, else one per content chunk (llama.cpp sends one per token).
-    The first token's time is that of the first chunk holding a ``"text"``."""
-
-    url: str
-
-    async def stream(
-        self, http: aiohttp.ClientSession, prompt: str, max_tokens: int
-    ) -> StreamRecord:
-        body = greedy_body(prompt, max_tokens, stream_options={"include_usage": True})
-        answer = await TimedStream.post(http, f"{self.url}/v1/completions", body, b'"text"')
-        chunks, usage = 0, None
-        for event in parse_events(answer.text):
-            if event.data.strip() == "[DONE]":
-                continue
-            payload = event.json()
-            if payload.get("usage"):
-                usage = payload["usage"]
-            if any(choice.get("text") for choice in payload.get("choices", ())):
-                chunks += 1
-        completion_tokens = usage["completion_tokens"] if usage else chunks
-        return answer.record(usage and usage.get("prompt_tokens"), completion_tokens, None)
-
-
-async def run_wave(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int) -> Wave:
-    async with client_session(len(prompts) + 4) as http:
-        records = await asyncio.gather(*(endpoint.stream(http, p, max_tokens) for p in prompts))
-    return Wave(tuple(records))
+async def run_wave(url: str, api: Api, prompts: Sequence[str], max_tokens: int) -> Wave:
+    """One stream per prompt, all sent at once."""
+    result = await send_all(url, api, greedy_specs(prompts, max_tokens))
+    return Wave(tuple(StreamRecord.of(record) for record in result.records))
 
 
 # --------------------------------------------------------------------------- server processes
 
 
 @dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """One configuration of our server; ``threads`` None: ``--torch-threads``; ``eager``:
+class ServerSetup:
+    """One setup of our server; ``threads`` None: ``--torch-threads``; ``eager``:
     ``--fused-decode false``."""
 
     dtype: str
@@ -237,7 +173,7 @@ class ServerConfig:
     eager: bool = False
 
     @classmethod
-    def parse(cls, spec: str) -> ServerConfig:
+    def parse(cls, spec: str) -> ServerSetup:
         """``dtype:quantization[:threads][:eager]``."""
         dtype, quantization, *rest = spec.split(":")
         eager = bool(rest) and rest[-1] == "eager"
@@ -257,32 +193,18 @@ class ServerConfig:
     def spec(
         self, *, max_num_seqs: int, max_model_len: int, threads: int, extra: Sequence[str] = ()
     ) -> ServerSpec:
-        """Our server in this configuration (the harness adds ``--port``)."""
-        argv = [
-            sys.executable,
-            "-m",
-            "app",
-            "serve",
-            "--model",
-            "smollm2",
-            "--max-num-seqs",
-            str(max_num_seqs),
-            "--max-model-len",
-            str(max_model_len),
-            "--dtype",
-            self.dtype,
+        """Our server in this setup (the harness adds ``--port``)."""
+        flags = ["--model", "smollm2", "--max-num-seqs", str(max_num_seqs)]
+        flags += ["--max-model-len", str(max_model_len), "--dtype", self.dtype]
+        flags += [
             "--quantization",
             self.quantization,
             "--torch-threads",
             str(self.threads or threads),
-            "--device",
-            "cpu",
-            "--log-level",
-            "warning",
-            *(("--fused-decode", "false") if self.eager else ()),
-            *extra,
         ]
-        return ServerSpec(self.name.replace(" ", "-"), tuple(argv), ready_timeout_s=READY_TIMEOUT_S)
+        flags += ["--device", "cpu", *extra]
+        flags += ["--fused-decode", "false"] if self.eager else []
+        return ServerSpec.app(self.name.replace(" ", "-"), *flags, ready_timeout_s=READY_TIMEOUT_S)
 
 
 def llama_server_spec(path: str, *, parallel: int, threads: int) -> ServerSpec:
@@ -305,10 +227,12 @@ class HttpSystem:
     """A server: ``size`` concurrent streams of the first ``size`` prompts."""
 
     name: str
-    endpoint: Endpoint
+    url: str
+    api: Api = Api.NATIVE
 
     async def wave(self, size: int, max_tokens: int) -> Wave:
-        return await run_wave(self.endpoint, [make_prompt(i) for i in range(size)], max_tokens)
+        prompts = [make_prompt(i) for i in range(size)]
+        return await run_wave(self.url, self.api, prompts, max_tokens)
 
 
 async def measure_throughput(
@@ -334,32 +258,53 @@ async def measure_throughput(
 
 # --------------------------------------------------------------------------- TTFT under load
 
+BACKGROUND_STREAMS = 15
+BACKGROUND_TOKENS = 200
+DECODING_TOKENS = 4  # each background stream has generated this many before the probe
+
 
 async def ttft_under_load(url: str, *, repeats: int, prompt: str) -> dict[str, float]:
-    """15 streams decoding; the 100-token ``prompt`` arrives; its TTFT vs on the idle server."""
-    endpoint = NativeEndpoint(url)
-    async with client_session(32) as http:
-        idle = [await endpoint.stream(http, prompt, 1) for _ in range(repeats + 1)][1:]
-        loaded: list[StreamRecord] = []
-        step_ms: list[float] = []
+    """15 streams decoding; the 100-token ``prompt`` arrives; its TTFT vs on the idle server.
+
+    The decode step is the median gap between the background streams' token events within a
+    second of the probe. The probe and the background are two loadgen runs, each on its own
+    clock; their offset is taken from ``time.perf_counter`` around their starts (a
+    millisecond's error against that second).
+    """
+    idle = [await _probe(url, prompt) for _ in range(repeats + 1)][1:]
+    loaded: list[StreamRecord] = []
+    step_ms: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as metrics_http:
         for _ in range(repeats):
-            token_times: list[list[float]] = [[] for _ in range(15)]
-            background = [
-                asyncio.create_task(_record_token_times(http, url, make_prompt(i), 200, times))
-                for i, times in enumerate(token_times)
-            ]
-            await wait_for(  # all 15 are decoding
-                lambda streams=token_times: min(len(times) for times in streams) >= 4,
-                READY_TIMEOUT_S,
-            )
-            record = await endpoint.stream(http, prompt, 1)
+            before = await scrape(metrics_http)
+            prompts = [make_prompt(i) for i in range(BACKGROUND_STREAMS)]
+            specs = greedy_specs(prompts, BACKGROUND_TOKENS)
+            background_origin = time.perf_counter()
+            background = asyncio.create_task(send_all(url, Api.NATIVE, specs))
+
+            async def all_decoding(before=before) -> bool:
+                now = await scrape(metrics_http)
+                first_tokens = now.histogram("slotserve_time_to_first_token_seconds").count
+                first_tokens -= before.histogram("slotserve_time_to_first_token_seconds").count
+                generated = counter_delta(before, now, "slotserve_generated_tokens_total")
+                return (
+                    first_tokens >= BACKGROUND_STREAMS
+                    and generated >= BACKGROUND_STREAMS * DECODING_TOKENS
+                )
+
+            await wait_for(all_decoding, READY_TIMEOUT_S, poll_s=0.05, what="15 streams decoding")
+            probe_origin = time.perf_counter()
+            record = await _probe(url, prompt)
             loaded.append(record)
-            await asyncio.gather(*background)
-            for times in token_times:  # the background streams' steps around the arrival
+            result = await background
+            offset = probe_origin - background_origin  # probe clock -> background clock
+            window = (record.sent_at + offset - 1.0, record.done_at + offset + 1.0)
+            for background_record in map(ended_well, result.records):
+                times = [chunk.at for chunk in background_record.chunks]
                 step_ms.extend(
                     1000 * (b - a)
                     for a, b in zip(times, times[1:], strict=False)
-                    if record.sent_at - 1.0 <= a <= record.done_at + 1.0
+                    if window[0] <= a <= window[1]
                 )
     idle_ms = statistics.median(1000 * (r.first_token_at - r.sent_at) for r in idle)
     loaded_ms = statistics.median(1000 * (r.first_token_at - r.sent_at) for r in loaded)
@@ -374,14 +319,9 @@ async def ttft_under_load(url: str, *, repeats: int, prompt: str) -> dict[str, f
     }
 
 
-async def _record_token_times(
-    http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, times: list[float]
-) -> None:
-    """Appends the arrival time of every token event of one greedy stream to ``times``."""
-    async with http.post(f"{url}/generate", json=greedy_body(prompt, max_tokens)) as response:
-        async for chunk in response.content.iter_any():
-            now = time.perf_counter()
-            times.extend([now] * chunk.count(b"event: token"))
+async def _probe(url: str, prompt: str) -> StreamRecord:
+    """One streamed request for a single token: its TTFT is its prefill's time."""
+    return (await run_wave(url, Api.NATIVE, [prompt], 1)).streams[0]
 
 
 # --------------------------------------------------------------------------- memory
@@ -395,12 +335,7 @@ async def fill_every_slot(url: str, tokenizer: TextTokenizer, *, slots: int, con
     while len(tokenizer.encode(prompt)) > context - 8:
         prompt = prompt[:-20]
     max_tokens = context - len(tokenizer.encode(prompt))
-    body = greedy_body(prompt, max_tokens, stream=False)
-
-    async def one(http: aiohttp.ClientSession) -> None:
-        async with http.post(f"{url}/generate", json=body) as response:
-            response.raise_for_status()
-            await response.read()
-
-    async with client_session(slots + 4, timeout_s=900) as http:
-        await asyncio.gather(*(one(http) for _ in range(slots)))
+    specs = greedy_specs([prompt] * slots, max_tokens, stream=False)
+    result = await send_all(url, Api.NATIVE, specs)
+    for record in result.records:
+        ended_well(record)

@@ -47,6 +47,7 @@ import httpx
 from harness.cluster import local_cluster
 from harness.metrics import Metrics
 from harness.router import routed_cluster
+from harness.sse import EventStream
 from loadgen.stats import percentile
 
 SETUPS = ("router", "nginx", "nginx-sticky", "router-round-robin", "sglang-router")
@@ -285,10 +286,10 @@ async def stream_turn(
     sent_at = time.perf_counter()
     async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as reply:
         reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: {"):
+        async for event in EventStream(reply):
+            if not event.data.startswith("{"):
                 continue
-            text = httpx.Response(200, content=line[6:]).json()["choices"][0]["text"]
+            text = event.json()["choices"][0]["text"]
             if text and first_at is None:
                 first_at = time.perf_counter()
             pieces.append(text)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from harness.edge_conf import COMPOSE_ROUTER_SERVICE, ROUTER_PORT
 from harness.metrics import Metrics
 from harness.router import RoutedCluster, find_router, routed_cluster, router_spec
 from harness.server import free_port, running
+from harness.sse import parse_events
 from harness.wait import wait_for
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -105,7 +105,7 @@ async def test_a_cancel_through_the_edge_reaches_the_replica_holding_it(cluster)
         metrics = await scrape_all(http, cluster)
     assert again.status_code == 404 and again.json()["error"]["type"] == "not_found"
     for text in texts:
-        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        chunks = [event.json() for event in parse_events(text) if event.data.startswith("{")]
         finish = [c["finish_reason"] for chunk in chunks for c in chunk["choices"]]
         assert finish[-1] == "cancelled", finish[-3:]
     assert all(m.value("vllm:num_requests_running") == 0 for m in metrics.values())

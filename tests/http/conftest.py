@@ -83,6 +83,20 @@ async def app_client(
             yield client
 
 
+SMOLLM2_SLOTS = 11  # test_smollm2_http's crowd of ten and its seeded request
+
+
+@pytest.fixture(scope="session")
+def smollm2_runner():
+    """SmolLM2 (float32, 11 slots of 512 positions) loaded once for the HTTP tests that serve
+    it in-process (test_smollm2_http, test_prefix_cache_http, test_reasoning): each app they
+    build over it releases its slots when it stops, and the prefix cache is the engine's, so
+    nothing carries from one app to the next."""
+    from app.models.load.plan import load_checkpoint
+
+    return load_checkpoint("smollm2", max_num_seqs=SMOLLM2_SLOTS, max_model_len=512)
+
+
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     async with app_client() as c:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from app.models.load.plan import load_checkpoint
 from tests.http.conftest import app_client, metric_value, mock_config
 
 PREFIX = "You are a terse assistant. Reply with one word, never more, whatever is asked. " * 2
@@ -32,11 +31,6 @@ async def test_a_shared_prefix_is_hit_and_no_block_stays_held() -> None:
     assert queries == 3 * (len(PREFIX.encode()) + 2)
     assert hits == 2 * full
     assert usage == 0.0
-
-
-@pytest.fixture(scope="module")
-def smollm2_runner():
-    return load_checkpoint("smollm2", max_num_seqs=4, max_model_len=256)
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from app.api.reasoning import ReasoningParser, ReasoningSplit, ReasoningSplitter
 from app.api.server import create_app
 from app.engine.chat_template import CHATML_TEMPLATE
-from app.models.load.plan import load_checkpoint
 from tests.http.conftest import mock_config
 from tests.http.scripted_model import ScriptedModel
 
@@ -202,11 +201,11 @@ def test_chat_template_file_is_checked(tmp_path):
 
 
 @pytest.mark.slow
-async def test_smollm2_with_a_chat_template_that_opens_the_block(tmp_path):
+async def test_smollm2_with_a_chat_template_that_opens_the_block(tmp_path, smollm2_runner):
     template = tmp_path / "think.jinja"
     template.write_text(THINK_TEMPLATE)
-    runner = load_checkpoint("smollm2", max_num_seqs=2, max_model_len=512)
-    app = create_app(mock_config(max_num_seqs=2, chat_template=str(template)), model=runner)
+    config = mock_config(max_num_seqs=2, chat_template=str(template))
+    app = create_app(config, model=smollm2_runner)
     with serve_in_thread(app) as server:
         client = _openai(server.url)
         request = {"model": "smollm2", "messages": ASK, "max_tokens": 40, "temperature": 0}

@@ -6,15 +6,9 @@ import asyncio
 
 import pytest
 
-from app.models.load.plan import load_checkpoint
 from tests.http.conftest import app_client, mock_config, wait_for_queue
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def smollm2_runner():
-    return load_checkpoint("smollm2", max_num_seqs=11, max_model_len=256)
 
 
 async def test_greedy_answer_mentions_paris(smollm2_runner):

@@ -11,8 +11,8 @@ from app.engine.chat_template import (
     ChatTemplate,
     ChatTemplateError,
 )
-from app.models.load.smollm2 import smollm2_gguf_path
 from app.models.mock import ByteTokenizer
+from tests.checkpoints import smollm2_transformers_tokenizer
 from tests.http.conftest import app_client, mock_config
 
 CONVERSATION = (
@@ -93,19 +93,15 @@ def test_template_refusal_and_sandbox():
 # --------------------------------------------------------------------------- the real model
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from app.models.load.plan import load_checkpoint
-
-    return load_checkpoint("smollm2", max_num_seqs=2, max_model_len=512)
+@pytest.fixture
+def smollm2(runner):
+    """The session's SmolLM2 (``tests/models/conftest.py``), not a load of its own."""
+    return runner
 
 
 @pytest.mark.slow
 def test_gguf_template_renders_like_transformers(smollm2):
-    from transformers import AutoTokenizer
-
-    path = smollm2_gguf_path()
-    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    reference = smollm2_transformers_tokenizer()  # converted from the GGUF once per session
     template = ChatTemplate.of(smollm2.tokenizer)
     assert template.from_model and template.source == reference.chat_template
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import gguf
 import pytest
 import torch
 
@@ -21,9 +24,20 @@ def hf_model():
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
     path = smollm2_gguf_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
+    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
+    original = gguf.GGUFReader
+
+    def read_once(file, mode="r"):  # transformers opens the file twice (config, then weights)
+        key = (str(Path(file).resolve()), mode)
+        if key not in readers:
+            readers[key] = original(file, mode)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:  # gguf-py spends ~7 s on each parse
+        patch.setattr(gguf, "GGUFReader", read_once)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
     return model.eval()
 
 

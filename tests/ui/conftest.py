@@ -30,7 +30,7 @@ from tests.ui.scripted_model import ScriptedChatModel
 
 DOM_TIMEOUT_S = 10.0
 DOM_POLL_S = 0.02
-_artifacts: list[Path] = []
+_recorded: list[Path] = []  # by this process's tests, until their reports carry them
 
 
 @dataclass
@@ -106,11 +106,16 @@ def artifacts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def record_artifact(path: Path) -> None:
-    """Lists ``path`` in the run's summary."""
-    _artifacts.append(path)
+    """Lists ``path`` in the run's summary (``tests/conftest.py`` prints it)."""
+    _recorded.append(path)
     print(f"saved {path}")
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for path in _artifacts:
-        terminalreporter.write_line(f"tests/ui artifact: {path}")
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """The test's report carries the artifacts it saved, as ``("artifact", path)`` properties:
+    the report reaches the process that prints the summary, a pytest-xdist worker's too."""
+    outcome = yield
+    report = outcome.get_result()
+    report.user_properties.extend(("artifact", str(path)) for path in _recorded)
+    _recorded.clear()
