@@ -264,6 +264,11 @@ def test_served_tokens_equal_transformers_with_prefix_caching_and_preemption(
     block = kv_block_bytes(roomy.model.hparams, dtype=roomy.model.dtype)
     tiny = load_checkpoint(path, max_num_seqs=3, max_model_len=64, kv_cache_memory=8 * block)
     assert _serve(tiny, prompts, caching=True, sampling=sampling) == expected
+    # the warm-up's chunk step covers a local and the first global layer; the tokens after
+    # a warm-up are transformers' still
+    assert roomy._warm_up_layers() == LOCAL.index(False) + 1
+    roomy.warm_up(roomy.capabilities.default_max_num_batched_tokens)
+    assert _serve(roomy, prompts, caching=True, sampling=sampling) == expected
 
 
 def test_bfloat16_and_file_blocks_follow_float32(tiny_checkpoints: TinyCheckpoints) -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from app.config import ServerConfig
+from app.models.forward.forward_plan import ForwardPlan, RowSpec
 from app.models.forward.kv_cache import KV_BLOCK_SIZE
 from app.models.runner import WARM_UP_BLOCK, ModelRunner
 from tests.models.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS
@@ -52,3 +53,20 @@ def test_small_budgets_and_one_slot(runner: ModelRunner) -> None:
 def test_the_server_warms_up_unless_told_not_to() -> None:
     assert ServerConfig().warmup is True
     assert ServerConfig(warmup=False).warmup is False
+
+
+def test_the_mixed_step_runs_one_layer_of_each_kind(runner: ModelRunner) -> None:
+    """The warm-up's chunk step stops after the leading layers that cover every kind of layer
+    (one for a Llama): a forward with ``num_layers`` writes K/V of those layers only, and the
+    decode step after it reaches every layer."""
+    assert runner._warm_up_layers() == 1
+    cache = runner.cache
+    rows = slice(WARM_UP_BLOCK * KV_BLOCK_SIZE, (WARM_UP_BLOCK + 1) * KV_BLOCK_SIZE)
+    cache.keys[:, :, rows].zero_()
+    spec = RowSpec(0, PROMPT, 0, True, False, [WARM_UP_BLOCK])
+    with torch.inference_mode():
+        runner.model.forward(ForwardPlan.build([spec], cache=cache), cache, num_layers=1)
+    written = cache.keys[:, :, rows].flatten(1).abs().sum(dim=1) > 0  # per layer
+    assert written.tolist() == [True] + [False] * (len(written) - 1)
+    runner.warm_up(MAX_NUM_SEQS)
+    assert bool((cache.keys[:, :, rows].flatten(1).abs().sum(dim=1) > 0).all())

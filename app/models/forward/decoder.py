@@ -118,6 +118,7 @@ class DecoderModel:
         cache: KVCache,
         *,
         hidden_out: list[torch.Tensor] | None = None,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
         """Run all layers over the packed tokens, writing their K/V into ``cache``.
 
@@ -126,9 +127,17 @@ class DecoderModel:
         LM head on GGUF blocks (unrounded, as llama.cpp's). ``hidden_out``, when
         given, receives the last layer's hidden states of every packed token (``[N, hidden]``,
         before the output norm; :meth:`output_logits` turns rows of it into logits): prompt
-        logprobs. Call under ``torch.inference_mode()``.
+        logprobs. ``num_layers``, when given, runs only the first ``num_layers`` layers on the
+        eager path before the output norm and LM head: the warm-up's shape (every layer has
+        the same shapes, so one layer pays for the buffers and primitives of all of them);
+        the logits of such a call mean nothing. Call under ``torch.inference_mode()``.
         """
-        if hidden_out is None and self.fused_decode is not None and plan.token_rows is not None:
+        if (
+            hidden_out is None
+            and num_layers is None
+            and self.fused_decode is not None
+            and plan.token_rows is not None
+        ):
             layout = self._decoder_layout(cache, plan.token_rows.count)
             if layout is not None or self._python_fused:
                 return self._forward_fused_decode(plan, cache, self.fused_decode, layout)
@@ -143,7 +152,7 @@ class DecoderModel:
         ffn = hp.feed_forward_length
         num_tokens = hidden.shape[0]
         exact = plan.exact_tokens
-        for index, layer in enumerate(w.layers):
+        for index, layer in enumerate(w.layers[:num_layers]):
             is_local = local is not None and local.layers[index]
             qkv = project(layer.qkv, self._normed(hidden, layer.attn_norm), exact)
             qk = qkv[:, :qk_width].view(num_tokens, -1, hp.head_dim)

@@ -332,7 +332,10 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         ggml=ggml,
         wide_copies=plan.wide_copies and quantization is Quantization.GGUF,
     )
-    source.checkpoint.release_pages()  # the weights are copied out: the file's pages go
+    if quantization is not Quantization.GGUF:
+        # The weights are copied out: the file's pages go. On the file's blocks they are the
+        # weights (mapped, not copied), so they stay.
+        source.checkpoint.release_pages()
     weight_kernels = describe_weight_kernels(weights, ggml_how)
     if weight_kernels:
         logger.info("weights: %s", weight_kernels)
