@@ -116,28 +116,31 @@ void sl_quantize_q8_k_scalar(int64_t k, const float *x, void *out);
 void sl_quantize_q8_k_avx2(int64_t k, const float *x, void *out);
 void sl_quantize_q8_k_avx512(int64_t k, const float *x, void *out);
 
-/* AVX2 tile kernels of the 32-weight formats (ggml_quant_tiles.c): eight weight rows at a time,
- * rows[j] the start of weight row j (a tail tile repeats its last row).
- *   sl_gemv8_<fmt>_avx2(rows, k, x, out, prefetch, ahead): one activation row x (sl_block_q8_1)
+/* Tile kernels of the 32-weight formats (ggml_quant_tiles.c): eight weight rows at a time,
+ * rows[j] the start of weight row j (a tail tile repeats its last row); <isa> avx2 or avx512.
+ *   sl_gemv8_<fmt>_<isa>(rows, k, x, out, prefetch, ahead): one activation row x (sl_block_q8_1)
  *       -> out[8], prefetching `ahead` bytes from `prefetch` meanwhile (the next rows).
  *   sl_decode8_<fmt>_avx2(rows, k, tile, prefetch, ahead): the rows decoded into a tile of
- *       sl_tile8_bytes_q8_1(k) bytes, then
- *   sl_gemm8_<fmt>_avx2(tile, k, x, n_x, out, out_stride): n_x <= SL_ROWS activation rows x[r]
+ *       sl_tile8_bytes_q8_1(k) bytes (one layout for both instruction sets), then
+ *   sl_gemm8_<fmt>_<isa>(tile, k, x, n_x, out, out_stride): n_x <= SL_ROWS activation rows x[r]
  *       -> out[r * out_stride + j], j < 8.
- * Both give every output bit for bit the same (see the file). */
+ * All give every output bit for bit the same, on either instruction set (see the file). */
 typedef void (*sl_gemv8_fn)(const uint8_t *const *rows, int64_t k, const void *x, float *out,
                             const uint8_t *prefetch, int64_t ahead);
 typedef void (*sl_decode8_fn)(const uint8_t *const *rows, int64_t k, void *tile,
                               const uint8_t *prefetch, int64_t ahead);
 typedef void (*sl_gemm8_fn)(const void *tile, int64_t k, const void *const *x, int n_x,
                             float *out, int64_t out_stride);
+#define SL_DECLARE_TILES_ISA(fmt, isa)                                                           \
+    void sl_gemv8_##fmt##_##isa(const uint8_t *const *rows, int64_t k, const void *x, float *out, \
+                                const uint8_t *prefetch, int64_t ahead);                         \
+    void sl_gemm8_##fmt##_##isa(const void *tile, int64_t k, const void *const *x, int n_x,      \
+                                float *out, int64_t out_stride);
 #define SL_DECLARE_TILES(fmt)                                                                    \
-    void sl_gemv8_##fmt##_avx2(const uint8_t *const *rows, int64_t k, const void *x, float *out,  \
-                               const uint8_t *prefetch, int64_t ahead);                          \
+    SL_DECLARE_TILES_ISA(fmt, avx2)                                                              \
+    SL_DECLARE_TILES_ISA(fmt, avx512)                                                            \
     void sl_decode8_##fmt##_avx2(const uint8_t *const *rows, int64_t k, void *tile,              \
-                                 const uint8_t *prefetch, int64_t ahead);                        \
-    void sl_gemm8_##fmt##_avx2(const void *tile, int64_t k, const void *const *x, int n_x,       \
-                               float *out, int64_t out_stride);
+                                 const uint8_t *prefetch, int64_t ahead);
 SL_DECLARE_TILES(q4_0)
 SL_DECLARE_TILES(q4_1)
 SL_DECLARE_TILES(q5_0)

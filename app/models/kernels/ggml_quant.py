@@ -49,6 +49,7 @@ SOURCES = (
     "ggml_quant_kquants.c",
     "ggml_quant_matmul.c",
     "ggml_quant_tiles.c",
+    "ggml_quant_tiles_body.h",
 )
 # No -march: each SIMD function carries its own target attribute and is picked by cpuid.
 CFLAGS: tuple[str, ...] = ()

@@ -27,19 +27,22 @@ typedef struct {
     sl_vec_dot_fn dot[3];
     sl_vec_dot_rows_fn dot_rows[3]; /* SL_ROWS activation rows at once; none in scalar C */
     sl_dequantize_row_fn dequantize;
-    /* AVX2 tile kernels (eight weight rows at a time), or NULL: the dot functions above */
-    sl_gemv8_fn gemv8;
+    /* Tile kernels (eight weight rows at a time) per instruction set, or NULL: the dot
+     * functions above. One decoded layout serves both sets' gemm. */
+    sl_gemv8_fn gemv8[3];
     sl_decode8_fn decode8;
-    sl_gemm8_fn gemm8;
+    sl_gemm8_fn gemm8[3];
 } sl_format;
 
 #define SL_FORMAT(fmt, size, bytes, q8k)                                                         \
     { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
-      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt, NULL, NULL, NULL }
+      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt,                 \
+      {NULL, NULL, NULL}, NULL, {NULL, NULL, NULL} }
 #define SL_FORMAT_TILES(fmt, size, bytes, q8k)                                                   \
     { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
       {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt,                 \
-      sl_gemv8_##fmt##_avx2, sl_decode8_##fmt##_avx2, sl_gemm8_##fmt##_avx2 }
+      {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, sl_decode8_##fmt##_avx2,           \
+      {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512} }
 
 static const sl_format *sl_format_of(int qtype) {
     static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, SL_QK, 18, 0);
@@ -160,9 +163,9 @@ static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t colu
  * more rows decode each tile once and run them all against it. */
 #define SL_GEMV_MAX_ROWS 3
 
-/* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the AVX2 tile kernels, for all m
+/* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the tile kernels of `isa`, for all m
  * activation rows, stored from `column`. The decoded tile lives in a buffer of the thread's. */
-static void sl_tile_unit(const sl_format *format, const uint8_t *w, int64_t row_bytes,
+static void sl_tile_unit(const sl_format *format, int isa, const uint8_t *w, int64_t row_bytes,
                          int64_t rows, int64_t k, const uint8_t *xq, int64_t xq_bytes, int64_t m,
                          int64_t column, const float *bias, const void *residual, int64_t ldr,
                          void *y, int y_bf16, int64_t ldy) {
@@ -186,7 +189,7 @@ static void sl_tile_unit(const sl_format *format, const uint8_t *w, int64_t row_
         if (!gemm || capacity < tile_bytes) {
             for (int64_t i = 0; i < m; i++) {
                 /* prefetch two tiles ahead while the first activation row runs */
-                format->gemv8(row_at, k, xq + i * xq_bytes, out[0],
+                format->gemv8[isa](row_at, k, xq + i * xq_bytes, out[0],
                               w + (r0 + 2 * 8) * row_bytes, i == 0 ? 8 * row_bytes : 0);
                 sl_store_row(out[0], lanes, i, column + r0, bias, residual, ldr, y, y_bf16, ldy);
             }
@@ -197,7 +200,7 @@ static void sl_tile_unit(const sl_format *format, const uint8_t *w, int64_t row_
             const int group = m - i0 < SL_ROWS ? (int)(m - i0) : SL_ROWS;
             const void *x_rows[SL_ROWS];
             for (int g = 0; g < group; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
-            format->gemm8(tile, k, x_rows, group, out[0], 8);
+            format->gemm8[isa](tile, k, x_rows, group, out[0], 8);
             for (int g = 0; g < group; g++)
                 sl_store_row(out[g], lanes, i0 + g, column + r0, bias, residual, ldr, y, y_bf16,
                              ldy);
@@ -287,8 +290,8 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
             const uint8_t *xq = format->q8k ? q8_k : q8_1;
             const int64_t xq_bytes = format->q8k ? q8_k_bytes : q8_1_bytes;
             column += row0;
-            if (isa == SL_ISA_AVX2 && format->gemv8 != NULL) {
-                sl_tile_unit(format, w, row_bytes, rows, k, xq, xq_bytes, m, column, bias,
+            if (format->gemv8[isa] != NULL) {
+                sl_tile_unit(format, isa, w, row_bytes, rows, k, xq, xq_bytes, m, column, bias,
                              residual, ldr, y, y_bf16, ldy);
                 continue;
             }

@@ -25,12 +25,21 @@
  * with mo = m (Q4_1, Q5_1), -8 d (Q4_0), -16 d (Q5_0): the codes are used unsigned and the
  * offset is folded into the activation sums s_x = d_x * sum(qs). So a row's output is the same
  * bit for bit in any batch, whichever way computed it (tested).
+ *
+ * Two instruction sets, one body (ggml_quant_tiles_body.h, included once for each): AVX2, whose
+ * vpmaddubsw gives int16 pairs that are summed in int16 and widened by vpmaddwd, and AVX-512
+ * VNNI (256-bit vectors, AVX512VL), whose vpdpbusd multiplies and accumulates four byte
+ * products straight into int32. Both sums are exact, so the two give the same integers and,
+ * through the same float sequence, the same outputs bit for bit: a CPU with VNNI gets the
+ * tiles' layout with one instruction where AVX2 takes three.
  */
 #include "ggml_quant.h"
 
 #include <stddef.h>
 
 #if defined(__x86_64__)
+#include <string.h>
+
 #include "ggml_quant_avx2.h"
 
 enum { TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0 };
@@ -90,38 +99,6 @@ SL_TARGET_AVX2 TL_INLINE __m256i tl_sum8(const __m256i v[TL_LANES]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* Exact integer dot product of 32 codes with 32 int8 activations, as 8 int32 partial sums. */
-SL_TARGET_AVX2 TL_INLINE __m256i tl_idot32(int fmt, __m256i codes, __m256i xq) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (fmt == TL_Q8_0) /* |w| <= 128, |x| <= 127: the pairs stay below 2^15 */
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(xq, codes)), ones);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);
-}
-
-/* gemv: one activation row against eight weight rows read from the file's layout. Eight rows
- * read side by side are eight streams the hardware prefetchers follow poorly (a Q8_0 LM head ran
- * at 0.4x the one-row code), so the loop prefetches `ahead` bytes from `prefetch` (the tiles
- * after this one: the rows are contiguous), a share per block. */
-SL_TARGET_AVX2 TL_INLINE void tl_gemv(int fmt, const uint8_t *const rows[TL_LANES], int64_t nb,
-                                      const sl_block_q8_1 *x, float out[TL_LANES],
-                                      const uint8_t *prefetch, int64_t ahead) {
-    const int64_t bs = tl_block_bytes(fmt);
-    const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
-    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
-            _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256i partial[TL_LANES];
-#pragma GCC unroll 8
-        for (int j = 0; j < TL_LANES; j++) partial[j] = tl_idot32(fmt, tl_codes(fmt, rows[j] + b * bs), xq);
-        __m256 d, mo;
-        tl_scales(fmt, rows, b * bs, &d, &mo);
-        tl_finish_block(fmt, tl_sum8(partial), d, mo, x + b, &acc, &macc);
-    }
-    _mm256_storeu_ps(out, _mm256_add_ps(acc, macc));
-}
-
 /* Decode eight rows into the interleaved tile: codes[b][g] is 32 bytes, 4 codes (weights
  * 4g .. 4g + 3 of block b) of each row j at bytes 4j .. 4j + 3; d[b], mo[b]: 8 floats each. */
 SL_TARGET_AVX2 TL_INLINE void tl_decode(int fmt, const uint8_t *const rows[TL_LANES], int64_t nb,
@@ -161,91 +138,31 @@ SL_TARGET_AVX2 TL_INLINE void tl_decode(int fmt, const uint8_t *const rows[TL_LA
     }
 }
 
-/* The integer sums of one block for R activation rows from the tile: lane j = row j's. */
-SL_TARGET_AVX2 TL_INLINE void tl_tile_block(int fmt, int R, const uint8_t *codes,
-                                            const sl_block_q8_1 *const x[SL_ROWS], int64_t b,
-                                            __m256i isum[SL_ROWS]) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    /* int16 sums of maddubs pairs: 4-bit codes 2 * 15 * 127 per pair, 8 groups fit in int16;
-     * 5-bit 2 * 31 * 127, 4 groups; Q8_0 2 * 128 * 127, one. */
-    const int run = fmt == TL_Q8_0 ? 1 : tl_is5(fmt) ? 4 : 8;
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
-    for (int g0 = 0; g0 < TL_GROUPS; g0 += run) {
-        __m256i s16[SL_ROWS];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int g = g0; g < g0 + run; g++) {
-            const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + g * 32));
-            const __m256i cu = fmt == TL_Q8_0 ? _mm256_abs_epi8(cv) : cv;
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                int32_t four;
-                memcpy(&four, x[r][b].qs + 4 * g, 4);
-                __m256i xb = _mm256_set1_epi32(four);
-                if (fmt == TL_Q8_0) xb = _mm256_sign_epi8(xb, cv);
-                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(cu, xb));
-            }
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
-    }
-}
-
-/* gemm: R activation rows against a decoded tile. */
-SL_TARGET_AVX2 TL_INLINE void tl_gemm(int fmt, int R, const uint8_t *codes, const float *d,
-                                      const float *mo, int64_t nb,
-                                      const sl_block_q8_1 *const x[SL_ROWS], float *out,
-                                      int64_t out_stride) {
-    __m256 acc[SL_ROWS], macc[SL_ROWS];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i isum[SL_ROWS];
-        tl_tile_block(fmt, R, codes + b * TL_TILE_BLOCK_BYTES, x, b, isum);
-        const __m256 vd = _mm256_loadu_ps(d + b * TL_LANES);
-        const __m256 vmo = _mm256_loadu_ps(mo + b * TL_LANES);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) tl_finish_block(fmt, isum[r], vd, vmo, x[r] + b, &acc[r], &macc[r]);
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * out_stride, _mm256_add_ps(acc[r], macc[r]));
-}
-
-/* The exported entry points, one per format (see ggml_quant.h, sl_tile_fns). */
-#define TL_EXPORT(name, fmt)                                                                       \
-    SL_TARGET_AVX2 void sl_gemv8_##name##_avx2(const uint8_t *const *rows, int64_t k, const void *x,  \
-                                               float *out, const uint8_t *prefetch,                \
-                                               int64_t ahead) {                                    \
-        tl_gemv(fmt, rows, k / SL_QK, (const sl_block_q8_1 *)x, out, prefetch, ahead);             \
-    }                                                                                              \
+/* The tile decode (the same layout for both instruction sets' gemm). */
+#define TL_EXPORT_DECODE(name, fmt)                                                                \
     SL_TARGET_AVX2 void sl_decode8_##name##_avx2(const uint8_t *const *rows, int64_t k, void *tile, \
                                                  const uint8_t *prefetch, int64_t ahead) {        \
         const int64_t nb = k / SL_QK;                                                              \
         uint8_t *codes = (uint8_t *)tile;                                                          \
         float *d = (float *)(codes + nb * TL_TILE_BLOCK_BYTES);                                    \
         tl_decode(fmt, rows, nb, codes, d, d + nb * TL_LANES, prefetch, ahead);                    \
-    }                                                                                              \
-    SL_TARGET_AVX2 void sl_gemm8_##name##_avx2(const void *tile, int64_t k, const void *const *x, \
-                                               int n_x, float *out, int64_t out_stride) {          \
-        const int64_t nb = k / SL_QK;                                                              \
-        const uint8_t *codes = (const uint8_t *)tile;                                              \
-        const float *d = (const float *)(codes + nb * TL_TILE_BLOCK_BYTES);                        \
-        const sl_block_q8_1 *const *xr = (const sl_block_q8_1 *const *)x;                          \
-        switch (n_x) {                                                                             \
-        case 4: tl_gemm(fmt, 4, codes, d, d + nb * TL_LANES, nb, xr, out, out_stride); break;      \
-        case 3: tl_gemm(fmt, 3, codes, d, d + nb * TL_LANES, nb, xr, out, out_stride); break;      \
-        case 2: tl_gemm(fmt, 2, codes, d, d + nb * TL_LANES, nb, xr, out, out_stride); break;      \
-        default: tl_gemm(fmt, 1, codes, d, d + nb * TL_LANES, nb, xr, out, out_stride); break;     \
-        }                                                                                          \
     }
+TL_EXPORT_DECODE(q4_0, TL_Q4_0)
+TL_EXPORT_DECODE(q4_1, TL_Q4_1)
+TL_EXPORT_DECODE(q5_0, TL_Q5_0)
+TL_EXPORT_DECODE(q5_1, TL_Q5_1)
+TL_EXPORT_DECODE(q8_0, TL_Q8_0)
 
-TL_EXPORT(q4_0, TL_Q4_0)
-TL_EXPORT(q4_1, TL_Q4_1)
-TL_EXPORT(q5_0, TL_Q5_0)
-TL_EXPORT(q5_1, TL_Q5_1)
-TL_EXPORT(q8_0, TL_Q8_0)
+/* The gemv and gemm of each instruction set (ggml_quant_tiles_body.h). */
+#define TL_ISA avx2
+#define TL_TARGET SL_TARGET_AVX2
+#define TL_VNNI 0
+#include "ggml_quant_tiles_body.h"
+
+#define TL_ISA avx512
+#define TL_TARGET SL_TARGET_AVX512
+#define TL_VNNI 1
+#include "ggml_quant_tiles_body.h"
 
 /* Bytes of a decoded tile of rows of k weights (32-weight formats). */
 int64_t sl_tile8_bytes_q8_1(int64_t k) {

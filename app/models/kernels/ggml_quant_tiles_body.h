@@ -1,0 +1,159 @@
+/*
+ * The tile kernels' gemv and gemm for one instruction set, included by ggml_quant_tiles.c once
+ * per set with TL_ISA (the name suffix: avx2, avx512), TL_TARGET (its function attribute) and
+ * TL_VNNI (1: the int32 sums by vpdpbusd; 0: vpmaddubsw pairs summed in int16, then vpmaddwd)
+ * defined; it undefines them at the end. The decode and the float work per block are the
+ * file's, shared by both. No include guard: it is meant to be included more than once.
+ */
+#define TL_PASTE(a, b) a##_##b
+#define TL_PASTE2(a, b) TL_PASTE(a, b)
+#define TL_NAME(name) TL_PASTE2(name, TL_ISA)
+#define TL_EXPORTED_PASTE(prefix, name, isa) prefix##name##_##isa
+#define TL_EXPORTED_PASTE2(prefix, name, isa) TL_EXPORTED_PASTE(prefix, name, isa)
+#define TL_EXPORTED(prefix, name) TL_EXPORTED_PASTE2(prefix, name, TL_ISA)
+
+/* Exact integer dot product of 32 codes with 32 int8 activations, as 8 int32 partial sums. */
+TL_TARGET TL_INLINE __m256i TL_NAME(tl_idot32)(int fmt, __m256i codes, __m256i xq) {
+#if TL_VNNI
+    if (fmt == TL_Q8_0) /* unsigned |w| against the activations' sign-corrected bytes */
+        return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(codes), _mm256_sign_epi8(xq, codes));
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, xq);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (fmt == TL_Q8_0) /* |w| <= 128, |x| <= 127: the pairs stay below 2^15 */
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(xq, codes)), ones);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);
+#endif
+}
+
+/* gemv: one activation row against eight weight rows read from the file's layout. Eight rows
+ * read side by side are eight streams the hardware prefetchers follow poorly (a Q8_0 LM head ran
+ * at 0.4x the one-row code), so the loop prefetches `ahead` bytes from `prefetch` (the tiles
+ * after this one: the rows are contiguous), a share per block. */
+TL_TARGET TL_INLINE void TL_NAME(tl_gemv)(int fmt, const uint8_t *const rows[TL_LANES], int64_t nb,
+                                                const sl_block_q8_1 *x, float out[TL_LANES],
+                                                const uint8_t *prefetch, int64_t ahead) {
+    const int64_t bs = tl_block_bytes(fmt);
+    const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
+            _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        __m256i partial[TL_LANES];
+#pragma GCC unroll 8
+        for (int j = 0; j < TL_LANES; j++) partial[j] = TL_NAME(tl_idot32)(fmt, tl_codes(fmt, rows[j] + b * bs), xq);
+        __m256 d, mo;
+        tl_scales(fmt, rows, b * bs, &d, &mo);
+        tl_finish_block(fmt, tl_sum8(partial), d, mo, x + b, &acc, &macc);
+    }
+    _mm256_storeu_ps(out, _mm256_add_ps(acc, macc));
+}
+
+/* The integer sums of one block for R activation rows from the tile: lane j = row j's. */
+TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *codes,
+                                                const sl_block_q8_1 *const x[SL_ROWS], int64_t b,
+                                                __m256i isum[SL_ROWS]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+#if TL_VNNI
+    /* four byte products a lane straight into int32 */
+#pragma GCC unroll 8
+    for (int g = 0; g < TL_GROUPS; g++) {
+        const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + g * 32));
+        const __m256i cu = fmt == TL_Q8_0 ? _mm256_abs_epi8(cv) : cv;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            int32_t four;
+            memcpy(&four, x[r][b].qs + 4 * g, 4);
+            __m256i xb = _mm256_set1_epi32(four);
+            if (fmt == TL_Q8_0) xb = _mm256_sign_epi8(xb, cv);
+            isum[r] = _mm256_dpbusd_epi32(isum[r], cu, xb);
+        }
+    }
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    /* int16 sums of maddubs pairs: 4-bit codes 2 * 15 * 127 per pair, 8 groups fit in int16;
+     * 5-bit 2 * 31 * 127, 4 groups; Q8_0 2 * 128 * 127, one. */
+    const int run = fmt == TL_Q8_0 ? 1 : tl_is5(fmt) ? 4 : 8;
+    for (int g0 = 0; g0 < TL_GROUPS; g0 += run) {
+        __m256i s16[SL_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = g0; g < g0 + run; g++) {
+            const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + g * 32));
+            const __m256i cu = fmt == TL_Q8_0 ? _mm256_abs_epi8(cv) : cv;
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                int32_t four;
+                memcpy(&four, x[r][b].qs + 4 * g, 4);
+                __m256i xb = _mm256_set1_epi32(four);
+                if (fmt == TL_Q8_0) xb = _mm256_sign_epi8(xb, cv);
+                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(cu, xb));
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
+    }
+#endif
+}
+
+/* gemm: R activation rows against a decoded tile. */
+TL_TARGET TL_INLINE void TL_NAME(tl_gemm)(int fmt, int R, const uint8_t *codes, const float *d,
+                                          const float *mo, int64_t nb,
+                                          const sl_block_q8_1 *const x[SL_ROWS], float *out,
+                                          int64_t out_stride) {
+    __m256 acc[SL_ROWS], macc[SL_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i isum[SL_ROWS];
+        TL_NAME(tl_tile_block)(fmt, R, codes + b * TL_TILE_BLOCK_BYTES, x, b, isum);
+        const __m256 vd = _mm256_loadu_ps(d + b * TL_LANES);
+        const __m256 vmo = _mm256_loadu_ps(mo + b * TL_LANES);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) tl_finish_block(fmt, isum[r], vd, vmo, x[r] + b, &acc[r], &macc[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * out_stride, _mm256_add_ps(acc[r], macc[r]));
+}
+
+/* The exported entry points, one per format (see ggml_quant.h, sl_tile_fns). */
+#define TL_EXPORT(name, fmt)                                                                       \
+    TL_TARGET void TL_EXPORTED(sl_gemv8_, name)(const uint8_t *const *rows, int64_t k,             \
+                                                const void *x, float *out,                         \
+                                                const uint8_t *prefetch, int64_t ahead) {          \
+        TL_NAME(tl_gemv)(fmt, rows, k / SL_QK, (const sl_block_q8_1 *)x, out, prefetch, ahead);    \
+    }                                                                                              \
+    TL_TARGET void TL_EXPORTED(sl_gemm8_, name)(const void *tile, int64_t k, const void *const *x, \
+                                                int n_x, float *out, int64_t out_stride) {         \
+        const int64_t nb = k / SL_QK;                                                              \
+        const uint8_t *codes = (const uint8_t *)tile;                                              \
+        const float *d = (const float *)(codes + nb * TL_TILE_BLOCK_BYTES);                        \
+        const float *mo = d + nb * TL_LANES;                                                       \
+        const sl_block_q8_1 *const *xr = (const sl_block_q8_1 *const *)x;                          \
+        switch (n_x) {                                                                             \
+        case 4: TL_NAME(tl_gemm)(fmt, 4, codes, d, mo, nb, xr, out, out_stride); break;            \
+        case 3: TL_NAME(tl_gemm)(fmt, 3, codes, d, mo, nb, xr, out, out_stride); break;            \
+        case 2: TL_NAME(tl_gemm)(fmt, 2, codes, d, mo, nb, xr, out, out_stride); break;            \
+        default: TL_NAME(tl_gemm)(fmt, 1, codes, d, mo, nb, xr, out, out_stride); break;           \
+        }                                                                                          \
+    }
+
+TL_EXPORT(q4_0, TL_Q4_0)
+TL_EXPORT(q4_1, TL_Q4_1)
+TL_EXPORT(q5_0, TL_Q5_0)
+TL_EXPORT(q5_1, TL_Q5_1)
+TL_EXPORT(q8_0, TL_Q8_0)
+
+#undef TL_EXPORT
+#undef TL_EXPORTED
+#undef TL_EXPORTED_PASTE2
+#undef TL_EXPORTED_PASTE
+#undef TL_NAME
+#undef TL_PASTE2
+#undef TL_PASTE
+#undef TL_ISA
+#undef TL_TARGET
+#undef TL_VNNI
