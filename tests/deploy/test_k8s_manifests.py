@@ -106,6 +106,25 @@ def test_replica_memory_is_the_models_estimate_plus_the_runtime():
     assert resources_["limits"]["memory"] == f"{memory.limit_mib}Mi"
 
 
+@pytest.mark.parametrize("bfloat16_cpu", [False, True], ids=["avx2-cpu", "bfloat16-cpu"])
+def test_replica_memory_is_the_same_whatever_cpu_computes_it(monkeypatch, bfloat16_cpu):
+    """A pod may land on a node with native bfloat16 (where ``--wide-copies auto`` keeps dense
+    copies of SmolLM2's projections) or without: its request covers the larger, and
+    ``k8s_resources.py`` gives the same numbers on either kind of machine (the manifest's
+    numbers once came from an AVX2 machine and failed on an AMX one)."""
+    widens = not bfloat16_cpu
+    for module in ("app.models.load.plan", "app.models.load.memory"):
+        monkeypatch.setattr(f"{module}.widens_to_float32", lambda device, dtype: widens)
+    replica = container(resource("Deployment", "slotserve"), "slotserve")
+    flags = env(replica)
+    config = ServerConfig(
+        model=flags["SLOTSERVE_MODEL"], max_num_seqs=int(flags["SLOTSERVE_MAX_NUM_SEQS"])
+    )
+    memory = pod_memory(config).as_resources()
+    assert replica["resources"]["requests"]["memory"] == memory["requests"]["memory"]
+    assert replica["resources"]["limits"] == memory["limits"]
+
+
 def test_the_hpa_scales_the_replicas_on_the_served_queue_depth():
     hpa = resource("HorizontalPodAutoscaler", "slotserve")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "slotserve"

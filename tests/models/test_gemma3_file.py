@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from app.models.checkpoints.gguf_file import GGUFFile
-from app.models.load.plan import load_checkpoint
+from app.models.load.plan import LoadOptions, load_checkpoint, plan_load
 from app.models.runner import ModelRunner
 from app.models.tokenizers.gguf_vocab import GGUFVocab
 from app.models.weights.ggml import GGMLEmbedding, GGMLLinear
@@ -63,7 +63,15 @@ def test_tokenizer_is_sentencepiece_on_the_files_vocabulary(gemma_runner: ModelR
 def test_output_head_and_embedding_on_the_files_blocks(gemma_runner: ModelRunner) -> None:
     weights = gemma_runner.model.weights
     assert weights.dense_projections == ()
-    assert isinstance(weights.lm_head, GGMLLinear) and weights.lm_head.wide is None
+    assert isinstance(weights.lm_head, GGMLLinear)
+    # A dense copy beside the blocks only where `--wide-copies auto` keeps copies: a CPU with
+    # native bfloat16 (AMX, AVX-512 BF16), none on an AVX2 one.
+    path = gemma3_270m_path()
+    assert path is not None
+    plan = plan_load(
+        path, LoadOptions(max_num_seqs=2, max_model_len=256, dtype="bfloat16", quantization="auto")
+    )
+    assert (weights.lm_head.wide is not None) == plan.wide_copies
     assert weights.lm_head.out_features == 262144
     assert isinstance(weights.embedding, GGMLEmbedding)
     assert "sliding-window layers" in gemma_runner.model.fused_decode_status

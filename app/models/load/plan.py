@@ -232,7 +232,8 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     except ValueError as error:
         raise ModelRefused(source.path, str(error)) from None
     stored = block_bytes(source) if quantization is Quantization.GGUF else None
-    wide_bytes = wide_copy_bytes(source, dtype, device) if stored else 0
+    itemsize = 4 if widens_to_float32(device, dtype) else dtype.itemsize
+    wide_bytes = wide_copy_bytes(source, itemsize) if stored else 0
     wide_copies = keeps_wide_copies(options.wide_copies, wide_bytes, device, dtype)
     if wide_copies:
         reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
@@ -289,10 +290,9 @@ def block_bytes(source: ModelSource) -> dict[str, int]:
     return sizes
 
 
-def wide_copy_bytes(source: ModelSource, dtype: torch.dtype, device: torch.device) -> int:
-    """Bytes of dense copies, in the dense kernel's dtype, of the matrices a gguf load keeps
-    as blocks (what ``wide_copies`` costs)."""
-    itemsize = 4 if widens_to_float32(device, dtype) else dtype.itemsize
+def wide_copy_bytes(source: ModelSource, itemsize: int) -> int:
+    """Bytes of dense copies, ``itemsize`` bytes a weight (the dense kernel's dtype), of the
+    matrices a gguf load keeps as blocks (what ``wide_copies`` costs)."""
     shapes = [source.checkpoint.tensor_shape(name) for _, name in _block_matrices(source)]
     return sum(rows * columns for rows, columns in shapes) * itemsize
 
