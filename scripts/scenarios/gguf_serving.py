@@ -125,7 +125,10 @@ async def run_gguf_bench(bench: GGUFBench) -> dict:
             for run in range(2):  # a new first line each time: no cached prefix to reuse
                 unique = f"Run {run} of {name}.\n{prompt}"
                 record = (await run_wave(server.url, Api.OPENAI, [unique], 1)).streams[0]
-                seconds = record.first_token_at - record.sent_at
+                # One token: a token without text (random weights) sends no chunk, and
+                # then the answer's end is the first token's time.
+                first = record.done_at if record.first_token_at is None else record.first_token_at
+                seconds = first - record.sent_at
                 rate = (record.prompt_tokens or 0) / seconds
                 best = rate if best is None else max(best, rate)
                 entry["prefill_prompt_tokens"] = record.prompt_tokens
