@@ -14,13 +14,15 @@ per block, accumulated in float32. One function per (format, instruction set) co
 never looks at another row, so a row's result is the same in any batch and on any thread: the
 projections are batch-invariant at any row count (tested).
 
-On AVX2 the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) run through
+On AVX2 and AVX-512 VNNI the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) run through
 ``ggml_quant_tiles.c`` instead: eight weight rows per vector, decoded once per tile into an
 interleaved copy for calls of more than 3 rows (one activation row per 4 codes x 8 rows per
-``vpmaddubsw``), read straight from the file's rows for fewer; both produce the same integers
-and share one float sequence, so batch invariance holds across the switch. Measured on a 2-core
-AVX2 EPYC, one thread, a SmolLM2 layer's four Q4_1 projections: 1.85x the one-row code at 64
-rows, 1.7x at 16, equal at 1 (the K formats' tiles measured slower there and are not built).
+``vpmaddubsw``, or per ``vpdpbusd`` with VNNI), read straight from the file's rows for fewer;
+all of these produce the same integers and share one float sequence, so batch invariance holds
+across the switch, and the two instruction sets give the same bits. Measured, a SmolLM2
+layer's four Q4_1 projections, one thread: 1.85x the one-row code at 64 rows, 1.7x at 16,
+equal at 1 (AVX2 EPYC); 3.1x the AVX-512 one-row dots at 64 rows, 2.4x at 16, 1.1x at 1 (AMX
+Xeon, docs/MODEL_PERF.md). The K formats' tiles measured slower on AVX2 and are not built.
 
 Instruction sets are chosen at run time from cpuid (``__builtin_cpu_supports``), not by the
 build: scalar C, AVX2 (``vpmaddubsw``), AVX-512 VNNI (``vpdpbusd``). ``SLOTSERVE_GGML_ISA``
