@@ -90,11 +90,16 @@ typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
  *   float sl_dot_<fmt>_<isa>(int64_t k, const void *w_row, const void *x_row);   x: sl_block_q8_k
  *   void  sl_dequantize_<fmt>(int64_t k, const void *w_row, float *out);
  */
+/* The 32-weight formats: the portable dot product and the decoding (their SIMD products are
+ * the tile kernels below). */
 #define SL_DECLARE_FORMAT(fmt)                                                                  \
     float sl_dot_##fmt##_scalar(int64_t k, const void *w_row, const void *x_row);              \
+    void sl_dequantize_##fmt(int64_t k, const void *w_row, float *out);
+/* The K formats: the dot product per instruction set, and SL_ROWS activation rows at once. */
+#define SL_DECLARE_FORMAT_K(fmt)                                                                \
+    SL_DECLARE_FORMAT(fmt)                                                                      \
     float sl_dot_##fmt##_avx2(int64_t k, const void *w_row, const void *x_row);                \
     float sl_dot_##fmt##_avx512(int64_t k, const void *w_row, const void *x_row);              \
-    void sl_dequantize_##fmt(int64_t k, const void *w_row, float *out);                        \
     void sl_dot4_##fmt##_avx2(int64_t k, const void *w_row, const void *x_rows,                \
                               int64_t x_stride, float *out);                                   \
     void sl_dot4_##fmt##_avx512(int64_t k, const void *w_row, const void *x_rows,              \
@@ -105,9 +110,9 @@ SL_DECLARE_FORMAT(q4_1)
 SL_DECLARE_FORMAT(q5_0)
 SL_DECLARE_FORMAT(q5_1)
 SL_DECLARE_FORMAT(q8_0)
-SL_DECLARE_FORMAT(q4_k)
-SL_DECLARE_FORMAT(q5_k)
-SL_DECLARE_FORMAT(q6_k)
+SL_DECLARE_FORMAT_K(q4_k)
+SL_DECLARE_FORMAT_K(q5_k)
+SL_DECLARE_FORMAT_K(q6_k)
 
 void sl_quantize_q8_1_scalar(int64_t k, const float *x, void *out);
 void sl_quantize_q8_1_avx2(int64_t k, const float *x, void *out);

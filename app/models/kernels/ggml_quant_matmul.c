@@ -24,7 +24,7 @@ typedef struct {
     int block_size;  /* weights per block */
     int block_bytes; /* bytes per block in the file */
     int q8k;         /* activations in SL_Q8_K blocks (else SL_Q8_1) */
-    sl_vec_dot_fn dot[3];
+    sl_vec_dot_fn dot[3];           /* per instruction set; NULL where the tiles compute */
     sl_vec_dot_rows_fn dot_rows[3]; /* SL_ROWS activation rows at once; none in scalar C */
     sl_dequantize_row_fn dequantize;
     /* Tile kernels (eight weight rows at a time) per instruction set, or NULL: the dot
@@ -39,10 +39,9 @@ typedef struct {
       {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt,                 \
       {NULL, NULL, NULL}, NULL, {NULL, NULL, NULL} }
 #define SL_FORMAT_TILES(fmt, size, bytes, q8k)                                                   \
-    { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
-      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt,                 \
-      {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, sl_decode8_##fmt##_avx2,           \
-      {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512} }
+    { size, bytes, q8k, {sl_dot_##fmt##_scalar, NULL, NULL}, {NULL, NULL, NULL},                   \
+      sl_dequantize_##fmt, {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512},                 \
+      sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512} }
 
 static const sl_format *sl_format_of(int qtype) {
     static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, SL_QK, 18, 0);
