@@ -22,6 +22,8 @@ from __future__ import annotations
 import functools
 import json
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ __all__ = [
     "TinyCheckpoints",
     "build_hf_checkpoint",
     "load_transformers_model",
+    "transformers_gguf_loading",
     "transformers_logits",
     "write_gguf",
 ]
@@ -316,17 +319,51 @@ def build_hf_checkpoint(
 # References and the session cache
 
 
+@functools.cache
+def _tensor_name_map(arch: Any, n_blocks: int) -> Any:
+    import gguf.tensor_mapping
+
+    return gguf.tensor_mapping.get_tensor_name_map(arch, n_blocks)
+
+
+@contextmanager
+def transformers_gguf_loading() -> Iterator[None]:
+    """transformers' GGUF loader (``from_pretrained(..., gguf_file=...)``) without the work it
+    repeats, its results unchanged: gguf-py parses the file once, not twice (once for the
+    config, once for the weights: seconds for a 49,152-token vocabulary), and gguf-py's tensor
+    name map is built once per architecture and layer count, not once per module of the model
+    (~400 builds of ~14 ms for SmolLM2). Both are pure: the same file gives the same reader,
+    the same (architecture, layers) the same map."""
+    import gguf
+
+    readers: dict[tuple[str, str], Any] = {}
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def read_once(file: Any, mode: str = "r") -> Any:
+        key = (str(Path(file).resolve()), mode)
+        if key not in readers:
+            readers[key] = reader_class(file, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, _tensor_name_map
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
 def load_transformers_model(path: Path | str) -> Any:
     """transformers' float32 model of an HF directory, or of a GGUF file through transformers'
-    own GGUF loader, in eval mode."""
+    own GGUF loader (:func:`transformers_gguf_loading`), in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if path.is_file():
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
+        with transformers_gguf_loading():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=torch.float32
+            )
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.eval()

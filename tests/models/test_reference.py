@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import gguf
 import pytest
 import torch
 
@@ -13,6 +10,7 @@ from app.models.forward.forward_plan import ForwardPlan, RowSpec
 from app.models.forward.kv_cache import KVCache
 from app.models.load.smollm2 import smollm2_gguf_path
 from app.models.runner import ModelRunner
+from tests.checkpoints import load_transformers_model
 from tests.models.stepping import GREEDY, generate_alone
 
 PROMPT = "The capital of France is"
@@ -21,24 +19,9 @@ NUM_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def hf_model():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
-    path = smollm2_gguf_path()
-    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
-    original = gguf.GGUFReader
-
-    def read_once(file, mode="r"):  # transformers opens the file twice (config, then weights)
-        key = (str(Path(file).resolve()), mode)
-        if key not in readers:
-            readers[key] = original(file, mode)
-        return readers[key]
-
-    with pytest.MonkeyPatch.context() as patch:  # gguf-py spends ~7 s on each parse
-        patch.setattr(gguf, "GGUFReader", read_once)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
-    return model.eval()
+    return load_transformers_model(smollm2_gguf_path())
 
 
 def _last_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
