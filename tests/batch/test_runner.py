@@ -302,16 +302,22 @@ async def test_ten_thousand_lines_in_bounded_memory_read_as_they_are_answered(tm
     """The input is 10,000 lines of ~2 KB (21 MB). Streamed, the run holds at most the window
     (64 lines) and the reader's chunks; read whole, it would hold the file, several times over
     as Python objects. Sampled with psutil during the run: the resident set grows by far less
-    than the file, and the output is being written while most of the input is still unread."""
+    than the file, and the output is being written while most of the input is still unread.
+
+    Each line's prompt is ~200 bytes, the rest of its ~2 KB the ``user`` field (accepted and
+    ignored, read and parsed with the line): the mock's cost is per prompt token (a ~2 KB
+    prompt is ~2,000 of them: most of the run), and the 10,000 prompts are still ~2 million
+    tokens, over 10 MiB as tuples of ids, were they kept."""
     config = batch_config(tmp_path, max_num_seqs=16, max_pending_lines=64)
     path = Path(config.input)
     with path.open("w") as file:
         for i in range(10_000):
-            prompt = f"{i} " + "abcdefghij " * 180
+            prompt = f"{i} " + "abcdefghij " * 18
+            padding = {"max_tokens": 2, "user": "abcdefghij " * 162}
             url, body = (
-                ("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+                ("/v1/completions", {"prompt": prompt, **padding})
                 if i % 2
-                else (CHAT, chat_body(prompt, max_tokens=2))
+                else (CHAT, chat_body(prompt, **padding))
             )
             file.write(batch_line(f"line-{i}", body, url) + "\n")
     input_size = path.stat().st_size
