@@ -226,18 +226,30 @@ class GGMLKernels:
         return out
 
     def dequantize_rows(
-        self, segment: QuantSegment, columns: int, ids: torch.Tensor, dtype: torch.dtype
+        self,
+        segment: QuantSegment,
+        columns: int,
+        ids: torch.Tensor,
+        dtype: torch.dtype,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Rows ``ids`` (int64 ``[n]``) of ``segment`` decoded to ``[n, columns]`` of ``dtype``
-        (float32 or bfloat16, rounded once from the float32 decode).
+        (float32 or bfloat16, rounded once from the float32 decode); from 64 rows on, over
+        torch's threads. ``out``: a contiguous ``[n, columns]`` tensor of ``dtype`` to write
+        them into (returned), or None: a new one.
 
         Raises:
-            ValueError: another dtype, or a type the kernels do not decode.
+            ValueError: another dtype, or a type the kernels do not decode, or an ``out`` of
+                another shape, dtype or layout.
         """
         if dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"rows decode to float32 or bfloat16, not {dtype}")
+        shape = (ids.shape[0], columns)
+        if out is None:
+            out = torch.empty(shape, dtype=dtype)
+        elif out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous {dtype} {shape}")
         ids = ids.to(torch.int64).contiguous()
-        out = torch.empty((ids.shape[0], columns), dtype=dtype)
         status = self.library.sl_quant_dequantize_rows(
             KERNEL_TYPES[segment.tensor_type],
             segment.blocks.data_ptr(),
@@ -246,6 +258,7 @@ class GGMLKernels:
             ids.shape[0],
             out.data_ptr(),
             int(dtype == torch.bfloat16),
+            torch.get_num_threads(),
         )
         if status != 0:
             raise ValueError(f"{segment.tensor_type} rows of {columns} are not decoded here")
@@ -291,7 +304,8 @@ def _declare(library: ctypes.CDLL) -> None:
         _c_void_p,
         _c_int64,
         _c_void_p,
-        _c_int,
+        _c_int,  # bfloat16 out
+        _c_int,  # threads
     ]
     library.sl_quant_dequantize_rows.restype = _c_int
 

@@ -318,24 +318,33 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
     return 0;
 }
 
-/* Token lookups: rows ids[0..n_ids) of a matrix of k columns in `qtype` decoded into out
- * (n_ids rows of k float32 or bfloat16 values). Returns 0, or -1 for a format not here. */
+/* Rows ids[0..n_ids) of a matrix of k columns in `qtype` decoded into out (n_ids rows of k
+ * float32 or bfloat16 values): token lookups (a few rows), and a whole matrix decoded for one
+ * wide call (thousands, split over `threads` of the OpenMP team). Returns 0, or -1 for a
+ * format not here or no memory. */
 int sl_quant_dequantize_rows(int qtype, const void *w, int64_t k, const int64_t *ids,
-                             int64_t n_ids, void *out, int out_bf16) {
+                             int64_t n_ids, void *out, int out_bf16, int threads) {
     const sl_format *format = sl_format_of(qtype);
     const int64_t row_bytes = sl_quant_row_bytes(qtype, k);
     if (format == NULL || row_bytes < 0) return -1;
-    float *row = out_bf16 ? (float *)malloc((size_t)k * sizeof(float)) : NULL;
-    if (out_bf16 && row == NULL) return -1;
-    for (int64_t i = 0; i < n_ids; i++) {
-        const uint8_t *source = (const uint8_t *)w + ids[i] * row_bytes;
-        if (!out_bf16) {
-            format->dequantize(k, source, (float *)out + i * k);
-            continue;
+    if (threads < 1 || n_ids < 64) threads = 1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *row = out_bf16 ? (float *)malloc((size_t)k * sizeof(float)) : NULL;
+        failed = out_bf16 && row == NULL;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n_ids; i++) {
+            const uint8_t *source = (const uint8_t *)w + ids[i] * row_bytes;
+            if (!out_bf16) {
+                format->dequantize(k, source, (float *)out + i * k);
+            } else if (row != NULL) {
+                format->dequantize(k, source, row);
+                uint16_t *target = (uint16_t *)out + i * k;
+                for (int64_t j = 0; j < k; j++) target[j] = sl_fp32_to_bf16(row[j]);
+            }
         }
-        format->dequantize(k, source, row);
-        for (int64_t j = 0; j < k; j++) ((uint16_t *)out)[i * k + j] = sl_fp32_to_bf16(row[j]);
+        free(row);
     }
-    free(row);
-    return 0;
+    return failed ? -1 : 0;
 }

@@ -39,7 +39,7 @@ from app.models.checkpoints.model_tensors import ModelTensors
 from app.models.kernels.ggml_quant import KERNEL_TYPES, GGMLKernels, QuantSegment
 from app.models.refusal import UnsupportedModel
 from app.models.weights.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
-from app.models.weights.ggml import GGMLEmbedding, GGMLLinear
+from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLEmbedding, GGMLLinear
 from app.models.weights.int4 import Int4Linear, int4_kernel_status
 from app.models.weights.int8 import Int8Embedding, Int8Linear
 from app.models.weights.projections import (
@@ -229,8 +229,19 @@ class _LayerBuilder:
         width = in_features.get(parts[0], hp.embedding_length)
         float_bias = None if bias is None else bias.float()
         wide = self._wide(parts, i, bias)
-        linear = GGMLLinear(self.ggml, segments, width, float_bias, wide=wide)
+        linear = GGMLLinear(
+            self.ggml, segments, width, float_bias, wide=wide, dense_from_rows=self._dense_from_rows
+        )
         return linear, None if norm is None else self.vector(norm, i)
+
+    @property
+    def _dense_from_rows(self) -> int:
+        """Where wide calls decode the blocks for the call (``GGMLLinear.dense_from_rows``):
+        a bfloat16 model with no copies kept, on a CPU whose oneDNN multiplies bfloat16
+        natively (elsewhere the decoded matrix would be widened to float32, and the tile
+        kernels were measured faster than float32 copies on AVX2)."""
+        native = self.kernel is LinearKernel.ONEDNN and self.dtype == torch.bfloat16
+        return DENSE_FROM_ROWS if native and not self.wide_copies else 0
 
     def _wide(
         self, parts: tuple[str, ...], i: int | None, bias: torch.Tensor | None

@@ -9,6 +9,14 @@ input columns (a block's scale is shared by 32 or 256 columns), so a model using
 
 Every row of a call is computed alone (see the kernels' module): ``exact_rows`` is unbounded.
 
+Where no copy is kept but the CPU multiplies bfloat16 natively (AMX, AVX-512 BF16), a call of
+at least ``dense_from_rows`` rows (a long prompt's chunk) decodes the blocks into a bfloat16
+matrix for that call only and runs oneDNN's GEMM over it: the block kernels are GEMV-shaped,
+and a 1B Q4_K layer's four projections over 512 rows took 576 ms on the blocks against 213 ms
+decoded per call on the 2-core AMX Xeon (docs/MODEL_PERF.md).
+The decoded matrix lives for the call (the largest of the 1B file: 64 MiB). Then a row is
+batch-invariant up to ``dense_from_rows - 1`` rows a call.
+
 A model may also keep a dense copy for wide steps (``wide``; ``--wide-copies``, by default only
 where the copies come to at most 512 MiB: memory at the file's size is the point for real-sized
 files): the block kernels are a GEMV at heart, and from
@@ -23,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from app.models.kernels.ggml_quant import GGMLKernels, PreparedSegments, QuantSegment
 from app.models.weights.projections import WideLinear
@@ -31,6 +40,10 @@ from app.models.weights.projections import WideLinear
 EXACT_ROWS_ANY = 2**31 - 1
 # With a wide copy: calls of up to this many rows take the block kernels, larger ones the copy.
 GGML_MAX_ROWS = 4
+# Without one, on a CPU with native bfloat16 matmuls: calls of at least this many rows decode
+# the blocks for the call (measured on the 2-core AMX Xeon at load 3-4, a 1B Q4_K layer's four
+# projections: 2.71x the blocks' speed at 512 rows, 1.61x at 256, 0.97x at 128, 0.54x at 64).
+DENSE_FROM_ROWS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +58,8 @@ class GGMLLinear:
         bias: ``[out]`` float32, or None.
         wide: a dense projection of the same weights (dequantised, the bias included) for
             calls of more than ``GGML_MAX_ROWS`` rows, or None: every call on the blocks.
+        dense_from_rows: with no ``wide``, calls of at least this many bfloat16 rows decode
+            the blocks to a bfloat16 matrix for the call (0: never; see the module).
         out_dtype: the outputs' dtype, or None: the input's. The LM head's is float32: its
             sums are float32 and llama.cpp's logits are too; rounded to bfloat16 (a step of
             0.125 at 16-32), Gemma 3's logits tied where llama.cpp's part by 0.3 and more.
@@ -58,12 +73,16 @@ class GGMLLinear:
     exact_rows: int = EXACT_ROWS_ANY
     prepared: PreparedSegments | None = None
     out_dtype: torch.dtype | None = None
+    dense_from_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.prepared is None:  # the call's arguments, built once
             object.__setattr__(self, "prepared", self.kernels.prepare(self.segments))
         if self.wide is not None:
             object.__setattr__(self, "exact_rows", GGML_MAX_ROWS)
+            object.__setattr__(self, "dense_from_rows", 0)
+        elif self.dense_from_rows > 0:
+            object.__setattr__(self, "exact_rows", self.dense_from_rows - 1)
 
     @property
     def out_features(self) -> int:
@@ -83,18 +102,41 @@ class GGMLLinear:
         if self.wide is not None and x.shape[0] > GGML_MAX_ROWS:
             y = self.wide(x)
             return y if self.out_dtype is None else y.to(self.out_dtype)
+        if self._decodes_for(x):
+            y = F.linear(x, self.decoded(), self._dense_bias())
+            return y if self.out_dtype is None else y.to(self.out_dtype)
         return self.kernels.matmul(
             self.prepared, x.contiguous(), bias=self.bias, out_dtype=self.out_dtype
         )
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``residual + x @ W.T (+ bias)``, added before the one rounding; ``residual`` is not
-        modified."""
+        """``residual + x @ W.T (+ bias)``, added before the one rounding (on the blocks);
+        ``residual`` is not modified."""
         if self.wide is not None and x.shape[0] > GGML_MAX_ROWS:
             return self.wide.add_to(residual, x)
+        if self._decodes_for(x) and residual.dtype == x.dtype:
+            return residual + F.linear(x, self.decoded(), self._dense_bias())
         return self.kernels.matmul(
             self.prepared, x.contiguous(), bias=self.bias, residual=residual.contiguous()
         )
+
+    def decoded(self) -> torch.Tensor:
+        """``W`` as a ``[out, in]`` bfloat16 matrix decoded from the blocks (a new one each
+        call: the point of the blocks is that none is kept)."""
+        weight = torch.empty((self.out_features, self.in_features), dtype=torch.bfloat16)
+        start = 0
+        for segment in self.segments:
+            rows = torch.arange(segment.rows)
+            view = weight[start : start + segment.rows]
+            self.kernels.dequantize_rows(segment, self.in_features, rows, torch.bfloat16, view)
+            start += segment.rows
+        return weight
+
+    def _decodes_for(self, x: torch.Tensor) -> bool:
+        return 0 < self.dense_from_rows <= x.shape[0] and x.dtype == torch.bfloat16
+
+    def _dense_bias(self) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.to(torch.bfloat16)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,119 @@
+"""Wide calls on GGUF blocks without a kept copy (``GGMLLinear.dense_from_rows``): the blocks
+decoded to a bfloat16 matrix for one call (a long prompt chunk) and multiplied by oneDNN's GEMM,
+while narrower calls, and the batch-invariant rows of a wide one, stay on the block kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from make_random_gguf import write_random_gguf
+
+from app.models.kernels.ggml_quant import QuantSegment, load_ggml_quant
+from app.models.load.plan import load_checkpoint
+from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLLinear
+from app.models.weights.projections import LinearKernel, project, widens_to_float32
+from tests.models.test_ggml_kernels import random_blocks
+
+KERNELS, HOW = load_ggml_quant()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"GGUF-block kernels: {HOW}")
+
+COLUMNS = 512
+PARTS = [("Q4_K", 40), ("Q6_K", 24), ("Q8_0", 16)]  # a fused projection of three formats
+
+
+def linear(dense_from_rows: int) -> GGMLLinear:
+    assert KERNELS is not None
+    segments = tuple(
+        QuantSegment(kind, torch.from_numpy(random_blocks(kind, rows, COLUMNS, seed)))
+        for seed, (kind, rows) in enumerate(PARTS)
+    )
+    bias = torch.randn(80, generator=torch.Generator().manual_seed(3))
+    return GGMLLinear(KERNELS, segments, COLUMNS, bias, dense_from_rows=dense_from_rows)
+
+
+def rows_of(count: int, seed: int = 0) -> torch.Tensor:
+    x = torch.randn(count, COLUMNS, generator=torch.Generator().manual_seed(seed))
+    return x.to(torch.bfloat16)
+
+
+def test_decoded_is_the_files_own_decode_rounded_once() -> None:
+    projection = linear(16)
+    expected = np.concatenate(
+        [
+            gguf.quants.dequantize(s.blocks.numpy(), gguf.GGMLQuantizationType[s.tensor_type])
+            for s in projection.segments
+        ]
+    ).reshape(80, COLUMNS)
+    decoded = projection.decoded()
+    assert decoded.dtype == torch.bfloat16 and decoded.shape == (80, COLUMNS)
+    assert torch.equal(decoded, torch.from_numpy(expected).float().to(torch.bfloat16))
+
+
+def test_wide_calls_decode_and_narrow_ones_stay_on_the_blocks() -> None:
+    projection = linear(16)
+    assert projection.exact_rows == 15
+    x = rows_of(40)
+    blocks = KERNELS.matmul(projection.prepared, x, bias=projection.bias)
+    reference = x.double() @ projection.decoded().double().T + projection.bias.double()
+    wide = projection(x)
+    # the GEMM on the decoded matrix: bfloat16 rounding of the result, no activation
+    # quantisation, so closer to the exact product than the blocks' 8-bit activations are
+    scale = reference.abs().max().item()
+    assert (wide.double() - reference).abs().max().item() <= 0.01 * scale
+    assert not torch.equal(wide, blocks)  # it is not the block kernels' result
+    assert torch.equal(projection(x[:15]), blocks[:15])  # under the threshold: the blocks
+    residual = rows_of(40, seed=1)[:, :80].contiguous()
+    added = projection.add_to(residual, x)
+    assert (added.double() - (reference + residual.double())).abs().max().item() <= 0.02 * scale
+
+
+def test_seeded_rows_of_a_wide_call_come_out_as_alone() -> None:
+    """The rows that must be batch-invariant go through calls of at most ``exact_rows`` rows
+    (``project``), the block kernels: bit for bit what they are alone."""
+    projection = linear(16)
+    x = rows_of(48)
+    exact = torch.tensor([3, 17, 40])
+    out = project(projection, x, exact)
+    for row in exact.tolist():
+        assert torch.equal(out[row], projection(x[row : row + 1])[0])
+
+
+def test_a_float32_model_and_no_threshold_never_decode() -> None:
+    x = rows_of(40).float()
+    projection = linear(16)
+    assert torch.equal(projection(x), KERNELS.matmul(projection.prepared, x, bias=projection.bias))
+    off = linear(0)
+    assert off.exact_rows > 10**6
+    assert torch.equal(off(rows_of(40)), KERNELS.matmul(off.prepared, rows_of(40), bias=off.bias))
+
+
+@pytest.fixture(scope="module")
+def random_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dense_calls") / "model.gguf"
+    return write_random_gguf(
+        out, types="Q4_K,Q6_K,Q6_K", hidden=256, layers=1, heads=4, kv_heads=2, ffn=512
+    )
+
+
+@pytest.mark.parametrize("wide_copies", ["off", "on"])
+def test_the_load_decodes_wide_calls_only_without_copies_on_a_bfloat16_cpu(
+    random_file: Path, wide_copies: str
+) -> None:
+    runner = load_checkpoint(
+        random_file,
+        max_num_seqs=2,
+        max_model_len=64,
+        dtype="bfloat16",
+        quantization="auto",
+        wide_copies=wide_copies,
+    )
+    qkv = runner.model.weights.layers[0].qkv
+    assert isinstance(qkv, GGMLLinear)
+    native = not widens_to_float32(torch.device("cpu"), torch.bfloat16)
+    wanted = DENSE_FROM_ROWS if native and wide_copies == "off" else 0
+    assert qkv.dense_from_rows == wanted
+    assert (runner.model.weights.kernel is LinearKernel.ONEDNN) == native
