@@ -158,6 +158,16 @@ int64_t sl_tile8_bytes_q8_1(int64_t k);
 #define SL_TARGET_AVX512                                                                         \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
+/* Plain C loops (the row decodes) compiled for AVX-512, AVX2 and the baseline, one picked at
+ * load by the CPU (GCC / Clang function multiversioning): the library is built without
+ * -march, and the baseline's 4-wide vectors left a row's decode at ~0.6 G weights/s. The
+ * same float operations in the same order, so the same values (no contraction under -std=c11). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SL_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SL_TARGET_CLONES
+#endif
+
 /* IEEE half -> float, exact, portable (the scale fields of every format). */
 static inline float sl_fp16_to_fp32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;

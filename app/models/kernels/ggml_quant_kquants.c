@@ -362,7 +362,7 @@ SL_TARGET_AVX512 void sl_dot4_q4_k_avx512(int64_t k, const void *w_row, const vo
     kq_dot_q4_k_avx512_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
 }
 
-void sl_dequantize_q4_k(int64_t k, const void *w_row, float *out) {
+SL_TARGET_CLONES void sl_dequantize_q4_k(int64_t k, const void *w_row, float *out) {
     const uint8_t *w = (const uint8_t *)w_row;
     for (int64_t b = 0; b < k / SL_QK_K; b++, w += KQ_Q4_K_BYTES, out += SL_QK_K) {
         const float d = sl_fp16_to_fp32(sl_read_u16(w)), dmin = sl_fp16_to_fp32(sl_read_u16(w + 2));
@@ -542,7 +542,7 @@ SL_TARGET_AVX512 void sl_dot4_q5_k_avx512(int64_t k, const void *w_row, const vo
     kq_dot_q5_k_avx512_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
 }
 
-void sl_dequantize_q5_k(int64_t k, const void *w_row, float *out) {
+SL_TARGET_CLONES void sl_dequantize_q5_k(int64_t k, const void *w_row, float *out) {
     const uint8_t *w = (const uint8_t *)w_row;
     for (int64_t b = 0; b < k / SL_QK_K; b++, w += KQ_Q5_K_BYTES, out += SL_QK_K) {
         const float d = sl_fp16_to_fp32(sl_read_u16(w)), dmin = sl_fp16_to_fp32(sl_read_u16(w + 2));
@@ -744,7 +744,7 @@ SL_TARGET_AVX512 void sl_dot4_q6_k_avx512(int64_t k, const void *w_row, const vo
     kq_dot_q6_k_avx512_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
 }
 
-void sl_dequantize_q6_k(int64_t k, const void *w_row, float *out) {
+SL_TARGET_CLONES void sl_dequantize_q6_k(int64_t k, const void *w_row, float *out) {
     const uint8_t *w = (const uint8_t *)w_row;
     for (int64_t b = 0; b < k / SL_QK_K; b++, w += KQ_Q6_K_BYTES, out += SL_QK_K) {
         const int8_t *scales = (const int8_t *)(w + 192);

@@ -245,11 +245,11 @@ float sl_dot_q5_0_scalar(int64_t k, const void *w, const void *x) { return lq_do
 float sl_dot_q5_1_scalar(int64_t k, const void *w, const void *x) { return lq_dot_scalar(LQ_Q5_1, k, w, x); }
 float sl_dot_q8_0_scalar(int64_t k, const void *w, const void *x) { return lq_dot_scalar(LQ_Q8_0, k, w, x); }
 
-void sl_dequantize_q4_0(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q4_0, k, w, out); }
-void sl_dequantize_q4_1(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q4_1, k, w, out); }
-void sl_dequantize_q5_0(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q5_0, k, w, out); }
-void sl_dequantize_q5_1(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q5_1, k, w, out); }
-void sl_dequantize_q8_0(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q8_0, k, w, out); }
+SL_TARGET_CLONES void sl_dequantize_q4_0(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q4_0, k, w, out); }
+SL_TARGET_CLONES void sl_dequantize_q4_1(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q4_1, k, w, out); }
+SL_TARGET_CLONES void sl_dequantize_q5_0(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q5_0, k, w, out); }
+SL_TARGET_CLONES void sl_dequantize_q5_1(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q5_1, k, w, out); }
+SL_TARGET_CLONES void sl_dequantize_q8_0(int64_t k, const void *w, float *out) { lq_dequantize(LQ_Q8_0, k, w, out); }
 
 #if LQ_X86
 

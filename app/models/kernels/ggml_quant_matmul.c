@@ -318,6 +318,11 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
     return 0;
 }
 
+/* k float32 values rounded to bfloat16 (vectorised where the CPU allows: SL_TARGET_CLONES). */
+SL_TARGET_CLONES static void sl_row_to_bf16(const float *row, uint16_t *out, int64_t k) {
+    for (int64_t j = 0; j < k; j++) out[j] = sl_fp32_to_bf16(row[j]);
+}
+
 /* Rows ids[0..n_ids) of a matrix of k columns in `qtype` decoded into out (n_ids rows of k
  * float32 or bfloat16 values): token lookups (a few rows), and a whole matrix decoded for one
  * wide call (thousands, split over `threads` of the OpenMP team). Returns 0, or -1 for a
@@ -340,8 +345,7 @@ int sl_quant_dequantize_rows(int qtype, const void *w, int64_t k, const int64_t 
                 format->dequantize(k, source, (float *)out + i * k);
             } else if (row != NULL) {
                 format->dequantize(k, source, row);
-                uint16_t *target = (uint16_t *)out + i * k;
-                for (int64_t j = 0; j < k; j++) target[j] = sl_fp32_to_bf16(row[j]);
+                sl_row_to_bf16(row, (uint16_t *)out + i * k, k);
             }
         }
         free(row);

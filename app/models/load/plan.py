@@ -237,6 +237,9 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     wide_copies = keeps_wide_copies(options.wide_copies, wide_bytes, device, dtype)
     if wide_copies:
         reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
+    native_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+    native_bf16 = native_bf16 and not widens_to_float32(device, dtype)
+    decode_bytes = decode_buffer_bytes(source) if stored and native_bf16 and not wide_copies else 0
     memory = estimate_memory(
         source.hparams,
         dtype=dtype,
@@ -245,7 +248,7 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         max_model_len=max_model_len,
         num_kv_blocks=num_kv_blocks,
         block_bytes=stored,
-        extra_bytes=wide_bytes if wide_copies else 0,
+        extra_bytes=(wide_bytes if wide_copies else 0) + decode_bytes,
     )
     if not memory.fits:
         raise ModelRefused(
@@ -288,6 +291,13 @@ def block_bytes(source: ModelSource) -> dict[str, int]:
         raw = source.checkpoint.raw_blocks(name)
         sizes[part] = sizes.get(part, 0) + (0 if raw is None else raw.nbytes)
     return sizes
+
+
+def decode_buffer_bytes(source: ModelSource) -> int:
+    """Bytes of the model thread's buffer for a wide call's blocks decoded to bfloat16
+    (``GGMLLinear.decoded``): at most a fused gate/up projection, twice the largest matrix."""
+    shapes = [source.checkpoint.tensor_shape(name) for _, name in _block_matrices(source)]
+    return 2 * max((rows * columns for rows, columns in shapes), default=0) * 2
 
 
 def wide_copy_bytes(source: ModelSource, itemsize: int) -> int:

@@ -12,10 +12,11 @@ Every row of a call is computed alone (see the kernels' module): ``exact_rows`` 
 Where no copy is kept but the CPU multiplies bfloat16 natively (AMX, AVX-512 BF16), a call of
 at least ``dense_from_rows`` rows (a long prompt's chunk) decodes the blocks into a bfloat16
 matrix for that call only and runs oneDNN's GEMM over it: the block kernels are GEMV-shaped,
-and a 1B Q4_K layer's four projections over 512 rows took 576 ms on the blocks against 213 ms
+and a 1B Q4_K layer's four projections over 512 rows took 575 ms on the blocks against 173 ms
 decoded per call on the 2-core AMX Xeon (docs/MODEL_PERF.md).
-The decoded matrix lives for the call (the largest of the 1B file: 64 MiB). Then a row is
-batch-invariant up to ``dense_from_rows - 1`` rows a call.
+The decoded matrix is written into one buffer per thread, reused (the 1B file's largest
+matrix: 64 MiB, counted by the memory estimate). Then a row is batch-invariant up to
+``dense_from_rows - 1`` rows a call.
 
 A model may also keep a dense copy for wide steps (``wide``; ``--wide-copies``, by default only
 where the copies come to at most 512 MiB: memory at the file's size is the point for real-sized
@@ -28,6 +29,7 @@ against 10.3 at 8, 41 against 15.5 at 16). Then a row is batch-invariant up to
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +44,12 @@ EXACT_ROWS_ANY = 2**31 - 1
 GGML_MAX_ROWS = 4
 # Without one, on a CPU with native bfloat16 matmuls: calls of at least this many rows decode
 # the blocks for the call (measured on the 2-core AMX Xeon at load 3-4, a 1B Q4_K layer's four
-# projections: 2.71x the blocks' speed at 512 rows, 1.61x at 256, 0.97x at 128, 0.54x at 64).
-DENSE_FROM_ROWS = 256
+# projections: 3.33x the blocks' speed at 512 rows, 2.17x at 256, 1.41x at 128, 0.80x at 64).
+DENSE_FROM_ROWS = 128
+
+
+# The calling thread's buffer of GGMLLinear.decoded (the model thread's, in a server).
+_DECODE_BUFFER = threading.local()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +127,16 @@ class GGMLLinear:
         )
 
     def decoded(self) -> torch.Tensor:
-        """``W`` as a ``[out, in]`` bfloat16 matrix decoded from the blocks (a new one each
-        call: the point of the blocks is that none is kept)."""
-        weight = torch.empty((self.out_features, self.in_features), dtype=torch.bfloat16)
+        """``W`` as a ``[out, in]`` bfloat16 matrix decoded from the blocks, in the calling
+        thread's decode buffer: valid until this thread's next ``decoded()``. One buffer per
+        thread, grown to the largest matrix decoded (counted by the load's memory estimate):
+        a fresh 64 MiB tensor per call spent more on page faults than on the decode (48.9
+        against 19.6 ms for the 1B file's 16384 x 2048 Q4_K matrix)."""
+        count = self.out_features * self.in_features
+        buffer = getattr(_DECODE_BUFFER, "tensor", None)
+        if buffer is None or buffer.numel() < count:
+            _DECODE_BUFFER.tensor = buffer = torch.empty(count, dtype=torch.bfloat16)
+        weight = buffer[:count].view(self.out_features, self.in_features)
         start = 0
         for segment in self.segments:
             rows = torch.arange(segment.rows)
