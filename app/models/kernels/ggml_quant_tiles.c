@@ -138,6 +138,22 @@ SL_TARGET_AVX2 TL_INLINE void tl_decode(int fmt, const uint8_t *const rows[TL_LA
     }
 }
 
+/* Group g (4 codes of each of the 8 rows) of a decoded tile block, unsigned for the byte
+ * products: Q8_0's magnitudes (its signs go to the activations); *cv: the codes as stored. */
+SL_TARGET_AVX2 TL_INLINE __m256i tl_group_codes(int fmt, const uint8_t *codes, int g, __m256i *cv) {
+    *cv = _mm256_loadu_si256((const __m256i *)(codes + g * 32));
+    return fmt == TL_Q8_0 ? _mm256_abs_epi8(*cv) : *cv;
+}
+
+/* Activation bytes 4g .. 4g + 3 of block x broadcast to the 8 lanes (Q8_0: with the signs of
+ * the codes cv, so that |w| * (sign(w) x) = w x). */
+SL_TARGET_AVX2 TL_INLINE __m256i tl_group_x(int fmt, const sl_block_q8_1 *x, int g, __m256i cv) {
+    int32_t four;
+    memcpy(&four, x->qs + 4 * g, 4);
+    const __m256i xb = _mm256_set1_epi32(four);
+    return fmt == TL_Q8_0 ? _mm256_sign_epi8(xb, cv) : xb;
+}
+
 /* The tile decode (the same layout for both instruction sets' gemm). */
 #define TL_EXPORT_DECODE(name, fmt)                                                                \
     SL_TARGET_AVX2 void sl_decode8_##name##_avx2(const uint8_t *const *rows, int64_t k, void *tile, \

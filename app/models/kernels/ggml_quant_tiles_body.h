@@ -60,16 +60,11 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
     /* four byte products a lane straight into int32 */
 #pragma GCC unroll 8
     for (int g = 0; g < TL_GROUPS; g++) {
-        const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + g * 32));
-        const __m256i cu = fmt == TL_Q8_0 ? _mm256_abs_epi8(cv) : cv;
+        __m256i cv;
+        const __m256i cu = tl_group_codes(fmt, codes, g, &cv);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            int32_t four;
-            memcpy(&four, x[r][b].qs + 4 * g, 4);
-            __m256i xb = _mm256_set1_epi32(four);
-            if (fmt == TL_Q8_0) xb = _mm256_sign_epi8(xb, cv);
-            isum[r] = _mm256_dpbusd_epi32(isum[r], cu, xb);
-        }
+        for (int r = 0; r < R; r++)
+            isum[r] = _mm256_dpbusd_epi32(isum[r], cu, tl_group_x(fmt, x[r] + b, g, cv));
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
@@ -82,16 +77,11 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
         for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int g = g0; g < g0 + run; g++) {
-            const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + g * 32));
-            const __m256i cu = fmt == TL_Q8_0 ? _mm256_abs_epi8(cv) : cv;
+            __m256i cv;
+            const __m256i cu = tl_group_codes(fmt, codes, g, &cv);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                int32_t four;
-                memcpy(&four, x[r][b].qs + 4 * g, 4);
-                __m256i xb = _mm256_set1_epi32(four);
-                if (fmt == TL_Q8_0) xb = _mm256_sign_epi8(xb, cv);
-                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(cu, xb));
-            }
+            for (int r = 0; r < R; r++)
+                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(cu, tl_group_x(fmt, x[r] + b, g, cv)));
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
