@@ -162,9 +162,12 @@ int64_t sl_tile8_bytes_q8_1(int64_t k);
  * load by the CPU (GCC / Clang function multiversioning): the library is built without
  * -march, and the baseline's 4-wide vectors left a row's decode at ~0.6 G weights/s. The
  * same float operations in the same order, so the same values (no contraction under -std=c11). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__has_attribute)
+#if __has_attribute(target_clones) && defined(__x86_64__) && defined(__GLIBC__)
 #define SL_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
+#endif
+#endif
+#ifndef SL_TARGET_CLONES /* (the resolver is an ifunc: glibc only) */
 #define SL_TARGET_CLONES
 #endif
 
