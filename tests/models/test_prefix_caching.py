@@ -8,6 +8,7 @@ generated tokens must go on exactly as it would have.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,30 @@ def test_smollm2_multi_turn_same_tokens_with_caching(runner: ModelRunner) -> Non
     assert engine.scheduler.kv_blocks.num_used_blocks == 0
 
 
+@pytest.fixture(scope="module")
+def tiny_runners(tiny_checkpoints: TinyCheckpoints) -> Iterator:
+    """``tiny_runners(architecture, kv_blocks)``: a tiny model's runner with 4 slots of 128
+    positions, its KV pool the default (``kv_blocks`` None) or ``kv_blocks`` blocks, loaded
+    once per module and shared as the session's SmolLM2 runner is: every engine built on it
+    frees its blocks (``_generate`` checks it)."""
+    loaded: dict[tuple[str, int | None], ModelRunner] = {}
+
+    def runner(architecture: str, kv_blocks: int | None = None) -> ModelRunner:
+        if (architecture, kv_blocks) not in loaded:
+            path: Path = tiny_checkpoints.hf(architecture)
+            memory = None
+            if kv_blocks is not None:
+                roomy = runner(architecture).model
+                memory = kv_blocks * kv_block_bytes(roomy.hparams, dtype=roomy.dtype)
+            loaded[architecture, kv_blocks] = load_checkpoint(
+                path, max_num_seqs=4, max_model_len=128, kv_cache_memory=memory
+            )
+        return loaded[architecture, kv_blocks]
+
+    yield runner
+    loaded.clear()
+
+
 @pytest.mark.parametrize(
     ("architecture", "sampling"),
     [
@@ -121,18 +146,16 @@ def test_smollm2_multi_turn_same_tokens_with_caching(runner: ModelRunner) -> Non
     ],
 )
 def test_tiny_models_same_tokens_with_caching_and_under_preemption(
-    tiny_checkpoints: TinyCheckpoints, architecture: str, sampling: SamplingParams
+    tiny_runners, architecture: str, sampling: SamplingParams
 ) -> None:
-    path: Path = tiny_checkpoints.hf(architecture)
-    roomy = load_checkpoint(path, max_num_seqs=4, max_model_len=128)
+    roomy = tiny_runners(architecture)
     shared = list(range(5, 5 + 40))
     prompts = [shared + [100 + i, 7, 8 + i] for i in range(4)] + [shared[:32], [3]]
     off, _ = _generate(roomy, prompts, caching=False, max_tokens=40, sampling=sampling)
     on, _ = _generate(roomy, prompts, caching=True, max_tokens=40, sampling=sampling)
     assert on == off
     # 12 blocks for 4 slots whose sequences grow to 6 blocks each: decode runs out of blocks.
-    block = kv_block_bytes(roomy.model.hparams, dtype=roomy.model.dtype)
-    tiny = load_checkpoint(path, max_num_seqs=4, max_model_len=128, kv_cache_memory=12 * block)
+    tiny = tiny_runners(architecture, kv_blocks=12)
     assert tiny.capabilities.num_kv_blocks == 13
     for caching in (True, False):
         preempted, engine = _generate(
