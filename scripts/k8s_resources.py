@@ -22,7 +22,13 @@ import torch
 
 from app.config import ServerConfig
 from app.models.load.memory import WIDE_COPY_LIMIT
-from app.models.load.plan import LoadOptions, LoadPlan, plan_load, wide_copy_bytes
+from app.models.load.plan import (
+    LoadOptions,
+    LoadPlan,
+    decode_buffer_bytes,
+    plan_load,
+    wide_copy_bytes,
+)
 from app.models.weights.record import Quantization
 
 MIB = 2**20
@@ -54,33 +60,36 @@ def round_up(mib: float) -> int:
     return ROUND_MIB * math.ceil(mib / ROUND_MIB)
 
 
-def copies_on_another_cpu(plan: LoadPlan) -> int:
-    """Bytes of the dense bfloat16 copies that ``--wide-copies auto`` keeps on a node whose CPU
-    computes bfloat16 natively (AMX, AVX-512 BF16) and that ``plan``, made on a CPU without
-    it, left out (0 where the plan keeps them already or would not on any CPU). A pod may be
-    scheduled on either kind of node: its request counts the larger."""
+def bytes_on_another_cpu(plan: LoadPlan) -> int:
+    """Bytes that a node whose CPU computes bfloat16 natively (AMX, AVX-512 BF16) holds and
+    that ``plan``, made on a CPU without it, left out: the dense bfloat16 copies
+    ``--wide-copies auto`` keeps there, or, where it keeps none, the buffer that wide calls
+    decode the blocks into (0 where the plan was made on such a CPU, or where no CPU adds
+    anything). A pod may be scheduled on either kind of node: its request counts the larger."""
     if (
         plan.wide_copies
-        or plan.options.wide_copies != "auto"
+        or plan.decodes_wide_calls
         or plan.quantization is not Quantization.GGUF
         or plan.device.type != "cpu"
         or plan.dtype != torch.bfloat16
     ):
         return 0
     copies = wide_copy_bytes(plan.source, torch.bfloat16.itemsize)
-    return copies if copies <= WIDE_COPY_LIMIT else 0
+    if plan.options.wide_copies == "auto" and copies <= WIDE_COPY_LIMIT:
+        return copies
+    return decode_buffer_bytes(plan.source)
 
 
 def pod_memory(config: ServerConfig) -> PodMemory:
     """The memory of a replica started with ``config``, on whichever kind of CPU needs more
-    (:func:`copies_on_another_cpu`): the same numbers whatever machine runs this.
+    (:func:`bytes_on_another_cpu`): the same numbers whatever machine runs this.
 
     Raises:
         ModelRefused: the model cannot be opened, or does not fit in this machine's memory
             (the estimate is checked against what is available here).
     """
     plan = plan_load(config.model, LoadOptions.from_config(config))
-    estimate_mib = math.ceil((plan.memory.total + copies_on_another_cpu(plan)) / MIB)
+    estimate_mib = math.ceil((plan.memory.total + bytes_on_another_cpu(plan)) / MIB)
     request_mib = round_up(RUNTIME_MIB + estimate_mib)
     return PodMemory(estimate_mib, request_mib, round_up(request_mib * LIMIT_HEADROOM))
 

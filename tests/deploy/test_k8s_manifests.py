@@ -125,6 +125,21 @@ def test_replica_memory_is_the_same_whatever_cpu_computes_it(monkeypatch, bfloat
     assert replica["resources"]["limits"] == memory["limits"]
 
 
+@pytest.mark.parametrize("wide_copies", ["auto", "off"])
+def test_pod_memory_does_not_depend_on_the_cpu_that_computes_it(monkeypatch, wide_copies):
+    """With copies (auto) or without (off: a bfloat16 CPU then decodes wide calls into a
+    buffer), ``pod_memory`` gives the numbers of the larger kind of node on either kind."""
+    config = ServerConfig(model="smollm2", max_num_seqs=16, wide_copies=wide_copies)
+    memory = {}
+    for bfloat16_cpu in (False, True):
+        for module in ("app.models.load.plan", "app.models.load.memory"):
+            monkeypatch.setattr(
+                f"{module}.widens_to_float32", lambda device, dtype, w=not bfloat16_cpu: w
+            )
+        memory[bfloat16_cpu] = pod_memory(config)
+    assert memory[False] == memory[True]
+
+
 def test_the_hpa_scales_the_replicas_on_the_served_queue_depth():
     hpa = resource("HorizontalPodAutoscaler", "slotserve")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "slotserve"

@@ -35,7 +35,7 @@ from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from app.models.weights.build import load_weights
 from app.models.weights.int4 import int4_kernel_status
-from app.models.weights.projections import select_linear_kernel, widens_to_float32
+from app.models.weights.projections import LinearKernel, select_linear_kernel, widens_to_float32
 from app.models.weights.record import DTYPES, ModelWeights, Quantization
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,8 @@ class LoadPlan:
         num_kv_blocks: blocks of the paged KV pool, the null block included.
         wide_copies: gguf keeps dense copies of the projections for wide steps
             (``--wide-copies``).
+        decodes_wide_calls: gguf without copies on a CPU with native bfloat16 matmuls: wide
+            calls decode the blocks for the call (``GGMLLinear.dense_from_rows``).
     """
 
     source: ModelSource
@@ -117,6 +119,7 @@ class LoadPlan:
     memory: MemoryEstimate
     num_kv_blocks: int
     wide_copies: bool = False
+    decodes_wide_calls: bool = False
 
 
 def resolve_device(device: str) -> str:
@@ -232,14 +235,17 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     except ValueError as error:
         raise ModelRefused(source.path, str(error)) from None
     stored = block_bytes(source) if quantization is Quantization.GGUF else None
-    itemsize = 4 if widens_to_float32(device, dtype) else dtype.itemsize
+    widens = widens_to_float32(device, dtype)
+    itemsize = 4 if widens else dtype.itemsize
     wide_bytes = wide_copy_bytes(source, itemsize) if stored else 0
     wide_copies = keeps_wide_copies(options.wide_copies, wide_bytes, device, dtype)
     if wide_copies:
         reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
-    native_bf16 = device.type == "cpu" and dtype == torch.bfloat16
-    native_bf16 = native_bf16 and not widens_to_float32(device, dtype)
-    decode_bytes = decode_buffer_bytes(source) if stored and native_bf16 and not wide_copies else 0
+    # Wide calls decode the blocks for the call (GGMLLinear.dense_from_rows) where no copy is
+    # kept and the CPU multiplies bfloat16 natively; the model thread's buffer is counted.
+    native_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not widens
+    decodes_wide_calls = bool(stored) and native_bf16 and not wide_copies
+    decode_bytes = decode_buffer_bytes(source) if decodes_wide_calls else 0
     memory = estimate_memory(
         source.hparams,
         dtype=dtype,
@@ -266,6 +272,7 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         memory,
         num_kv_blocks,
         wide_copies,
+        decodes_wide_calls,
     )
 
 
@@ -341,6 +348,11 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         kernel=kernel,
         ggml=ggml,
         wide_copies=plan.wide_copies and quantization is Quantization.GGUF,
+        decode_wide_calls=(
+            plan.decodes_wide_calls
+            and quantization is Quantization.GGUF
+            and kernel is LinearKernel.ONEDNN  # (the probe may have refused oneDNN bfloat16)
+        ),
     )
     if quantization is not Quantization.GGUF:
         # The weights are copied out: the file's pages go. On the file's blocks they are the

@@ -64,12 +64,14 @@ def load_weights(
     kernel: LinearKernel = LinearKernel.DENSE,
     ggml: GGMLKernels | None = None,
     wide_copies: bool = False,
+    decode_wide_calls: bool = False,
 ) -> ModelWeights:
     """Read, fuse, fold, cast (or quantise) and move every weight.
 
     ``ggml``: the GGUF-block kernels, required for ``Quantization.GGUF``; ``wide_copies``:
-    gguf keeps a dense copy of each projection on the blocks for wide steps
-    (:class:`app.models.weights.ggml.GGMLLinear`).
+    gguf keeps a dense copy of each projection on the blocks for wide steps; without them,
+    ``decode_wide_calls``: wide calls decode the blocks for the call (both
+    :class:`app.models.weights.ggml.GGMLLinear`; the load plan decides).
 
     Raises:
         ValueError: gguf without its kernels, off the CPU or on a checkpoint without blocks;
@@ -92,7 +94,9 @@ def load_weights(
         raise ValueError("the oneDNN packed bfloat16 kernel needs bfloat16 on the CPU")
     if kernel is LinearKernel.ONEDNN_FLOAT32 and device.type != "cpu":
         raise ValueError("the oneDNN packed float32 kernel runs on the CPU only")
-    builder = _LayerBuilder(tensors, dtype, device, quantization, kernel, ggml, wide_copies)
+    builder = _LayerBuilder(
+        tensors, dtype, device, quantization, kernel, ggml, wide_copies, decode_wide_calls
+    )
     layers = tuple(builder.layer(i) for i in range(tensors.hparams.block_count))
     embedding, lm_head = builder.embedding_and_head()
     return ModelWeights(
@@ -118,9 +122,11 @@ class _LayerBuilder:
         kernel: LinearKernel,
         ggml: GGMLKernels | None = None,
         wide_copies: bool = False,
+        decode_wide_calls: bool = False,
     ) -> None:
         self.tensors = tensors
         self.wide_copies = wide_copies
+        self.dense_from_rows = DENSE_FROM_ROWS if decode_wide_calls and not wide_copies else 0
         self.dtype, self.device = dtype, device
         self.quantization, self.kernel, self.ggml = quantization, kernel, ggml
         # gguf: "name (type)" of each matrix whose projection stayed dense
@@ -230,18 +236,9 @@ class _LayerBuilder:
         float_bias = None if bias is None else bias.float()
         wide = self._wide(parts, i, bias)
         linear = GGMLLinear(
-            self.ggml, segments, width, float_bias, wide=wide, dense_from_rows=self._dense_from_rows
+            self.ggml, segments, width, float_bias, wide=wide, dense_from_rows=self.dense_from_rows
         )
         return linear, None if norm is None else self.vector(norm, i)
-
-    @property
-    def _dense_from_rows(self) -> int:
-        """Where wide calls decode the blocks for the call (``GGMLLinear.dense_from_rows``):
-        a bfloat16 model with no copies kept, on a CPU whose oneDNN multiplies bfloat16
-        natively (elsewhere the decoded matrix would be widened to float32, and the tile
-        kernels were measured faster than float32 copies on AVX2)."""
-        native = self.kernel is LinearKernel.ONEDNN and self.dtype == torch.bfloat16
-        return DENSE_FROM_ROWS if native and not self.wide_copies else 0
 
     def _wide(
         self, parts: tuple[str, ...], i: int | None, bias: torch.Tensor | None
