@@ -7,9 +7,12 @@ What the edge needs to know of the model (its capabilities, its tokenizer, its c
 it reads through the engine's own operations (rule R11): ``capabilities``, ``encode_text``,
 ``encode_chat``, ``chat_template``, ``policy_name``.
 
-    loop:  take_new_commands -> admit_waiting -> schedule -> start the step (thread)
-           -> emit_text (the previous step's text and events, while this step runs)
-           -> the step's output -> take_new_commands (cancels win) -> advance
+    loop:  take_new_commands -> admit_waiting -> schedule -> start step N (thread)
+           -> emit_text (step N-1's text and events, while N runs)
+           -> schedule_ahead: step N+1, queued behind N at once when it can be built
+              before N's tokens are known (``app.engine.lookahead``)
+           -> step N's output -> take_new_commands (cancels win) -> advance
+           -> with a step N+1: emit_text while it runs, and so on; else back to the top
 
 The overlap and which guarantee costs what: ``docs/ENGINE_LOOP.md``.
 """
@@ -26,10 +29,11 @@ from typing import Any
 from app.engine.engine_core import EngineCore
 from app.engine.handle import InFlightRequests, RequestHandle
 from app.engine.inbox import Cancel, Command, Inbox, Submit
+from app.engine.lookahead import TimedStepCall
 from app.engine.model_thread import ModelThread
 from app.engine.request import FinishReason, GenerationRequest
 from app.engine.step_rows import ScheduledStep
-from app.models.base import Model, StepBatch, StepOutput
+from app.models.base import Model, StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +91,8 @@ class AsyncEngine(EngineCore):
         model_thread: where ``model.step`` runs; pass the thread the model was loaded on
             (see :mod:`app.engine.model_thread`). A new one by default. The engine shuts it
             down in :meth:`stop`.
+        schedule_ahead: build step N+1 while step N runs when the scheduler can
+            (``Scheduler.schedule_ahead``); False: always after step N's output is applied.
     """
 
     def __init__(
@@ -95,9 +101,11 @@ class AsyncEngine(EngineCore):
         *,
         limits: AdmissionLimits | None = None,
         model_thread: ModelThread | None = None,
+        schedule_ahead: bool = True,
         **options: Any,
     ) -> None:
-        super().__init__(model, **options)
+        super().__init__(model, release_slot=self._release_slot, **options)
+        self.schedules_ahead = schedule_ahead
         self.limits = limits or AdmissionLimits()
         self.metrics.track_queue(
             waiting=lambda: self.scheduler.num_waiting, running=lambda: self.scheduler.num_running
@@ -107,10 +115,12 @@ class AsyncEngine(EngineCore):
         self._in_flight = InFlightRequests()
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
-        # the step on the model thread, from its start until the loop has its output; a
-        # release (stop, the loop's failure) waits for it first (base.py: ``step`` never
-        # runs concurrently with ``release``)
-        self._step_in_flight: asyncio.Future[tuple[StepOutput, float]] | None = None
+        # the steps on the model thread (N, and N+1 queued behind it), from their start until
+        # the loop has their output; ``stop`` waits for them, and a slot released meanwhile
+        # is released on the model thread after them (``step`` never runs concurrently with
+        # ``release``, base.py)
+        self._steps_in_flight: list[asyncio.Future[tuple[StepOutput, float]]] = []
+        self._call_model = TimedStepCall(model, keeps_tokens=schedule_ahead)  # model thread
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -161,20 +171,30 @@ class AsyncEngine(EngineCore):
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await self._step_returned()
+        await self._steps_returned()
         self._end_every_request(FinishReason.CANCELLED)
         self._model_thread.shutdown()
 
-    async def _step_returned(self) -> None:
-        """Waits until no step runs on the model thread (its output or error is dropped)."""
-        running = self._step_in_flight
-        if running is None:
-            return
-        await asyncio.wait({running})
-        if self._step_in_flight is running:
-            self._step_in_flight = None
-        if not running.cancelled():
-            running.exception()  # retrieved: the loop that would have read it is gone
+    async def _steps_returned(self) -> None:
+        """Waits until no step runs on the model thread (their outputs or errors dropped)."""
+        while self._steps_in_flight:
+            running = self._steps_in_flight.pop(0)
+            await asyncio.wait({running})
+            if not running.cancelled():
+                running.exception()  # retrieved: the loop that would have read it is gone
+
+    async def wait_model_thread(self) -> None:
+        """Returns once every call queued on the model thread so far has run: the steps in
+        flight and the slot releases queued behind them."""
+        await self._model_thread.run(int)
+
+    def _release_slot(self, slot: int) -> None:
+        """The scheduler's release of a slot: at once when no step is in flight, else queued
+        on the model thread behind the steps that may still use the slot."""
+        if self._steps_in_flight:
+            self._model_thread.queue(self.model.release, slot)
+        else:
+            self.model.release(slot)
 
     # ----------------------------------------------------------------- what the edge reads
 
@@ -273,7 +293,7 @@ class AsyncEngine(EngineCore):
                 if step is None:
                     self.scheduler.emit_text(step_in_flight=False)
                 else:
-                    await self._run_step(step)
+                    await self._run_steps(step)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -304,31 +324,49 @@ class AsyncEngine(EngineCore):
             if sequence is not None and self.scheduler.cancel(sequence):
                 self.metrics.cancel_to_free.observe(time.perf_counter() - command.issued_at)
 
-    async def _run_step(self, step: ScheduledStep) -> None:
-        """One model step on the model thread; while it runs, the previous step's text and
-        events (``emit_text``); then its output applied. The step raising, or its output not
-        applying, fails the step's rows (``EngineCore``'s rule); a failure while emitting or
-        applying commands is the loop's own and ends the loop (after the step returned: it
-        still uses its slots, rule R16).
-
-        The step is awaited through a shield: cancelling the loop (``stop``) leaves it
-        running, and ``stop`` waits for it (``_step_returned``) before releasing any slot.
+    async def _run_steps(self, step: ScheduledStep) -> None:
+        """Runs ``step`` on the model thread and, while each step runs, the previous step's
+        text and events (``emit_text``) and the next step when it can be built before this
+        one's tokens are known (``schedule_ahead``: queued behind it at once, so the model
+        thread goes from one to the next without waiting for the loop); each step's output
+        is applied when it returns (``_step_output``). Returns when the step last started
+        was applied without a next one built ahead. A failure while emitting or scheduling
+        is the loop's own and ends the loop, after the steps in flight returned (rule R16).
         """
-        running = self._model_thread.start(self._timed_step, step.batch)
-        self._step_in_flight = running
+        running = self._start(step)
+        while True:
+            try:
+                self.scheduler.emit_text(step_in_flight=True)
+                ahead = self.scheduler.schedule_ahead(step) if self.schedules_ahead else None
+            except Exception:
+                await self._steps_returned()
+                raise
+            following = None if ahead is None else self._start(ahead)
+            await self._step_output(step, running)
+            if ahead is None or following is None:  # (both or neither)
+                return
+            step, running = ahead, following
+
+    def _start(self, step: ScheduledStep) -> asyncio.Future[tuple[StepOutput, float]]:
+        running = self._model_thread.start(self._call_model, step)
+        self._steps_in_flight.append(running)
+        return running
+
+    async def _step_output(
+        self, step: ScheduledStep, running: asyncio.Future[tuple[StepOutput, float]]
+    ) -> None:
+        """Awaits ``step`` and applies its output. The step raising, or its output not
+        applying, fails the step's rows (``EngineCore``'s rule). Awaited through a shield:
+        cancelling the loop (``stop``) leaves the step running, and ``stop`` waits for it
+        (``_steps_returned``) before releasing any slot."""
         try:
-            self.scheduler.emit_text(step_in_flight=True)
+            output, seconds = await asyncio.shield(running)  # a cancel leaves it to stop()
         except Exception:
-            await self._step_returned()
-            raise
-        try:
-            output, seconds = await asyncio.shield(running)  # a cancel leaves the step to stop()
-        except Exception:
+            self._steps_in_flight.remove(running)
             logger.exception("model step over %d rows failed", len(step.sequences))
-            self._step_in_flight = None
             self.fail_step(step)
             return
-        self._step_in_flight = None
+        self._steps_in_flight.remove(running)
         self.metrics.step_duration.observe(seconds)
         # Cancels that arrived during the step win over its output: a DELETE answered
         # 200 must end its request as cancelled, never with one more token.
@@ -340,13 +378,6 @@ class AsyncEngine(EngineCore):
                 len(step.sequences),
                 exc_info=failure,
             )
-
-    def _timed_step(self, batch: StepBatch) -> tuple[StepOutput, float]:
-        """On the model thread: the step's output and its duration in seconds (the model's
-        own time, whatever the loop did meanwhile)."""
-        started = time.perf_counter()
-        output = self.model.step(batch)
-        return output, time.perf_counter() - started
 
     def _end_every_request(self, reason: FinishReason, *, error: str | None = None) -> None:
         """Once the loop is gone (stopped or failed): every request still known ends with

@@ -44,6 +44,8 @@ class EngineCore(PromptOperations):
             (``--no-prefix-caching``: False).
         speculation: n-gram speculative decoding (``--speculative-ngram``); off by default.
         chat_template: a chat template source that replaces the model's (``--chat-template``).
+        release_slot: how the scheduler has the model forget a slot; ``model.release`` by
+            default (``AsyncEngine`` orders it after the steps in flight).
 
     Attributes:
         model: the model; only the driver calls its ``step``, the scheduler its ``release``.
@@ -64,6 +66,7 @@ class EngineCore(PromptOperations):
         prefix_caching: bool = True,
         speculation: NgramSpeculation = NO_SPECULATION,
         chat_template: str | None = None,
+        release_slot: Callable[[int], None] | None = None,
     ) -> None:
         caps = model.capabilities
         self.model = model
@@ -73,7 +76,7 @@ class EngineCore(PromptOperations):
             tokenizer=model.tokenizer,
             policy=policy or ContinuousBatching(),
             metrics=self.metrics,
-            release_slot=model.release,
+            release_slot=release_slot or model.release,
             max_num_batched_tokens=max_num_batched_tokens or caps.default_max_num_batched_tokens,
             prefix_caching=prefix_caching,
             speculation=speculation,

@@ -97,7 +97,7 @@ class KVAdmission:
         its blocks (through :meth:`free`) and take it out of the running ones (its status no
         longer ``RUNNING``)."""
         grow = self.blocks.grow
-        by_age = sorted(running, key=_admission_time)
+        by_age = sorted(running, key=admission_time)
         for seq in by_age:
             if seq.is_prefilling or seq.status is not SequenceStatus.RUNNING:
                 continue
@@ -106,6 +106,13 @@ class KVAdmission:
                 preempt(victim)
                 if victim is seq:
                     break
+
+    def grow_following(self, following: list[tuple[Sequence, int]]) -> bool:
+        """Blocks for the rows of a step built ahead (``following_sequences``: each sequence
+        with its row's position), from free blocks only; False when they do not all fit
+        (those that did keep their blocks: the next step needs them anyway)."""
+        grow = self.blocks.grow
+        return all(grow(seq, position + 1) for seq, position in following)
 
     def grow_draft(self, seq: Sequence, num_draft_tokens: int) -> int:
         """Blocks for a speculative row of decoding ``seq`` (its next position and
@@ -147,5 +154,6 @@ class KVAdmission:
         self.blocks.free(seq)
 
 
-def _admission_time(seq: Sequence) -> float:
+def admission_time(seq: Sequence) -> float:
+    """The key that orders sequences oldest admitted first (never admitted: first of all)."""
     return seq.admitted_at or 0.0

@@ -17,12 +17,15 @@ this one thread, see ``docs/MODEL_PERF.md`` ("One model thread").
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 class ModelThread:
@@ -47,6 +50,19 @@ class ModelThread:
         is raised where it is awaited. Must be called from the event loop's thread."""
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    def queue(self, fn: Callable[P, T], *args: P.args) -> Future[T]:
+        """Queues ``fn(*args)`` after every call already queued, without waiting for it (the
+        engine releases a slot this way while a step that uses it is in flight); an exception
+        it raises is logged."""
+        call = self._executor.submit(fn, *args)
+        call.add_done_callback(_log_failure)
+        return call
+
     def shutdown(self) -> None:
         """No new calls; a call in progress finishes on its own, queued ones are dropped."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _log_failure(call: Future) -> None:
+    if not call.cancelled() and (error := call.exception()) is not None:
+        logger.error("a call queued on the model thread failed", exc_info=error)

@@ -1,26 +1,18 @@
 """Continuous batching: a waiting queue, a fixed number of slots, one step at a time.
 
-The scheduler is synchronous and knows nothing of asyncio or HTTP; the engines drive it:
-
-    take new commands -> admit_waiting() -> schedule() -> model.step() -> apply() -> (repeat)
-
-``apply`` is ``advance`` (what the next step depends on: tokens appended, the constraint,
-the KV commit, every finish by ``stop_conditions``) then ``emit_text`` (the text side,
-``self.outputs``); ``AsyncEngine`` runs ``emit_text`` while the next step runs
+Synchronous, with nothing of asyncio or HTTP; the engines drive it:
+``admit_waiting() -> schedule() -> model.step() -> advance() -> emit_text()``. ``advance``
+is what the next step depends on (tokens, the constraint, the KV commit, every finish by
+``stop_conditions``); ``emit_text`` is the text side, which ``AsyncEngine`` runs while the next
+step runs, and ``schedule_ahead`` builds that next step before ``advance`` when it can
 (``docs/ENGINE_LOOP.md``). Every way a sequence ends goes through ``finish()``, which frees
 the slot, releases the model's slot state, emits the final event and counts the metrics,
 exactly once (rule R16).
 
-With a paged model the KV blocks' decisions have one owner, ``self.kv`` (``KVAdmission``): a
-sequence enters when the blocks of what it must prefill fit; before each step every decoding
-sequence gets the block its next position needs, and when none is free the newest running
-one is preempted by recompute (``_preempt``: its slot and blocks released through
-``_release``, the cleanup ``finish`` uses too; back at the head of the queue with its
-generated tokens, which it prefills when readmitted). A constrained request owns a
-``ConstraintMatcher`` from admission to ``finish()``; its rows carry the matcher's mask. With
-``--speculative-ngram`` a decoding row may carry a draft (:mod:`app.engine.speculation`),
-whose accepted tokens ``advance`` appends one by one; decode-only steps are timed
-(``draft_costs``) so that what a drafted token costs is measured on the steps themselves.
+A paged model's KV blocks have one owner, ``self.kv`` (``KVAdmission``): admission, growth,
+preemption by recompute (``_preempt``, through ``finish``'s ``_release``). A constrained row
+carries its matcher's mask; with ``--speculative-ngram`` a decoding row may carry a draft
+(:mod:`app.engine.speculation`), and decode-only steps are timed (``draft_costs``).
 """
 
 from __future__ import annotations
@@ -29,8 +21,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from app.engine.kv_admission import KVAdmission
+from app.engine.kv_admission import KVAdmission, admission_time
 from app.engine.kv_blocks import Admission, AdmitOutcome, BlockManager
+from app.engine.lookahead import ahead_step, following_sequences
 from app.engine.metrics import EngineMetrics
 from app.engine.output_processor import OutputProcessor
 from app.engine.policy import AdmissionPolicy
@@ -95,10 +88,8 @@ class Scheduler:
         speculation: NgramSpeculation = NO_SPECULATION,
     ) -> None:
         if max_num_batched_tokens < capabilities.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= the number of "
-                f"slots ({capabilities.max_num_seqs})"
-            )
+            slots = capabilities.max_num_seqs
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) < slots ({slots})")
         self.capabilities = capabilities
         self.policy = policy
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -146,10 +137,7 @@ class Scheduler:
 
     def find(self, request: GenerationRequest) -> Sequence | None:
         """The live sequence made from this very request object (identity, rule R17)."""
-        for seq in (*self.running(), *self.waiting):
-            if seq.request is request:
-                return seq
-        return None
+        return next((s for s in (*self.running(), *self.waiting) if s.request is request), None)
 
     # ----------------------------------------------------------------- commands
 
@@ -225,7 +213,7 @@ class Scheduler:
         drafts = self.speculation.drafts(sequences, budget, self.capabilities, self.kv, costs)
         rows = decode_rows(sequences, blocks, drafts)
         budget -= len(rows) + sum(map(len, drafts))
-        prefilling.sort(key=lambda seq: seq.admitted_at or 0.0)  # admission order
+        prefilling.sort(key=admission_time)
         chunks = prefill_rows(prefilling, budget, self.capabilities.max_tokens_per_row, blocks)
         rows.extend(chunks)
         sequences.extend(prefilling[: len(chunks)])
@@ -239,18 +227,33 @@ class Scheduler:
         costs.scheduled(step, started, len(drafts) if decode_only else 0, drafted)
         return step
 
+    def schedule_ahead(self, running: ScheduledStep) -> ScheduledStep | None:
+        """The step after ``running``, built while it runs (:mod:`app.engine.lookahead`): a
+        ``PENDING_TOKEN`` decode row for each sequence it continues, then prompt chunks of
+        sequences admitted now. None when it cannot be built before ``running``'s output
+        (drafting, ``following_sequences``, no free KV block: growing would preempt) or is
+        empty."""
+        if self.speculation.num_draft_tokens:
+            return None
+        following = following_sequences(running, self.slots, self.capabilities.context_length)
+        if following is None or (self.kv is not None and not self.kv.grow_following(following)):
+            return None
+        self.admit_waiting()
+        in_step = {id(seq) for seq in running.sequences}
+        admitted = sorted((s for s in self.slots if id(s) not in in_step), key=admission_time)
+        budget = self.max_num_batched_tokens
+        return ahead_step(following, admitted, self.kv_blocks, budget, self.capabilities)
+
     def apply(self, step: ScheduledStep, output: StepOutput) -> None:
-        """Applies one step's output whole: ``advance`` and then ``emit_text`` (the order of a
-        caller that overlaps nothing, such as ``SyncEngine``)."""
+        """``advance`` then ``emit_text``: a caller that overlaps nothing (``SyncEngine``)."""
         self.advance(step, output)
         self.emit_text(step_in_flight=False)
 
     def advance(self, step: ScheduledStep, output: StepOutput) -> None:
-        """The part of a step's output the next step depends on: tokens appended, every
-        finish ``stop_conditions`` decides, the KV commit; the text waits for ``emit_text``.
-        A row whose slot no longer holds the sequence it was built for (cancelled meanwhile)
-        is dropped (rule R17); a failure while applying one sequence's token fails only it.
-        """
+        """What the next step depends on: tokens appended, every finish ``stop_conditions``
+        decides, the KV commit (the text waits for ``emit_text``). A row whose slot no longer
+        holds the sequence it was built for (ended meanwhile) is dropped (rule R17); a failure
+        while applying one sequence's token fails only it."""
         for seq in self.outputs.take_undecodable():  # their text failed during the last step
             self.finish(seq, FinishReason.ERROR, error=UNDECODABLE)
         results = row_results(step, output)  # ValueError: an output that does not fit
@@ -286,10 +289,9 @@ class Scheduler:
         self.draft_costs.applied(step, self._clock())
 
     def emit_text(self, *, step_in_flight: bool) -> None:
-        """The text side of the tokens ``advance`` appended (``OutputProcessor.emit_due``);
-        the engine runs it while the next step runs (``step_in_flight=True``). A token whose
-        text fails to decode ends its request (ERROR) at once, or, while a step is in flight
-        (it may still use the slot), at the next ``advance``."""
+        """The text side of the tokens ``advance`` appended (``OutputProcessor.emit_due``),
+        run while the next step runs (``step_in_flight=True``). A token whose text fails to
+        decode ends its request (ERROR) then, or at the next ``advance`` while a step runs."""
         for seq in self.outputs.emit_due(step_in_flight=step_in_flight):
             self.finish(seq, FinishReason.ERROR, error=UNDECODABLE)
 

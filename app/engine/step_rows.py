@@ -25,11 +25,14 @@ class ScheduledStep:
 
     ``sequences[i]`` is the sequence of ``batch.rows[i]``. For a model with a fixed batch
     shape the rows after ``len(sequences)`` are inert padding (``StepRow.padding``): no
-    sequence stands behind them, so their outputs can reach no request.
+    sequence stands behind them, so their outputs can reach no request. ``pending``: the
+    indexes of the rows built before the previous step's tokens were known, whose token the
+    model thread fills in (:mod:`app.engine.lookahead`); empty for a step built after it.
     """
 
     batch: StepBatch
     sequences: tuple[Sequence, ...]
+    pending: tuple[int, ...] = ()
 
     @property
     def live_rows(self) -> tuple[StepRow, ...]:

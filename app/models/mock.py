@@ -152,7 +152,8 @@ class MockModelRunner:
     Args:
         max_num_seqs: slots.
         context_length: most tokens per sequence.
-        step_ms: sleep per step in ms, to stand in for a real model's step time.
+        step_ms: how long a step takes, in ms, to stand in for a real model's step time: the
+            mock sleeps what its own work leaves of it (none when that work takes longer).
         max_tokens_per_row: prompt chunk size the scheduler may use.
         eos_one_in: see ``MockModel``.
         fail_every: fault injection: every ``fail_every``-th step raises (0: never). Rows whose
@@ -215,6 +216,7 @@ class MockModelRunner:
         covering the row, or a cached prefix that reads a position never written."""
         if batch.has_inert_rows:
             return batch.expand(self.step(batch.compacted()))
+        ends_at = time.perf_counter() + self.step_ms / 1000.0
         with self._lock:
             self.num_model_calls += 1
             if self.fail_every and self.num_model_calls % self.fail_every == 0:
@@ -239,10 +241,10 @@ class MockModelRunner:
                 for row in batch.rows
             )
             sampled = [i for i, row in enumerate(batch.rows) if row.sample and errors[i] is None]
-            if self.step_ms > 0:
-                time.sleep(self.step_ms / 1000.0)
             prefixes = [self._prefixes[batch.rows[i].slot] for i in sampled]  # read-only
             tokens = self.model.next_tokens(prefixes) if prefixes else []
+            if (rest := ends_at - time.perf_counter()) > 0:
+                time.sleep(rest)
             result: list[int | None] = [None] * len(batch.rows)
             accepted = [0] * len(batch.rows)
             for index, token in zip(sampled, tokens, strict=True):

@@ -49,11 +49,13 @@ class GatedModel(ScriptedModel):
 
 
 @contextlib.asynccontextmanager
-async def gated_engine(max_num_seqs: int) -> AsyncIterator[tuple[AsyncEngine, GatedModel]]:
+async def gated_engine(
+    max_num_seqs: int, *, schedule_ahead: bool = True
+) -> AsyncIterator[tuple[AsyncEngine, GatedModel]]:
     """A started engine over a :class:`GatedModel` of ``max_num_seqs`` slots; stopped after
     every step is let go."""
     model = GatedModel(asyncio.get_running_loop(), max_num_seqs=max_num_seqs)
-    engine = AsyncEngine(model)
+    engine = AsyncEngine(model, schedule_ahead=schedule_ahead)
     await engine.start()
     try:
         yield engine, model
@@ -81,7 +83,10 @@ async def test_cancel_during_a_step_wins_over_its_output(gated) -> None:
     final = await asyncio.wait_for(handle.result(), STEP_WAIT_S)
     assert final.finish_reason is FinishReason.CANCELLED
     assert final.token_ids == () and final.text == ""  # the step's token was dropped (R17)
-    assert model.released == [0]  # its slot is free
+    # its slot is free, and the model's state of it released once the step built ahead
+    # (which the cancel found queued behind this one) returned
+    await engine.wait_model_thread()
+    assert model.released == [0]
     assert metric(engine, "slotserve_cancel_to_slot_free_seconds_count") == 1
     assert engine.cancel("r1") is False  # a second cancel is a miss
 

@@ -75,6 +75,7 @@ async def test_a_cancel_while_step_n_runs_and_n_minus_1_is_emitted_wins_over_ste
     assert final.finish_reason is FinishReason.CANCELLED
     assert final.token_ids == (1,) and streamed_ids(got) == [1]  # step 2's token dropped (R17)
     assert got[-1] is final
+    await engine.wait_model_thread()  # releases queued behind a step built ahead
     assert model.released == [0]
 
 
@@ -115,24 +116,33 @@ async def test_a_slot_freed_by_a_finish_in_step_n_is_refilled_for_step_n_plus_1(
     assert got_first[-1] is final and streamed_ids(got_first) == [6]
     (final,) = finals_of(got_second)
     assert final.token_ids == (4, 5) and got_second[-1] is final
+    await engine.wait_model_thread()  # releases queued behind a step built ahead
     assert model.released[:1] == [0]
 
 
-async def test_a_stop_string_ends_the_request_before_the_next_step(one_slot) -> None:
+@pytest.mark.parametrize("schedule_ahead", [False, True])
+async def test_a_stop_string_ends_the_request_before_the_next_step(schedule_ahead) -> None:
     """A request with stop strings runs its text side with the step's output (not one step
-    later), so the slot it frees is refilled before the next model call."""
-    engine, model = one_slot
-    first = engine.submit(make_request("first", "a", max_tokens=3, stop=["\x02"]))
-    second = engine.submit(make_request("second", "b", max_tokens=2))
-    first_events, second_events = collect(first), collect(second)
-    model.let_go(every_step=True)
-    got_first = await asyncio.wait_for(first_events, STEP_WAIT_S)
-    await asyncio.wait_for(second_events, STEP_WAIT_S)
+    later), so the slot it frees is refilled by the first step built after that output:
+    the next call (steps built after the output), or the one after the step that was built
+    ahead of it and already runs (its row for the finished request is dropped)."""
+    async with gated_engine(1, schedule_ahead=schedule_ahead) as (engine, model):
+        first = engine.submit(make_request("first", "a", max_tokens=3, stop=["\x02"]))
+        second = engine.submit(make_request("second", "b", max_tokens=2))
+        first_events, second_events = collect(first), collect(second)
+        model.let_go(every_step=True)
+        got_first = await asyncio.wait_for(first_events, STEP_WAIT_S)
+        got_second = await asyncio.wait_for(second_events, STEP_WAIT_S)
     (final,) = finals_of(got_first)
     assert final.finish_reason is FinishReason.STOP and final.stop_reason == "\x02"
     assert final.token_ids == (1, 2) and final.text == "\x01"
-    # steps: first's prompt, first's decode (samples the stop string), second's prompt
-    assert [row.token_ids for row in model.steps[2].rows] == [tuple(b"b")]
+    assert finals_of(got_second)[0].token_ids == (4, 5)
+    # steps: first's prompt, first's decode (samples the stop string), [built ahead: first's
+    # next decode, dropped], second's prompt
+    rows = [[(row.position, row.token_ids) for row in step.rows] for step in model.steps]
+    dropped = [[(2, (2,))]] if schedule_ahead else []
+    expected = [[(0, tuple(b"a"))], [(1, (1,))], *dropped, [(0, tuple(b"b"))]]
+    assert rows[: len(expected)] == expected
 
 
 async def test_an_undecodable_token_fails_its_request_once_after_the_step(
@@ -157,4 +167,5 @@ async def test_an_undecodable_token_fails_its_request_once_after_the_step(
     assert final.finish_reason is FinishReason.ERROR
     assert final.error == "failed to decode generated tokens"
     assert got[-1] is final
+    await engine.wait_model_thread()  # releases queued behind a step built ahead
     assert model.released == [0]

@@ -158,6 +158,7 @@ async def test_dead_loop_turns_health_and_new_requests_to_503(monkeypatch):
             raise RuntimeError("scheduler bug")
 
         monkeypatch.setattr(engine.scheduler, "schedule", broken_schedule)
+        monkeypatch.setattr(engine.scheduler, "schedule_ahead", lambda running: broken_schedule())
         response = await asyncio.wait_for(in_flight, 5)
         assert response.status_code == 500  # ended, not hanging
         assert engine.state is EngineState.FAILED
