@@ -15,6 +15,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from sse_starlette import ServerSentEvent
 
@@ -87,10 +88,26 @@ class _OpenAIAnswer(ABC):
     sse_separator: str | None = SSE_LINE_END
     index: int = 0
     logprobs: LogprobsWriter | None = None
+    _object: ClassVar[str]  # the chunks' ``object``
 
     def usage_event(self, usage: Usage) -> ServerSentEvent:
         """The usage chunk (``choices`` empty) of a stream that asked for it."""
         return data_event(self._chunk([], usage))
+
+    def _plain_chunk(self, choice: dict[str, object]) -> ServerSentEvent:
+        """The event of a chunk of one choice without logprobs, as a dict (the common chunk
+        of a stream, written without building its pydantic model; the same JSON as
+        ``_chunk``, which ``tests/http/test_openai_chunks.py`` checks)."""
+        chunk = {
+            "id": self.id,
+            "object": self._object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": None,
+        }
+        return data_event(chunk)
 
     @abstractmethod
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
@@ -124,6 +141,7 @@ class CompletionAnswer(_OpenAIAnswer):
 
     echo: str = ""
     echo_first_token: int | None = None
+    _object: ClassVar[str] = "text_completion"
 
     def response(self, final: FinalEvent) -> dict[str, object]:
         reason = finish_reason_name(final.finish_reason)
@@ -142,7 +160,10 @@ class CompletionAnswer(_OpenAIAnswer):
             yield data_event(self._chunk([choice]))
 
     def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
-        if event.text:  # text held back (a partial character or stop string) waits
+        if event.text and self.logprobs is None:
+            choice = {"index": self.index, "text": event.text, "logprobs": None}
+            yield self._plain_chunk(choice | {"finish_reason": None})
+        elif event.text:  # text held back (a partial character or stop string) waits
             logprobs = self.logprobs.completion(event.logprobs) if self.logprobs else None
             choice = CompletionChoice(
                 index=self.index, text=event.text, logprobs=logprobs, finish_reason=None
@@ -177,6 +198,7 @@ class ChatAnswer(_OpenAIAnswer):
 
     tools: ToolPlan | None = None
     reasoning: ReasoningSplitter | None = None
+    _object: ClassVar[str] = "chat.completion.chunk"
     _reader: OutputReader = field(init=False)
     _calls: RequiredCallStream = field(init=False)
     _unsent_logprobs: list[TokenLogprobs] = field(init=False)  # of text not yet decided
@@ -241,7 +263,7 @@ class ChatAnswer(_OpenAIAnswer):
             self._unsent_logprobs.extend(logprobs)
             return
         for piece in self._reader.feed(event.text):
-            yield self._delta_event(_delta(piece), logprobs)
+            yield self._piece_event(piece, logprobs)
             logprobs = []
         self._unsent_logprobs.extend(logprobs)  # nothing decided yet: with the next chunk
 
@@ -277,6 +299,17 @@ class ChatAnswer(_OpenAIAnswer):
     @property
     def _call_id_prefix(self) -> str:
         return f"call_{self.id}_{self.index}_"
+
+    def _piece_event(self, piece: OutputPiece, logprobs: list[TokenLogprobs]) -> ServerSentEvent:
+        """The chunk of one piece of the output: text or reasoning without logprobs as a
+        plain dict, anything else through its pydantic delta (``_delta_event``)."""
+        if self.logprobs is None and type(piece) in (TextPiece, ReasoningPiece):
+            key = "content" if type(piece) is TextPiece else "reasoning_content"
+            delta = {key: piece.text}
+            return self._plain_chunk(
+                {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}
+            )
+        return self._delta_event(_delta(piece), logprobs)
 
     def _delta_event(self, delta: ChatDelta, logprobs: list[TokenLogprobs]) -> ServerSentEvent:
         """One chunk of ``delta``, with the logprobs of the tokens it is the first news of."""
