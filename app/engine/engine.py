@@ -326,24 +326,25 @@ class AsyncEngine(EngineCore):
 
     async def _run_steps(self, step: ScheduledStep) -> None:
         """Runs ``step`` on the model thread and, while each step runs, the previous step's
-        text and events (``emit_text``) and the next step when it can be built before this
-        one's tokens are known (``schedule_ahead``: queued behind it at once, so the model
-        thread goes from one to the next without waiting for the loop); each step's output
-        is applied when it returns (``_step_output``). Returns when the step last started
-        was applied without a next one built ahead. A failure while emitting or scheduling
-        is the loop's own and ends the loop, after the steps in flight returned (rule R16).
-        """
+        text and events (``emit_text``), the commands that arrived, and the next step when it
+        can be built before this one's tokens are known (``schedule_ahead``: queued behind it
+        at once, so the model thread goes from one to the next without waiting for the loop);
+        each step's output is applied when it returns (``_step_output``). Returns once a step
+        is applied with none built ahead. A failure while emitting or scheduling is the
+        loop's own and ends it, after the steps in flight returned (rule R16)."""
         running = self._start(step)
         while True:
             try:
                 self.scheduler.emit_text(step_in_flight=True)
+                if self.schedules_ahead:  # what arrived meanwhile can join the next step
+                    self._apply_inbox()
                 ahead = self.scheduler.schedule_ahead(step) if self.schedules_ahead else None
             except Exception:
                 await self._steps_returned()
                 raise
             following = None if ahead is None else self._start(ahead)
             await self._step_output(step, running)
-            if ahead is None or following is None:  # (both or neither)
+            if ahead is None or following is None:  # both or neither
                 return
             step, running = ahead, following
 
