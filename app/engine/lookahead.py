@@ -12,10 +12,12 @@ Only the part of step N+1 that does not depend on step N's tokens can be built a
 step is built ahead only when every sequence in step N is a plain sampling row (no draft to
 verify, no constraint whose next mask needs the token, no prompt chunk that leaves the
 prompt unfinished) and every running sequence is in step N (:func:`following_sequences`).
-What step N ends (an EOS, a stop string, a cancel taken when it returns) is not known yet:
-the row built ahead for such a sequence is computed and its output dropped (rule R17), and its
-slot is refilled one step later than the non-overlapped loop would. What step N ends for
-certain (``max_tokens``, the context) gets no row.
+What step N ends is not known yet when step N+1 is built. What it ends for certain
+(``max_tokens``, the context) gets no row. A row whose sequence step N's token ends by itself
+(an EOS, a stop token id: :func:`ending_tokens`) is left inert when the model thread fills it
+in, and a step left with only inert rows does not call the model. What ends it otherwise (a
+stop string, a cancel taken when step N returns) leaves a row that is computed and dropped
+(rule R17). Either way the slot is refilled one step later than the non-overlapped loop would.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import time
 
 from app.engine.kv_blocks import BlockManager
-from app.engine.request import Sequence, SequenceStatus
+from app.engine.request import Sequence, SequenceStatus, StopCriteria
 from app.engine.slot_table import SlotTable
 from app.engine.step_rows import ScheduledStep, padding_rows, prefill_rows
 from app.models.base import (
@@ -85,6 +87,14 @@ def pending_row(seq: Sequence, position: int, kv: BlockManager | None) -> StepRo
     )
 
 
+def ending_tokens(stop: StopCriteria, eos_token_ids: frozenset[int]) -> frozenset[int]:
+    """The tokens that end a sequence by themselves (``stop_conditions.token_ending`` for an
+    unconstrained one): its stop token ids, and the model's EOS ids unless ``ignore_eos``."""
+    if stop.ignore_eos:
+        return stop.stop_token_ids
+    return stop.stop_token_ids | eos_token_ids if stop.stop_token_ids else eos_token_ids
+
+
 def ahead_step(
     following: list[tuple[Sequence, int]],
     admitted: list[Sequence],
@@ -102,7 +112,8 @@ def ahead_step(
     if not rows and not chunks:
         return None
     sequences = (*(seq for seq, _ in following), *admitted[: len(chunks)])
-    pending = tuple(range(len(rows)))
+    eos = capabilities.eos_token_ids
+    pending = tuple(ending_tokens(seq.request.stop, eos) for seq, _ in following)
     rows.extend(chunks)
     if capabilities.fixed_batch_shape:
         rows.extend(padding_rows(rows, capabilities.max_num_seqs))
@@ -118,19 +129,22 @@ def sampled_tokens(batch: StepBatch, output: StepOutput) -> dict[int, int]:
     }
 
 
-def filled_batch(batch: StepBatch, pending: tuple[int, ...], sampled: dict[int, int]) -> StepBatch:
-    """``batch`` with the token of each row of index in ``pending`` taken from ``sampled``
-    (slot -> token, the previous step's :func:`sampled_tokens`). A row whose slot sampled
-    nothing (its row failed, or the previous step raised: ``sampled`` empty) becomes inert
+def filled_batch(
+    batch: StepBatch, pending: tuple[frozenset[int], ...], sampled: dict[int, int]
+) -> StepBatch:
+    """``batch`` with the token of each pending row (the first ``len(pending)``) taken from
+    ``sampled`` (slot -> token, the previous step's :func:`sampled_tokens`). A row whose slot
+    sampled nothing (its row failed, or the previous step raised: ``sampled`` empty) or
+    sampled a token that ends its sequence (in its ``pending`` entry) becomes inert
     (``StepRow.padding``): its sequence ends when that step's output is applied, and the
     model leaves the slot alone."""
     rows = list(batch.rows)
-    for index in pending:
+    for index, ends in enumerate(pending):
         row = rows[index]
         token = sampled.get(row.slot)
         rows[index] = (
             StepRow.padding(row.slot)
-            if token is None
+            if token is None or token in ends
             else StepRow(
                 row.slot, (token,), row.position, True, row.sampling, kv_blocks=row.kv_blocks
             )

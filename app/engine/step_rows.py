@@ -25,14 +25,16 @@ class ScheduledStep:
 
     ``sequences[i]`` is the sequence of ``batch.rows[i]``. For a model with a fixed batch
     shape the rows after ``len(sequences)`` are inert padding (``StepRow.padding``): no
-    sequence stands behind them, so their outputs can reach no request. ``pending``: the
-    indexes of the rows built before the previous step's tokens were known, whose token the
-    model thread fills in (:mod:`app.engine.lookahead`); empty for a step built after it.
+    sequence stands behind them, so their outputs can reach no request. ``pending``: one
+    entry for each row built before the previous step's tokens were known (they come first:
+    ``pending[i]`` is row i's), whose token the model thread fills in; the entry is the set of
+    tokens that end the row's sequence if the previous step sampled one (the row is then
+    left inert, :mod:`app.engine.lookahead`). Empty for a step built after the previous one.
     """
 
     batch: StepBatch
     sequences: tuple[Sequence, ...]
-    pending: tuple[int, ...] = ()
+    pending: tuple[frozenset[int], ...] = ()
 
     @property
     def live_rows(self) -> tuple[StepRow, ...]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from app.engine.engine import AsyncEngine
-from app.engine.lookahead import PENDING_TOKEN, TimedStepCall, filled_batch
-from app.engine.request import FinishReason, GenerationRequest
+from app.engine.lookahead import PENDING_TOKEN, TimedStepCall, ending_tokens, filled_batch
+from app.engine.request import FinishReason, GenerationRequest, StopCriteria
 from app.engine.step_rows import ScheduledStep
 from app.models.base import (
     ModelCapabilities,
@@ -24,6 +24,7 @@ from app.models.base import (
 )
 from app.models.mock import MockModelRunner
 from tests.engine.conftest import (
+    EOS,
     Collected,
     ScriptedModel,
     make_request,
@@ -158,7 +159,7 @@ def test_a_step_built_ahead_continues_each_row_and_fills_a_free_slot() -> None:
     late = make_sequence(make_request("late", "b", max_tokens=1))[0]
     scheduler.add(late)  # waits: a slot is free, so the step built ahead admits it
     ahead = scheduler.schedule_ahead(first)
-    assert ahead is not None and ahead.pending == (0, 1)
+    assert ahead is not None and ahead.pending == (frozenset({EOS}),) * 2
     rows = [(row.slot, row.token_ids, row.position) for row in ahead.batch.rows]
     assert rows == [(0, (PENDING_TOKEN,), 1), (1, (PENDING_TOKEN,), 1), (2, tuple(b"b"), 0)]
     assert ahead.sequences[2] is late
@@ -198,8 +199,45 @@ def test_a_row_whose_previous_token_is_missing_becomes_inert() -> None:
     batch = StepBatch(
         (StepRow(0, (PENDING_TOKEN,), 5, True, sampling), StepRow(1, (7,), 0, True, sampling))
     )
-    filled = filled_batch(batch, (0,), {})  # the previous step raised: nothing sampled
+    filled = filled_batch(batch, (frozenset(),), {})  # the previous step raised: no token
     assert filled.rows[0].inert and filled.rows[1] == batch.rows[1]
+    ended = filled_batch(batch, (frozenset({9}),), {0: 9})  # its sequence's EOS: it ended
+    assert ended.rows[0].inert
+    assert filled_batch(batch, (frozenset({9}),), {0: 4}).rows[0].token_ids == (4,)
+
+
+def test_the_tokens_that_end_a_row_ahead_are_its_stop_ids_and_eos_unless_ignored() -> None:
+    eos = frozenset({2})
+    assert ending_tokens(StopCriteria(), eos) is eos
+    assert ending_tokens(StopCriteria(stop_token_ids=frozenset({5})), eos) == {2, 5}
+    assert ending_tokens(StopCriteria(stop_token_ids=frozenset({5}), ignore_eos=True), eos) == {5}
+
+
+async def test_a_finish_by_eos_costs_no_model_call_and_the_next_request_its_slot_at_once() -> None:
+    """Found: with steps built ahead, a request ending on EOS left its row in the step built
+    ahead, which the model thread ran as a whole step (the only row of a one-slot engine):
+    one wasted model call per request, and the next request's first token one step later."""
+    counts = {}
+    for schedule_ahead in (False, True):
+        model = ScriptedModel({b"a": [1, 2, 3], b"b": [4, 5]}, max_num_seqs=1)
+        engine = AsyncEngine(model, schedule_ahead=schedule_ahead)
+        await engine.start()
+        try:
+            for prompt in ("a", "b", "a"):  # each ends on EOS, one after another
+                request = make_request(f"{prompt}{len(model.steps)}", prompt, max_tokens=10)
+                final = await asyncio.wait_for(engine.submit(request).result(), 10)
+                assert final.finish_reason is FinishReason.STOP
+        finally:
+            await engine.stop()
+        counts[schedule_ahead] = len(model.steps)
+        finished_rows = [
+            row
+            for step in model.steps
+            for row in step.rows
+            if row.token_ids == (EOS,) or row.inert  # a row fed the EOS: after the end
+        ]
+        assert finished_rows == [], schedule_ahead
+    assert counts[True] == counts[False]
 
 
 class _CountingModel:
@@ -229,7 +267,7 @@ def test_a_step_left_with_only_inert_rows_does_not_call_the_model() -> None:
     model = _CountingModel()
     call = TimedStepCall(model, keeps_tokens=True)
     pending = StepBatch((StepRow(0, (PENDING_TOKEN,), 3, True, SamplingParams()),))
-    step = ScheduledStep(pending, (), pending=(0,))  # no token kept: every row inert
+    step = ScheduledStep(pending, (), pending=(frozenset({7}),))  # no token kept: inert
     output, _ = call(step)
     assert model.calls == 0 and output.rows == (RowOutput(),)
     first = ScheduledStep(StepBatch((StepRow(0, (1,), 2, True, SamplingParams()),)), ())
