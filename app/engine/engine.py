@@ -8,11 +8,9 @@ it reads through the engine's own operations (rule R11): ``capabilities``, ``enc
 ``encode_chat``, ``chat_template``, ``policy_name``.
 
     loop:  take_new_commands -> admit_waiting -> schedule -> start step N (thread)
-           -> emit_text (step N-1's text and events, while N runs)
-           -> schedule_ahead: step N+1, queued behind N at once when it can be built
-              before N's tokens are known (``app.engine.lookahead``)
-           -> step N's output -> take_new_commands (cancels win) -> advance
-           -> with a step N+1: emit_text while it runs, and so on; else back to the top
+           -> while N runs: emit_text (step N-1's events), commands, schedule_ahead (step
+              N+1, queued behind N when it can be built before N's tokens: ``lookahead``)
+           -> step N's output -> take_new_commands (cancels win) -> advance -> (N+1 ...)
 
 The overlap and which guarantee costs what: ``docs/ENGINE_LOOP.md``.
 """
@@ -23,6 +21,7 @@ import asyncio
 import enum
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +114,10 @@ class AsyncEngine(EngineCore):
         self._in_flight = InFlightRequests()
         self._model_thread = model_thread or ModelThread()
         self._task: asyncio.Task[None] | None = None
-        # the steps on the model thread (N, and N+1 queued behind it), from their start until
-        # the loop has their output; ``stop`` waits for them, and a slot released meanwhile
-        # is released on the model thread after them (``step`` never runs concurrently with
-        # ``release``, base.py)
+        # the steps on the model thread (N, and N+1 queued behind it) until the loop has their
+        # output: ``stop`` waits for them; a release meanwhile is queued behind them (base.py)
         self._steps_in_flight: list[asyncio.Future[tuple[StepOutput, float]]] = []
+        self._queued_release: Future[None] | None = None
         self._call_model = TimedStepCall(model, keeps_tokens=schedule_ahead)  # model thread
 
     # ----------------------------------------------------------------- lifecycle
@@ -173,6 +171,7 @@ class AsyncEngine(EngineCore):
                 pass
         await self._steps_returned()
         self._end_every_request(FinishReason.CANCELLED)
+        await self.wait_model_thread()  # the releases queued on it
         self._model_thread.shutdown()
 
     async def _steps_returned(self) -> None:
@@ -186,13 +185,14 @@ class AsyncEngine(EngineCore):
     async def wait_model_thread(self) -> None:
         """Returns once every call queued on the model thread so far has run: the steps in
         flight and the slot releases queued behind them."""
-        await self._model_thread.run(int)
+        await self._model_thread.drain()
 
     def _release_slot(self, slot: int) -> None:
-        """The scheduler's release of a slot: at once when no step is in flight, else queued
-        on the model thread behind the steps that may still use the slot."""
-        if self._steps_in_flight:
-            self._model_thread.queue(self.model.release, slot)
+        """The scheduler's release of a slot: queued on the model thread behind the steps in
+        flight, which may still use the slot (and behind releases queued so), else at once."""
+        queued = self._queued_release
+        if self._steps_in_flight or (queued is not None and not queued.done()):
+            self._queued_release = self._model_thread.queue(self.model.release, slot)
         else:
             self.model.release(slot)
 

@@ -36,6 +36,7 @@ class ModelThread:
 
     def __init__(self, name: str = "model-step") -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._closed = False
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Awaits ``fn(*args, **kwargs)`` on the model thread; its exception is raised here."""
@@ -58,8 +59,14 @@ class ModelThread:
         call.add_done_callback(_log_failure)
         return call
 
+    async def drain(self) -> None:
+        """Returns once every call queued so far has run (at once after ``shutdown``)."""
+        if not self._closed:
+            await self.run(int)  # a no-op call, behind every one queued before it
+
     def shutdown(self) -> None:
         """No new calls; a call in progress finishes on its own, queued ones are dropped."""
+        self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

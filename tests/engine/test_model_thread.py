@@ -85,3 +85,20 @@ async def test_the_app_loads_and_steps_its_model_on_the_same_thread(monkeypatch)
     (model,) = built
     assert model.stepped_on == {model.built_on}
     assert model.built_on != threading.get_ident()
+
+
+async def test_queued_calls_run_in_order_and_drain_waits_for_them() -> None:
+    """``queue`` (a slot's release behind the steps in flight) does not wait; ``drain`` returns
+    once everything queued before it ran, and at once after ``shutdown``."""
+    model_thread = ModelThread()
+    gate = threading.Event()
+    order: list[str] = []
+    running = model_thread.start(lambda: (gate.wait(10), order.append("step")))
+    released = model_thread.queue(order.append, "release")
+    assert not released.done()  # queued behind the held step
+    gate.set()
+    await model_thread.drain()
+    await running
+    assert order == ["step", "release"] and released.done()
+    model_thread.shutdown()
+    await asyncio.wait_for(model_thread.drain(), 1)
