@@ -17,7 +17,7 @@ import pytest
 from harness.server import ROOT, ServerSpec, free_port, running
 from harness.wait import wait_until
 
-from tests.forked_cli import ForkedCli
+from tests.forked_cli import IMPORT_TIME_ENV, ForkedCli, FreshProcessWarning
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,23 @@ def test_the_driver_holds_one_thread(forked_cli: ForkedCli) -> None:
     """It forks from one thread: no pool of OpenMP, OpenBLAS or tokenizers runs in it."""
     forked_cli.run("-m", "app", "--help")  # answered: the driver's imports are done
     assert len(os.listdir(f"/proc/{forked_cli.pid}/task")) == 1
+
+
+def test_the_driver_loads_nothing_that_reads_a_variable_left_out_of_import_time_env(
+    forked_cli: ForkedCli, tmp_path
+) -> None:
+    """``IMPORT_TIME_ENV`` leaves out ``KMP_*``, ``TORCHINDUCTOR_*`` and ``HF_*``, which the
+    session's own imports set: a child holds what the driver loaded, and none of their
+    readers is among it."""
+    script = tmp_path / "loaded.py"
+    script.write_text(
+        "import sys\n"
+        "modules = ('huggingface_hub', 'transformers', 'torch._inductor')\n"
+        "print(*(m for m in modules if m in sys.modules))\n"
+        "print(*(line.split()[-1] for line in open('/proc/self/maps') if 'libiomp' in line))\n"
+    )
+    assert forked_cli.run(str(script), cwd=tmp_path).stdout.split() == []
+    assert not {"KMP_", "TORCHINDUCTOR_", "HF_"} & set(IMPORT_TIME_ENV)
 
 
 def test_a_server_is_a_forked_child_of_its_own(forked_processes: ForkedCli, tmp_path) -> None:
@@ -76,8 +93,9 @@ def test_an_environment_read_at_import_that_differs_gets_a_real_subprocess(
     monkeypatch.setenv("OMP_NUM_THREADS", "3" if omp != "3" else "2")
     argv = (sys.executable, "-m", "app", "serve")
     assert not forked_processes.forks(argv, os.environ)
-    with running(ServerSpec.mock("omp", step_ms=1, max_num_seqs=1), tmp_path) as server:
-        assert psutil.Process(server.pid).ppid() == os.getpid()
+    spec = ServerSpec.mock("omp", step_ms=1, max_num_seqs=1)
+    with pytest.warns(FreshProcessWarning, match="OMP_NUM_THREADS"), running(spec, tmp_path) as s:
+        assert psutil.Process(s.pid).ppid() == os.getpid()
     monkeypatch.undo()
     assert forked_processes.forks(argv, os.environ)
     assert not forked_processes.forks((sys.executable, "-c", "pass"), os.environ)
