@@ -1,11 +1,12 @@
-"""The session's tiny model checkpoints (``tests/checkpoints.py``), its forked command line
-(``tests/forked_cli.py``) and its idle nginx cluster (``tests/deploy/conftest.py``)."""
+"""The session's tiny model checkpoints (``tests/checkpoints.py``), its forked command line and
+servers (``tests/forked_cli.py``) and its idle nginx cluster (``tests/deploy/conftest.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from harness.server import set_launcher
 
 from tests.checkpoints import TinyCheckpoints
 from tests.forked_cli import ForkedCli
@@ -30,15 +31,27 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoint
     return TinyCheckpoints(tmp_path_factory.mktemp("tiny-checkpoints"))
 
 
-@pytest.fixture(scope="session")
-def forked_cli() -> Iterator[ForkedCli]:
-    """``forked_cli.run("-m", "app", "serve", ...)``: the command line as a fresh process whose
-    imports were paid once per session (``tests/forked_cli.py``)."""
+@pytest.fixture(scope="session", autouse=True)
+def forked_processes() -> Iterator[ForkedCli]:
+    """The session's driver of forked processes (``tests/forked_cli.py``), one per xdist worker,
+    started by the first process asked of it. Every server the harness starts in this session
+    (``scripts/harness/server.py``: the tests' own, and those of the scripts they run) is its
+    forked child when it can be, a real subprocess when not (``ForkedCli.forks``)."""
     driver = ForkedCli()
+    previous = set_launcher(driver.launch)
     try:
         yield driver
     finally:
+        set_launcher(previous)
         driver.close()
+
+
+@pytest.fixture(scope="session")
+def forked_cli(forked_processes: ForkedCli) -> ForkedCli:
+    """``forked_cli.run("-m", "app", "serve", ...)``: the command line as a fresh process whose
+    imports were paid once per session (``tests/forked_cli.py``)."""
+    forked_processes.start()  # its imports run while the session goes on to the first run
+    return forked_processes
 
 
 @pytest.fixture(scope="session")

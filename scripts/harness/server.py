@@ -6,6 +6,10 @@ ceiling app, llama.cpp's server, nginx) on a free port of 127.0.0.1, its output 
         httpx.get(server.url + "/health")
 
 ``launched`` is the asyncio form that starts several at once (they load in parallel).
+
+How a process is started is the module's launcher: a real subprocess (:func:`popen`) unless
+:func:`set_launcher` installed another (the test suite's starts ``python -m app serve`` as a
+child forked from a process that has imported the app already, ``tests/forked_cli.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ import signal as signals
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
-import psutil
 
 from harness.process_stats import ProcessStats
 from harness.wait import wait_for, wait_until
@@ -35,6 +39,57 @@ HEALTH_POLL_S = 0.05
 
 class ServerFailed(RuntimeError):
     """A server exited at start-up or did not become healthy; the message ends with its log."""
+
+
+class ServerProcess(Protocol):
+    """A started server process, as :class:`Server` drives it (:class:`subprocess.Popen`'s
+    names): ``wait`` raises :class:`subprocess.TimeoutExpired` when it is still running."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts ``argv`` in ``cwd`` with exactly ``env``, standard input from /dev/null, standard
+    output and error into ``log_path`` (created or truncated before it returns)."""
+
+    def __call__(
+        self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
+    ) -> ServerProcess: ...
+
+
+def popen(
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen:
+    """The default launcher: ``argv`` as a fresh subprocess."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+_launcher: Launcher = popen
+
+
+def set_launcher(launcher: Launcher | None) -> Launcher:
+    """Makes ``launcher`` start every server from now on (None: :func:`popen` again); returns
+    the one it replaces, to be set back."""
+    global _launcher
+    previous, _launcher = _launcher, launcher or popen
+    return previous
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,23 +147,17 @@ class Server:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{spec.name}-{self.port}.log"
-        self._process: psutil.Popen | None = None
+        self._process: ServerProcess | None = None
 
     def start(self) -> None:
+        """Starts the process through the module's launcher (:func:`set_launcher`), in the
+        repository, with this process's environment less its ``SLOTSERVE_*`` variables."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTSERVE_")}
         argv = [*self.spec.argv]
         if self.spec.port_flag is not None:
             argv += [self.spec.port_flag, str(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self._process = psutil.Popen(
-                argv,
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        self._process = _launcher(argv, cwd=ROOT, env=env, log_path=self.log_path)
 
     async def wait_ready(self) -> None:
         """Returns once ``/health`` answers 200.

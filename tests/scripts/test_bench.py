@@ -109,13 +109,17 @@ def test_quick_run_writes_markdown_json_and_pngs(tmp_path) -> None:
 
 
 class _Counted:
-    """A window standing in for harness.measure.Window: one counter value."""
+    """A window standing in for harness.measure.Window: one counter value, which is also the
+    count of tokens the client received."""
 
     def __init__(self, generated: float) -> None:
         self.generated = generated
 
     def counter(self, name: str, **labels: str) -> float:
         assert name == "slotserve_generated_tokens_total"
+        return self.generated
+
+    def tokens_received(self, records: list) -> float:
         return self.generated
 
 
@@ -130,6 +134,9 @@ class _Marked:
 
     def whole(self) -> _Counted:
         return self.everything
+
+    def records(self) -> list:
+        return []
 
 
 def test_cancel_storm_rates_fall_back_to_the_whole_run_when_the_window_saw_no_tokens() -> None:
@@ -153,3 +160,18 @@ def test_cancel_storm_rates_fall_back_to_the_whole_run_when_the_window_saw_no_to
         busy,
         storm_busy,
     )
+
+
+def test_sse_ceiling_rates_fall_back_to_the_whole_runs_when_a_window_received_no_tokens() -> None:
+    """The failing input of the quick run's scenario 2 flake: the client, busy, sent nothing
+    to the ceiling within the sse-starlette target's window (0 tok/s received, the server idle,
+    no failed request), and that target's rate came out 0."""
+    from scenarios.sse_ceiling import steady_windows
+
+    full, sse, bare = _Counted(3700.0), _Counted(0.0), _Counted(13600.0)
+    wholes = {"full": _Counted(6000.0), "sse": _Counted(9000.0), "bare": _Counted(21000.0)}
+    steady = {"full": full, "sse": sse, "bare": bare}
+    runs = {name: _Marked(steady[name], wholes[name]) for name in steady}
+    assert steady_windows(runs) == wholes
+    sse.generated = 8000.0
+    assert steady_windows(runs) == steady
