@@ -138,7 +138,7 @@ class ServerConfig(BaseSettings):
     sse_ping_interval: float = Field(
         15.0, gt=0, description="seconds between ': ping' comments on an SSE stream"
     )
-    mock_step_ms: float = Field(0.0, ge=0, description="mock model: delay per step (ms)")
+    mock_step_ms: float = Field(0.0, ge=0, description="mock model: how long a step takes (ms)")
     mock_context_length: int = Field(8192, ge=16, description="mock model: context length")
     mock_fail_every: int = Field(
         0,
