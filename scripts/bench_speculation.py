@@ -6,6 +6,10 @@
     python scripts/bench_speculation.py --step-cost           # the back-off's stand-in table
     python scripts/bench_speculation.py --llama-server none   # without llama.cpp's server
 
+The model is loaded as the server loads it by default (``--dtype bfloat16 --quantization
+auto``: a GGUF file computes on its own blocks); before 2026-12-05 this script loaded it in
+dense float32, the figures of that time are for that model.
+
 Workloads: input-grounded prompts (rewrite, extract, code edit, a chat quoting itself) at 1 and
 4 streams, free-form stories at 1, 16 and 64; greedy, speculation off then on, the outputs
 compared token for token, in ``--rounds`` rounds alternating which setting goes first (a
@@ -45,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4, help="--speculative-ngram")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="the model's dtype (the server's default: bfloat16)"
+    )
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        help="as the server's --quantization (default auto: a GGUF file on its own blocks)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="off/on rounds, order alternating")
     parser.add_argument("--quick", action="store_true", help="1 stream each, 32 tokens")
     parser.add_argument("--step-cost", action="store_true", help="measure the back-off instead")
@@ -59,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     console = Console()
     slots = 32 if args.step_cost else (4 if args.quick else 64)
-    runner = load_checkpoint(args.model, max_num_seqs=slots, max_model_len=1024)
+    runner = load_checkpoint(
+        args.model,
+        max_num_seqs=slots,
+        max_model_len=1024,
+        dtype=args.dtype,
+        quantization=args.quantization,
+    )
     if args.step_cost:
         costs = [step_cost(runner, rows, args.k, 256, 5) for rows in (1, 2, 4, 8, 16, 32)]
         table = Table("rows", "plain ms", f"verify {args.k} ms", "ratio")
