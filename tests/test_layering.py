@@ -1,7 +1,7 @@
 """Imports go one way at the edge (ARCHITECTURE.md): the batch runner, the Python API, the
 offline loop and the HTTP middleware import the shared request path (``app.api.request_path``,
 ``app.api.answers``...), never a route module (a module that makes an ``APIRouter``); and no
-file of the edge grows past 400 lines."""
+file of app/ grows past 400 lines."""
 
 from __future__ import annotations
 
@@ -89,9 +89,10 @@ def test_no_route_module_is_imported_by_the_shared_side():
         assert reachable(module).isdisjoint(routes), (module, reachable(module) & routes)
 
 
-def test_no_edge_file_is_over_400_lines():
-    files = [*(ROOT / "app" / "api").rglob("*.py"), *(ROOT / "app" / "batch").rglob("*.py")]
-    files += [ROOT / "app" / "llm.py", ROOT / "app" / "offline.py"]
+def test_no_file_in_app_is_over_400_lines():
+    """Found: the load plan (423 lines) and the GGUF reader (435) had grown past it while only
+    the edge's files were checked."""
+    files = (ROOT / "app").rglob("*.py")
     long = {
         str(path.relative_to(ROOT)): lines
         for path in files

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.config import ServerConfig
 from app.llm import LLM, SamplingOptions
 from app.models.base import StepBatch, StepOutput
+from app.models.load.plan import LoadOptions, load_runner, plan_load
 from app.models.runner import ModelRunner
 from tests.models.conftest import MAX_NUM_SEQS
 
@@ -45,10 +47,14 @@ class CountingDrafts:
 
 
 def _generate(runner: ModelRunner, prompts, options, k: int) -> tuple[list, int]:
+    return _generate_with(runner, prompts, options, k, slots=MAX_NUM_SEQS)
+
+
+def _generate_with(runner: ModelRunner, prompts, options, k: int, *, slots: int):
     model = CountingDrafts(runner)
-    llm = LLM(model, max_num_seqs=MAX_NUM_SEQS, speculative_ngram=k)
+    llm = LLM(model, max_num_seqs=slots, speculative_ngram=k)
     results = llm.generate(prompts, options)
-    assert all(runner.slot_length(slot) == 0 for slot in range(MAX_NUM_SEQS))
+    assert all(runner.slot_length(slot) == 0 for slot in range(slots))
     return [r.token_ids for r in results], model.accepted
 
 
@@ -81,3 +87,32 @@ def test_a_seeded_request_in_a_speculating_crowd_gets_its_tokens_alone(
     )
     assert crowd[0] == alone
     assert accepted > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 32, open: on the GGUF file's blocks a drafted row is verified on another "
+    "kernel path than a plain decode row (fused decode kernels, dense copies for wide calls)",
+)
+def test_the_served_default_with_speculation_gives_the_same_greedy_tokens() -> None:
+    """Found (not fixed): with the serve command's defaults (bfloat16, the GGUF file's own
+    blocks, fused decode kernels), a grounded prompt's greedy tokens with ``--speculative-ngram
+    8`` leave those without: a plain decode row and a drafted row of several positions take
+    different kernel paths, which round differently (float32 and dense bfloat16 models give
+    the same tokens: the tests above). The fix is to compute a speculating request's rows as
+    exactly as a seeded one's (the batch-invariant path)."""
+    prompt = (
+        "Rewrite the text below with every sentence kept exactly, adding the heading Notes.\n"
+        "Text: The committee met on Monday. It approved the budget for the new library. The "
+        "budget covers books, shelves and two new reading rooms. Work starts in March.\n"
+        "Notes:\nThe committee met on Monday. It approved the budget for the new library."
+    )
+    config = ServerConfig(max_num_seqs=2, max_model_len=512, speculative_ngram=8)
+    options = LoadOptions.from_config(config)
+    assert options.quantization == "auto" and options.dtype == "bfloat16"
+    runner = load_runner(plan_load(config.model, options))
+    greedy = SamplingOptions(max_tokens=96, temperature=0, ignore_eos=True)
+    off, _ = _generate_with(runner, [prompt], greedy, 0, slots=2)
+    on, accepted = _generate_with(runner, [prompt], greedy, 8, slots=2)
+    assert accepted > 0
+    assert on == off

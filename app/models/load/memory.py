@@ -6,7 +6,9 @@ weights on a CPU without bfloat16 matmuls) (the lookups that read the file's row
 those pages are file cache, reclaimable), the rope tables and the full KV pool (lazily zeroed,
 so a server that never fills it uses less; refusing on the full size is what keeps a busy one
 from being killed later). It is compared with the memory available now: psutil's
-``available`` for the CPU, the device's free memory for CUDA.
+``available`` for the CPU, the device's free memory for CUDA. What a gguf load keeps as blocks
+is counted from the file (``block_bytes``), with what its dense copies or its decode buffer
+would take (``wide_copy_bytes``, ``decode_buffer_bytes``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 
 from app.models.forward.kv_cache import kv_block_bytes
 from app.models.hparams import HParams
+from app.models.kernels.ggml_quant import KERNEL_TYPES
+from app.models.load.source import ModelSource
 from app.models.weights.projections import widens_to_float32
 from app.models.weights.record import Quantization
 
@@ -144,3 +148,41 @@ def keeps_wide_copies(mode: str, wide_bytes: int, device: torch.device, dtype: t
     if mode == "on":
         return True
     return wide_bytes <= WIDE_COPY_LIMIT and not widens_to_float32(device, dtype)
+
+
+def block_matrices(source: ModelSource) -> list[tuple[str, str]]:
+    """``(part, file name)`` of every matrix a gguf load keeps as blocks: the layer matrices
+    and the LM head (or tied embedding) whose type the kernels compute."""
+    tensors, hp = source.tensors, source.hparams
+    parts = [(part, i) for i in range(hp.block_count) for part in tensors.layer_matrices()]
+    parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
+    kept = {  # by file name: the parts of a fused matrix (Phi-3's attn_qkv) are one matrix
+        tensors.name(part, i): part
+        for part, i in parts
+        if tensors.tensor_type(part, i) in KERNEL_TYPES
+    }
+    return [(part, name) for name, part in kept.items()]
+
+
+def block_bytes(source: ModelSource) -> dict[str, int]:
+    """Bytes in the file of the matrices a gguf load keeps as blocks, by part, summed over
+    layers (``output`` / ``token_embedding`` for the head)."""
+    sizes: dict[str, int] = {}
+    for part, name in block_matrices(source):
+        raw = source.checkpoint.raw_blocks(name)
+        sizes[part] = sizes.get(part, 0) + (0 if raw is None else raw.nbytes)
+    return sizes
+
+
+def decode_buffer_bytes(source: ModelSource) -> int:
+    """Bytes of the model thread's buffer for a wide call's blocks decoded to bfloat16
+    (``GGMLLinear.decoded``): at most a fused gate/up projection, twice the largest matrix."""
+    shapes = [source.checkpoint.tensor_shape(name) for _, name in block_matrices(source)]
+    return 2 * max((rows * columns for rows, columns in shapes), default=0) * 2
+
+
+def wide_copy_bytes(source: ModelSource, itemsize: int) -> int:
+    """Bytes of dense copies, ``itemsize`` bytes a weight (the dense kernel's dtype), of the
+    matrices a gguf load keeps as blocks (what ``wide_copies`` costs)."""
+    shapes = [source.checkpoint.tensor_shape(name) for _, name in block_matrices(source)]
+    return sum(rows * columns for rows, columns in shapes) * itemsize

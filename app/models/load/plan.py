@@ -27,8 +27,11 @@ from app.models.load.allocator import keep_step_buffers_in_the_heap, return_free
 from app.models.load.memory import (
     MemoryEstimate,
     available_memory,
+    block_bytes,
+    decode_buffer_bytes,
     estimate_memory,
     keeps_wide_copies,
+    wide_copy_bytes,
 )
 from app.models.load.source import ModelSource, open_model
 from app.models.refusal import ModelRefused
@@ -274,44 +277,6 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         wide_copies,
         decodes_wide_calls,
     )
-
-
-def _block_matrices(source: ModelSource) -> list[tuple[str, str]]:
-    """``(part, file name)`` of every matrix a gguf load keeps as blocks: the layer matrices
-    and the LM head (or tied embedding) whose type the kernels compute."""
-    tensors, hp = source.tensors, source.hparams
-    parts = [(part, i) for i in range(hp.block_count) for part in tensors.layer_matrices()]
-    parts.append(("token_embedding" if hp.tied_embeddings else "output", None))
-    kept = {  # by file name: the parts of a fused matrix (Phi-3's attn_qkv) are one matrix
-        tensors.name(part, i): part
-        for part, i in parts
-        if tensors.tensor_type(part, i) in KERNEL_TYPES
-    }
-    return [(part, name) for name, part in kept.items()]
-
-
-def block_bytes(source: ModelSource) -> dict[str, int]:
-    """Bytes in the file of the matrices a gguf load keeps as blocks, by part, summed over
-    layers (``output`` / ``token_embedding`` for the head)."""
-    sizes: dict[str, int] = {}
-    for part, name in _block_matrices(source):
-        raw = source.checkpoint.raw_blocks(name)
-        sizes[part] = sizes.get(part, 0) + (0 if raw is None else raw.nbytes)
-    return sizes
-
-
-def decode_buffer_bytes(source: ModelSource) -> int:
-    """Bytes of the model thread's buffer for a wide call's blocks decoded to bfloat16
-    (``GGMLLinear.decoded``): at most a fused gate/up projection, twice the largest matrix."""
-    shapes = [source.checkpoint.tensor_shape(name) for _, name in _block_matrices(source)]
-    return 2 * max((rows * columns for rows, columns in shapes), default=0) * 2
-
-
-def wide_copy_bytes(source: ModelSource, itemsize: int) -> int:
-    """Bytes of dense copies, ``itemsize`` bytes a weight (the dense kernel's dtype), of the
-    matrices a gguf load keeps as blocks (what ``wide_copies`` costs)."""
-    shapes = [source.checkpoint.tensor_shape(name) for _, name in _block_matrices(source)]
-    return sum(rows * columns for rows, columns in shapes) * itemsize
 
 
 def load_runner(plan: LoadPlan) -> ModelRunner:
