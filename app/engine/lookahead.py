@@ -27,7 +27,7 @@ import time
 from app.engine.kv_blocks import BlockManager
 from app.engine.request import Sequence, SequenceStatus, StopCriteria
 from app.engine.slot_table import SlotTable
-from app.engine.step_rows import ScheduledStep, padding_rows, prefill_rows
+from app.engine.step_rows import ScheduledStep, padding_rows, prefill_rows, slot_of
 from app.models.base import (
     KVBlocks,
     Model,
@@ -78,7 +78,7 @@ def pending_row(seq: Sequence, position: int, kv: BlockManager | None) -> StepRo
     """The decode row of ``seq`` at ``position`` whose token step N is sampling
     (``PENDING_TOKEN`` until :func:`filled_batch`); its block table must already cover it."""
     return StepRow(
-        seq.slot if seq.slot is not None else -1,
+        slot_of(seq),
         (PENDING_TOKEN,),
         position,
         True,
