@@ -1,5 +1,5 @@
 """Drive a runner through whole sequences (prefill, then decode rows batched together); build a
-forward from a checkpoint without a runner."""
+forward from a checkpoint without a runner; load a small GGUF file on its own blocks."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from app.models.forward.decoder import DecoderModel
 from app.models.forward.forward_plan import ForwardPlan, RowSpec
 from app.models.forward.kv_cache import KVCache
 from app.models.kernels.ggml_quant import load_ggml_quant
+from app.models.load.plan import load_checkpoint
 from app.models.runner import ModelRunner
 from app.models.weights.build import load_weights
 from app.models.weights.projections import LinearKernel, select_linear_kernel
@@ -124,3 +125,16 @@ def sequence_logits(model: DecoderModel, token_ids: Sequence[int], *, chunk: int
         return torch.cat(
             [model.forward(ForwardPlan.build([row], cache=cache), cache).float() for row in rows]
         )
+
+
+def load_on_blocks(path: Path, *, wide_copies: str) -> ModelRunner:
+    """A 2-slot, 64-position runner of the GGUF file at ``path`` as the server loads it by
+    default (bfloat16, its own blocks), with ``wide_copies`` ("auto", "on" or "off")."""
+    return load_checkpoint(
+        path,
+        max_num_seqs=2,
+        max_model_len=64,
+        dtype="bfloat16",
+        quantization="auto",
+        wide_copies=wide_copies,
+    )

@@ -13,9 +13,9 @@ import torch
 from make_random_gguf import write_random_gguf
 
 from app.models.kernels.ggml_quant import QuantSegment, load_ggml_quant
-from app.models.load.plan import load_checkpoint
 from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLLinear
 from app.models.weights.projections import LinearKernel, project, widens_to_float32
+from tests.models.stepping import load_on_blocks
 from tests.models.test_ggml_kernels import random_blocks
 
 KERNELS, HOW = load_ggml_quant()
@@ -103,14 +103,7 @@ def random_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_load_decodes_wide_calls_only_without_copies_on_a_bfloat16_cpu(
     random_file: Path, wide_copies: str
 ) -> None:
-    runner = load_checkpoint(
-        random_file,
-        max_num_seqs=2,
-        max_model_len=64,
-        dtype="bfloat16",
-        quantization="auto",
-        wide_copies=wide_copies,
-    )
+    runner = load_on_blocks(random_file, wide_copies=wide_copies)
     qkv = runner.model.weights.layers[0].qkv
     assert isinstance(qkv, GGMLLinear)
     native = not widens_to_float32(torch.device("cpu"), torch.bfloat16)

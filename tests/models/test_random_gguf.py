@@ -15,7 +15,7 @@ from app.models.load.plan import LoadOptions, load_checkpoint, plan_load
 from app.models.refusal import ModelRefused
 from app.models.weights.ggml import GGML_MAX_ROWS, GGMLEmbedding, GGMLLinear
 from app.models.weights.record import Quantization
-from tests.models.stepping import decoder_of, sequence_logits
+from tests.models.stepping import decoder_of, load_on_blocks, sequence_logits
 
 pytestmark = pytest.mark.skipif(load_ggml_quant()[0] is None, reason=load_ggml_quant()[1])
 
@@ -30,14 +30,7 @@ def random_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 def test_the_blocks_are_the_weights_in_memory(random_file: Path) -> None:
-    runner = load_checkpoint(
-        random_file,
-        max_num_seqs=2,
-        max_model_len=64,
-        dtype="bfloat16",
-        quantization="auto",
-        wide_copies="off",
-    )
+    runner = load_on_blocks(random_file, wide_copies="off")
     weights = runner.model.weights
     assert weights.quantization is Quantization.GGUF
     assert isinstance(weights.embedding, GGMLEmbedding)
@@ -74,14 +67,7 @@ def _file_tensors(path: Path):
 
 
 def test_wide_copies_serve_steps_of_more_than_four_rows(random_file: Path) -> None:
-    runner = load_checkpoint(
-        random_file,
-        max_num_seqs=2,
-        max_model_len=64,
-        dtype="bfloat16",
-        quantization="auto",
-        wide_copies="on",
-    )
+    runner = load_on_blocks(random_file, wide_copies="on")
     qkv = runner.model.weights.layers[0].qkv
     assert isinstance(qkv, GGMLLinear) and qkv.wide is not None
     assert qkv.exact_rows == GGML_MAX_ROWS
