@@ -49,6 +49,7 @@ from app.models.forward.rope import rope_tables
 from app.models.hparams import Activation, HParams
 from app.models.kernels.decoder_layout import DecoderLayout
 from app.models.kernels.fused_decode import FusedDecodeKernels
+from app.models.weights.ggml import GGMLLinear
 from app.models.weights.projections import Projection, project
 from app.models.weights.record import ModelWeights, Quantization
 
@@ -138,7 +139,7 @@ class DecoderModel:
             and self.fused_decode is not None
             and plan.token_rows is not None
         ):
-            layout = self._decoder_layout(cache, plan.token_rows.count)
+            layout = self._decoder_layout(cache, plan.token_rows.count - plan.drafted_tokens)
             if layout is not None or self._python_fused:
                 return self._forward_fused_decode(plan, cache, self.fused_decode, layout)
         w, hp = self.weights, self.hparams
@@ -258,9 +259,10 @@ class DecoderModel:
 
     def _decoder_layout(self, cache: KVCache, num_rows: int) -> DecoderLayout | None:
         """The C view of this model's layers for ``sl_decode_layers`` when every projection
-        computes on GGUF blocks for ``num_rows`` rows (built once per cache), else None: the
-        layer loop stays in Python (dense or int4 projections, a mixture of experts, a wide
-        copy taking the call, ``decode_layers`` false)."""
+        computes on GGUF blocks for a step of ``num_rows`` rows (its drafted tokens not
+        counted: ``ForwardPlan.drafted_tokens``; built once per cache), else None: the layer
+        loop stays in Python (dense or int4 projections, a mixture of experts, a wide copy
+        taking the call, ``decode_layers`` false)."""
         if not self.decode_layers:
             return None
         if self._layout is None or self._layout[0] is not cache:
@@ -283,13 +285,16 @@ class DecoderModel:
     def _logits(
         self, hidden: torch.Tensor, plan: ForwardPlan, exact: torch.Tensor | None
     ) -> torch.Tensor:
-        """The output norm and LM head for the rows that want logits."""
+        """The output norm and LM head for the rows that want logits (a head on GGUF blocks
+        picks its path by the rows without the drafted ones, as the layers do)."""
         if plan.logits_index.numel() == 0:  # only prompt chunks that sample nothing
             return hidden.new_empty((0, self.hparams.vocab_size))
         w = self.weights
         last = F.rms_norm(
             hidden[plan.logits_index], w.output_norm.shape, w.output_norm, self.hparams.rms_norm_eps
         )
+        if plan.drafted_tokens and exact is None and isinstance(w.lm_head, GGMLLinear):
+            return w.lm_head(last, as_rows=last.shape[0] - plan.drafted_tokens)
         return project(w.lm_head, last, exact)
 
     def _add_output(

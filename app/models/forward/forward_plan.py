@@ -184,6 +184,11 @@ class ForwardPlan:
             ``FUSED_PREFILL_MAX_TOKENS`` and ``FUSED_PREFILL_KEY_BUDGET``; None otherwise.
         row_starts: ``slot -> packed index`` of each row's first token (prompt logprobs read
             a row's hidden states there).
+        drafted_tokens: how many of the packed tokens are drafted ones that rows verify (a
+            row's ``num_logits - 1``). Kernels that choose their path by the row count count
+            the step without them, so that a drafted position computes on the kernels the
+            same token's decode row would take in this batch without speculation
+            (:meth:`app.models.forward.decoder.DecoderModel.forward`).
     """
 
     token_ids: torch.Tensor
@@ -198,6 +203,7 @@ class ForwardPlan:
     exact_logits: torch.Tensor | None = None
     row_starts: dict[int, int] | None = None
     token_rows: TokenRows | None = None
+    drafted_tokens: int = 0
 
     @classmethod
     def build(cls, rows: Sequence[RowSpec], *, cache: KVCache) -> ForwardPlan:
@@ -259,6 +265,7 @@ class ForwardPlan:
             exact_logits=as_tensor(exact_logits) if exact_logits else None,
             row_starts=row_starts,
             token_rows=None if exact_tokens else _plan_token_rows(decode, multi, tables, device),
+            drafted_tokens=sum(r.num_logits - 1 for r in logit_rows),
         )
 
     def window_masks(self, window: int, *, dtype: torch.dtype) -> WindowMasks:

@@ -103,12 +103,15 @@ class GGMLLinear:
     def tensor_types(self) -> tuple[str, ...]:
         return tuple(segment.tensor_type for segment in self.segments)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [M, in]`` float32 or bfloat16 -> ``[M, out]`` of ``out_dtype`` (or ``x``'s)."""
-        if self.wide is not None and x.shape[0] > GGML_MAX_ROWS:
+    def __call__(self, x: torch.Tensor, *, as_rows: int | None = None) -> torch.Tensor:
+        """``x [M, in]`` float32 or bfloat16 -> ``[M, out]`` of ``out_dtype`` (or ``x``'s).
+        ``as_rows``: the row count that picks the path (blocks, ``wide``, a decoded matrix),
+        when not ``M``: a step's rows without the drafted tokens they verify."""
+        rows = x.shape[0] if as_rows is None else as_rows
+        if self.wide is not None and rows > GGML_MAX_ROWS:
             y = self.wide(x)
             return y if self.out_dtype is None else y.to(self.out_dtype)
-        if self._decodes_for(x):
+        if self._decodes_for(x, rows):
             y = F.linear(x, self.decoded(), self._dense_bias())
             return y if self.out_dtype is None else y.to(self.out_dtype)
         return self.kernels.matmul(
@@ -120,7 +123,7 @@ class GGMLLinear:
         ``residual`` is not modified."""
         if self.wide is not None and x.shape[0] > GGML_MAX_ROWS:
             return self.wide.add_to(residual, x)
-        if self._decodes_for(x) and residual.dtype == x.dtype:
+        if self._decodes_for(x, x.shape[0]) and residual.dtype == x.dtype:
             return residual + F.linear(x, self.decoded(), self._dense_bias())
         return self.kernels.matmul(
             self.prepared, x.contiguous(), bias=self.bias, residual=residual.contiguous()
@@ -145,8 +148,8 @@ class GGMLLinear:
             start += segment.rows
         return weight
 
-    def _decodes_for(self, x: torch.Tensor) -> bool:
-        return 0 < self.dense_from_rows <= x.shape[0] and x.dtype == torch.bfloat16
+    def _decodes_for(self, x: torch.Tensor, rows: int) -> bool:
+        return 0 < self.dense_from_rows <= rows and x.dtype == torch.bfloat16
 
     def _dense_bias(self) -> torch.Tensor | None:
         return None if self.bias is None else self.bias.to(torch.bfloat16)
