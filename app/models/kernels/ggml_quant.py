@@ -16,8 +16,8 @@ projections are batch-invariant at any row count (tested).
 
 On AVX2 and AVX-512 VNNI the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) run through
 ``ggml_quant_tiles.c`` instead: eight weight rows per vector, decoded once per tile into an
-interleaved copy for calls of more than 3 rows (one activation row per 4 codes x 8 rows per
-``vpmaddubsw``, or per ``vpdpbusd`` with VNNI), read straight from the file's rows for fewer;
+interleaved copy for calls of more than one row (one activation row per 4 codes x 8 rows per
+``vpmaddubsw``, or per ``vpdpbusd`` with VNNI), read straight from the file's rows for one;
 all of these produce the same integers and share one float sequence, so batch invariance holds
 across the switch, and the two instruction sets give the same bits. Measured, a SmolLM2
 layer's four Q4_1 projections, one thread: 1.85x the one-row code at 64 rows, 1.7x at 16,

@@ -159,8 +159,12 @@ static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t colu
 }
 
 /* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
- * more rows decode each tile once and run them all against it. */
-#define SL_GEMV_MAX_ROWS 3
+ * more rows decode each tile once and run them all against it. One: the gemv reads and unpacks
+ * the eight rows again for each activation row, and from two rows the decoded tile is cheaper
+ * (2-core AMX Xeon, a SmolLM2 layer's four Q4_1 projections, 2 threads, best of 15: AVX2 1.19x
+ * at 2 rows and 1.49x at 3 against a limit of 3, AVX-512 VNNI 1.35x and 1.75x; its Q8_0 LM head
+ * 0.97x / 1.11x at 2 rows and 1.11x / 1.37x at 3). Either way gives the same bits. */
+#define SL_GEMV_MAX_ROWS 1
 
 /* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the tile kernels of `isa`, for all m
  * activation rows, stored from `column`. The decoded tile lives in a buffer of the thread's. */

@@ -13,7 +13,7 @@
  *
  * Two ways to the same integers. Per (weight row j, activation row i, block b) the integer dot
  * product of the codes with the activation's int8 codes is exact in int32, whichever order it
- * is summed in: from the file's rows with a horizontal-sum tree (few activation rows: no decode
+ * is summed in: from the file's rows with a horizontal-sum tree (one activation row: no decode
  * pass, "gemv"), or from the interleaved tile (many rows, "gemm"). Then the one float sequence
  * both share, per lane:
  *
