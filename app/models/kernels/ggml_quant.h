@@ -68,13 +68,13 @@ typedef void (*sl_quantize_row_fn)(int64_t k, const float *x, void *out);
  * row: the float32 dot product. */
 typedef float (*sl_vec_dot_fn)(int64_t k, const void *w_row, const void *x_row);
 
-/* One weight row against SL_ROWS activation rows at once (row r at x_rows + r * x_stride
- * bytes): out[r] equals, bit for bit, the one-row function's result for that row (the same
- * arithmetic in the same order per output; the weight row is decoded once for all of them).
- * This is what keeps a row's result independent of the batch it is in. */
+/* One weight row against n (1 to SL_ROWS) activation rows at once (row r at x_rows + r *
+ * x_stride bytes): out[r] equals, bit for bit, the one-row function's result for that row (the
+ * same arithmetic in the same order per output; the weight row is decoded once for all of
+ * them). This is what keeps a row's result independent of the batch it is in. */
 #define SL_ROWS 4
 typedef void (*sl_vec_dot_rows_fn)(int64_t k, const void *w_row, const void *x_rows,
-                                   int64_t x_stride, float *out);
+                                   int64_t x_stride, int n, float *out);
 
 /* One weight row decoded to float32, as gguf.quants.dequantize decodes it. */
 typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
@@ -83,8 +83,8 @@ typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
  *   void  sl_quantize_q8_1_<isa>(int64_t k, const float *x, void *out);
  *   float sl_dot_<fmt>_<isa>(int64_t k, const void *w_row, const void *x_row);   x: sl_block_q8_1
  *   void  sl_dequantize_<fmt>(int64_t k, const void *w_row, float *out);
- *   void  sl_dot4_<fmt>_<avx2|avx512>(int64_t k, const void *w_row, const void *x_rows,
- *                                     int64_t x_stride, float *out);  (SL_ROWS rows, above)
+ *   void  sl_dotn_<fmt>_<avx2|avx512>(int64_t k, const void *w_row, const void *x_rows,
+ *                                     int64_t x_stride, int n, float *out);  (n rows, above)
  * and by ggml_quant_kquants.c (fmt: q4_k q5_k q6_k):
  *   void  sl_quantize_q8_k_<isa>(int64_t k, const float *x, void *out);
  *   float sl_dot_<fmt>_<isa>(int64_t k, const void *w_row, const void *x_row);   x: sl_block_q8_k
@@ -95,15 +95,16 @@ typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
 #define SL_DECLARE_FORMAT(fmt)                                                                  \
     float sl_dot_##fmt##_scalar(int64_t k, const void *w_row, const void *x_row);              \
     void sl_dequantize_##fmt(int64_t k, const void *w_row, float *out);
-/* The K formats: the dot product per instruction set, and SL_ROWS activation rows at once. */
+/* The K formats: the dot product per instruction set, and up to SL_ROWS activation rows at
+ * once. */
 #define SL_DECLARE_FORMAT_K(fmt)                                                                \
     SL_DECLARE_FORMAT(fmt)                                                                      \
     float sl_dot_##fmt##_avx2(int64_t k, const void *w_row, const void *x_row);                \
     float sl_dot_##fmt##_avx512(int64_t k, const void *w_row, const void *x_row);              \
-    void sl_dot4_##fmt##_avx2(int64_t k, const void *w_row, const void *x_rows,                \
-                              int64_t x_stride, float *out);                                   \
-    void sl_dot4_##fmt##_avx512(int64_t k, const void *w_row, const void *x_rows,              \
-                                int64_t x_stride, float *out);
+    void sl_dotn_##fmt##_avx2(int64_t k, const void *w_row, const void *x_rows,                \
+                              int64_t x_stride, int n, float *out);                            \
+    void sl_dotn_##fmt##_avx512(int64_t k, const void *w_row, const void *x_rows,              \
+                                int64_t x_stride, int n, float *out);
 
 SL_DECLARE_FORMAT(q4_0)
 SL_DECLARE_FORMAT(q4_1)

@@ -1,8 +1,8 @@
 /*
  * GGML's K formats (Q4_K, Q5_K, Q6_K) on the CPU: activation quantisation to sl_block_q8_k,
  * the dot product of one weight row with one activation row (scalar, AVX2, AVX-512 VNNI), the
- * same for SL_ROWS activation rows at once (AVX2, AVX-512 VNNI: each weight super-block decoded
- * once for all of them, every result bit for bit the one-row result), and the decoding of one
+ * same for up to SL_ROWS activation rows at once (AVX2, AVX-512 VNNI: each weight super-block
+ * decoded once for all of them, every result bit for bit the one-row result), and the decoding of one
  * row to float32. The contract is ggml_quant.h.
  *
  * Super-block layouts (256 weights each; gguf-py's gguf/quants.py is the reference decoder):
@@ -209,7 +209,7 @@ float sl_dot_q4_k_scalar(int64_t k, const void *w_row, const void *x_row) {
 
 /*
  * Every SIMD dot product below is one body, inlined with a compile-time row count R (1 for
- * sl_dot_*, SL_ROWS for sl_dot4_*): each weight super-block is decoded once (codes, high bits,
+ * sl_dot_*, 1 to SL_ROWS for sl_dotn_*): each weight super-block is decoded once (codes, high bits,
  * scales, minima, fp16 factors) and used for the R activation rows, each row with its own
  * accumulators. Per row, the body performs exactly the operations of the one-row case, in
  * the same order and on the same lanes, so out[r] of the R-row call equals the one-row result
@@ -291,9 +291,14 @@ SL_TARGET_AVX2 float sl_dot_q4_k_avx2(int64_t k, const void *w_row, const void *
     return out;
 }
 
-SL_TARGET_AVX2 void sl_dot4_q4_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                      float *out) {
-    kq_dot_q4_k_avx2_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
+SL_TARGET_AVX2 void sl_dotn_q4_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
+                                      int n, float *out) {
+    switch (n) { /* a constant row count in each copy of the body */
+    case 4: kq_dot_q4_k_avx2_rows(4, k, w_row, x_rows, x_stride, out); break;
+    case 3: kq_dot_q4_k_avx2_rows(3, k, w_row, x_rows, x_stride, out); break;
+    case 2: kq_dot_q4_k_avx2_rows(2, k, w_row, x_rows, x_stride, out); break;
+    default: kq_dot_q4_k_avx2_rows(1, k, w_row, x_rows, x_stride, out); break;
+    }
 }
 
 SL_TARGET_AVX512 KQ_INLINE void kq_dot_q4_k_avx512_rows(const int R, int64_t k, const void *w_row,
@@ -357,9 +362,14 @@ SL_TARGET_AVX512 float sl_dot_q4_k_avx512(int64_t k, const void *w_row, const vo
     return out;
 }
 
-SL_TARGET_AVX512 void sl_dot4_q4_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                          float *out) {
-    kq_dot_q4_k_avx512_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
+SL_TARGET_AVX512 void sl_dotn_q4_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
+                                          int n, float *out) {
+    switch (n) { /* a constant row count in each copy of the body */
+    case 4: kq_dot_q4_k_avx512_rows(4, k, w_row, x_rows, x_stride, out); break;
+    case 3: kq_dot_q4_k_avx512_rows(3, k, w_row, x_rows, x_stride, out); break;
+    case 2: kq_dot_q4_k_avx512_rows(2, k, w_row, x_rows, x_stride, out); break;
+    default: kq_dot_q4_k_avx512_rows(1, k, w_row, x_rows, x_stride, out); break;
+    }
 }
 
 SL_TARGET_CLONES void sl_dequantize_q4_k(int64_t k, const void *w_row, float *out) {
@@ -470,9 +480,14 @@ SL_TARGET_AVX2 float sl_dot_q5_k_avx2(int64_t k, const void *w_row, const void *
     return out;
 }
 
-SL_TARGET_AVX2 void sl_dot4_q5_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                      float *out) {
-    kq_dot_q5_k_avx2_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
+SL_TARGET_AVX2 void sl_dotn_q5_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
+                                      int n, float *out) {
+    switch (n) { /* a constant row count in each copy of the body */
+    case 4: kq_dot_q5_k_avx2_rows(4, k, w_row, x_rows, x_stride, out); break;
+    case 3: kq_dot_q5_k_avx2_rows(3, k, w_row, x_rows, x_stride, out); break;
+    case 2: kq_dot_q5_k_avx2_rows(2, k, w_row, x_rows, x_stride, out); break;
+    default: kq_dot_q5_k_avx2_rows(1, k, w_row, x_rows, x_stride, out); break;
+    }
 }
 
 SL_TARGET_AVX512 KQ_INLINE void kq_dot_q5_k_avx512_rows(const int R, int64_t k, const void *w_row,
@@ -537,9 +552,14 @@ SL_TARGET_AVX512 float sl_dot_q5_k_avx512(int64_t k, const void *w_row, const vo
     return out;
 }
 
-SL_TARGET_AVX512 void sl_dot4_q5_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                          float *out) {
-    kq_dot_q5_k_avx512_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
+SL_TARGET_AVX512 void sl_dotn_q5_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
+                                          int n, float *out) {
+    switch (n) { /* a constant row count in each copy of the body */
+    case 4: kq_dot_q5_k_avx512_rows(4, k, w_row, x_rows, x_stride, out); break;
+    case 3: kq_dot_q5_k_avx512_rows(3, k, w_row, x_rows, x_stride, out); break;
+    case 2: kq_dot_q5_k_avx512_rows(2, k, w_row, x_rows, x_stride, out); break;
+    default: kq_dot_q5_k_avx512_rows(1, k, w_row, x_rows, x_stride, out); break;
+    }
 }
 
 SL_TARGET_CLONES void sl_dequantize_q5_k(int64_t k, const void *w_row, float *out) {
@@ -664,9 +684,14 @@ SL_TARGET_AVX2 float sl_dot_q6_k_avx2(int64_t k, const void *w_row, const void *
     return out;
 }
 
-SL_TARGET_AVX2 void sl_dot4_q6_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                      float *out) {
-    kq_dot_q6_k_avx2_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
+SL_TARGET_AVX2 void sl_dotn_q6_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
+                                      int n, float *out) {
+    switch (n) { /* a constant row count in each copy of the body */
+    case 4: kq_dot_q6_k_avx2_rows(4, k, w_row, x_rows, x_stride, out); break;
+    case 3: kq_dot_q6_k_avx2_rows(3, k, w_row, x_rows, x_stride, out); break;
+    case 2: kq_dot_q6_k_avx2_rows(2, k, w_row, x_rows, x_stride, out); break;
+    default: kq_dot_q6_k_avx2_rows(1, k, w_row, x_rows, x_stride, out); break;
+    }
 }
 
 SL_TARGET_AVX512 KQ_INLINE void kq_dot_q6_k_avx512_rows(const int R, int64_t k, const void *w_row,
@@ -739,9 +764,14 @@ SL_TARGET_AVX512 float sl_dot_q6_k_avx512(int64_t k, const void *w_row, const vo
     return out;
 }
 
-SL_TARGET_AVX512 void sl_dot4_q6_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                          float *out) {
-    kq_dot_q6_k_avx512_rows(SL_ROWS, k, w_row, x_rows, x_stride, out);
+SL_TARGET_AVX512 void sl_dotn_q6_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
+                                          int n, float *out) {
+    switch (n) { /* a constant row count in each copy of the body */
+    case 4: kq_dot_q6_k_avx512_rows(4, k, w_row, x_rows, x_stride, out); break;
+    case 3: kq_dot_q6_k_avx512_rows(3, k, w_row, x_rows, x_stride, out); break;
+    case 2: kq_dot_q6_k_avx512_rows(2, k, w_row, x_rows, x_stride, out); break;
+    default: kq_dot_q6_k_avx512_rows(1, k, w_row, x_rows, x_stride, out); break;
+    }
 }
 
 SL_TARGET_CLONES void sl_dequantize_q6_k(int64_t k, const void *w_row, float *out) {

@@ -25,7 +25,7 @@ typedef struct {
     int block_bytes; /* bytes per block in the file */
     int q8k;         /* activations in SL_Q8_K blocks (else SL_Q8_1) */
     sl_vec_dot_fn dot[3];           /* per instruction set; NULL where the tiles compute */
-    sl_vec_dot_rows_fn dot_rows[3]; /* SL_ROWS activation rows at once; none in scalar C */
+    sl_vec_dot_rows_fn dot_rows[3]; /* up to SL_ROWS activation rows at once; none in scalar C */
     sl_dequantize_row_fn dequantize;
     /* Tile kernels (eight weight rows at a time) per instruction set, or NULL: the dot
      * functions above. One decoded layout serves both sets' gemm. */
@@ -36,7 +36,7 @@ typedef struct {
 
 #define SL_FORMAT(fmt, size, bytes, q8k)                                                         \
     { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
-      {NULL, sl_dot4_##fmt##_avx2, sl_dot4_##fmt##_avx512}, sl_dequantize_##fmt,                 \
+      {NULL, sl_dotn_##fmt##_avx2, sl_dotn_##fmt##_avx512}, sl_dequantize_##fmt,                 \
       {NULL, NULL, NULL}, NULL, {NULL, NULL, NULL} }
 #define SL_FORMAT_TILES(fmt, size, bytes, q8k)                                                   \
     { size, bytes, q8k, {sl_dot_##fmt##_scalar, NULL, NULL}, {NULL, NULL, NULL},                   \
@@ -299,15 +299,16 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
                 continue;
             }
             for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
-                /* SL_ROWS activation rows per weight row decoded (each output computed as the
-                 * one-row function computes it: bit for bit the same), the rest one by one */
+                /* Up to SL_ROWS activation rows per weight row decoded (each output computed as
+                 * the one-row function computes it: bit for bit the same) */
                 const int64_t group = m - i0 < SL_ROWS ? m - i0 : SL_ROWS;
                 float out[SL_ROWS][SL_TILE_ROWS];
                 for (int64_t r = 0; r < rows; r++) {
-                    if (group == SL_ROWS && dot_rows != NULL) {
-                        float four[SL_ROWS];
-                        dot_rows(k, w + r * row_bytes, xq + i0 * xq_bytes, xq_bytes, four);
-                        for (int g = 0; g < SL_ROWS; g++) out[g][r] = four[g];
+                    if (group > 1 && dot_rows != NULL) {
+                        float some[SL_ROWS];
+                        dot_rows(k, w + r * row_bytes, xq + i0 * xq_bytes, xq_bytes, (int)group,
+                                 some);
+                        for (int g = 0; g < group; g++) out[g][r] = some[g];
                     } else {
                         for (int64_t g = 0; g < group; g++)
                             out[g][r] = dot(k, w + r * row_bytes, xq + (i0 + g) * xq_bytes);
