@@ -36,6 +36,7 @@ from app.models.load.memory import (
 from app.models.load.source import ModelSource, open_model
 from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
+from app.models.weights.block_arena import BlockArena, huge_pages_mode
 from app.models.weights.build import load_weights
 from app.models.weights.int4 import int4_kernel_status
 from app.models.weights.projections import LinearKernel, select_linear_kernel, widens_to_float32
@@ -305,6 +306,8 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         kernel.value,
         kernel_reason,
     )
+    gguf = quantization is Quantization.GGUF
+    arena = BlockArena.for_file(source.path) if gguf and source.path.is_file() else None
     weights = load_weights(
         source.tensors,
         dtype=plan.dtype,
@@ -318,11 +321,18 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
             and quantization is Quantization.GGUF
             and kernel is LinearKernel.ONEDNN  # (the probe may have refused oneDNN bfloat16)
         ),
+        arena=arena,
     )
-    if quantization is not Quantization.GGUF:
-        # The weights are copied out: the file's pages go. On the file's blocks they are the
-        # weights (mapped, not copied), so they stay.
+    if not gguf or arena is not None:
+        # The weights are copied out: the file's pages go. On the file's mapped blocks (no
+        # transparent huge pages to copy them into) they are the weights, so they stay.
         source.checkpoint.release_pages()
+    if arena is not None:
+        logger.info(
+            "blocks: %.1f MiB copied into 2 MiB pages (%s)",
+            arena.used / 2**20,
+            "transparent huge pages: " + (huge_pages_mode() or "none"),
+        )
     weight_kernels = describe_weight_kernels(weights, ggml_how)
     if weight_kernels:
         logger.info("weights: %s", weight_kernels)

@@ -38,6 +38,7 @@ import torch
 from app.models.checkpoints.model_tensors import ModelTensors
 from app.models.kernels.ggml_quant import KERNEL_TYPES, GGMLKernels, QuantSegment
 from app.models.refusal import UnsupportedModel
+from app.models.weights.block_arena import BlockArena
 from app.models.weights.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
 from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLEmbedding, GGMLLinear
 from app.models.weights.int4 import Int4Linear, int4_kernel_status
@@ -65,13 +66,16 @@ def load_weights(
     ggml: GGMLKernels | None = None,
     wide_copies: bool = False,
     decode_wide_calls: bool = False,
+    arena: BlockArena | None = None,
 ) -> ModelWeights:
     """Read, fuse, fold, cast (or quantise) and move every weight.
 
     ``ggml``: the GGUF-block kernels, required for ``Quantization.GGUF``; ``wide_copies``:
     gguf keeps a dense copy of each projection on the blocks for wide steps; without them,
     ``decode_wide_calls``: wide calls decode the blocks for the call (both
-    :class:`app.models.weights.ggml.GGMLLinear`; the load plan decides).
+    :class:`app.models.weights.ggml.GGMLLinear`; the load plan decides). ``arena``: gguf
+    blocks are copied into it (2 MiB pages, :mod:`app.models.weights.block_arena`) instead of
+    staying the file's mapped bytes.
 
     Raises:
         ValueError: gguf without its kernels, off the CPU or on a checkpoint without blocks;
@@ -97,6 +101,7 @@ def load_weights(
     builder = _LayerBuilder(
         tensors, dtype, device, quantization, kernel, ggml, wide_copies, decode_wide_calls
     )
+    builder.arena = arena
     layers = tuple(builder.layer(i) for i in range(tensors.hparams.block_count))
     embedding, lm_head = builder.embedding_and_head()
     return ModelWeights(
@@ -131,6 +136,7 @@ class _LayerBuilder:
         self.quantization, self.kernel, self.ggml = quantization, kernel, ggml
         # gguf: "name (type)" of each matrix whose projection stayed dense
         self.dense_projections: list[str] = []
+        self.arena: BlockArena | None = None  # where gguf blocks are copied, if anywhere
 
     def vector(self, part: str, layer: int | None = None) -> torch.Tensor:
         """A 1-D weight (a norm) in the model dtype on the device."""
@@ -259,6 +265,8 @@ class _LayerBuilder:
         assert blocks is not None  # a GGUF checkpoint (checked by the plan)
         kind = self.tensors.tensor_type(part, i)
         blocks = np.ascontiguousarray(blocks, dtype=np.uint8)  # no copy for the file's view
+        if self.arena is not None:
+            return QuantSegment(kind, self.arena.take(blocks))
         if blocks.flags.writeable:  # rows reordered: the process's own copy
             return QuantSegment(kind, torch.from_numpy(blocks))
         return QuantSegment(kind, mapped_tensor(blocks))

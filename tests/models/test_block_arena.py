@@ -1,0 +1,129 @@
+"""A GGUF load's blocks in 2 MiB pages (``app.models.weights.block_arena``): the bytes are the
+file's, every projection's blocks live in the arena, and a kernel without transparent huge
+pages keeps the file's mapped bytes instead."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from make_random_gguf import write_random_gguf
+
+from app.models.kernels.ggml_quant import load_ggml_quant
+from app.models.weights import block_arena
+from app.models.weights.block_arena import ALIGN, BlockArena, huge_pages_mode
+from app.models.weights.ggml import GGMLLinear
+from tests.models.stepping import load_on_blocks
+
+SHAPE = {"hidden": 256, "ffn": 512, "layers": 2, "heads": 4, "kv_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def random_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("arena") / "model.gguf"
+    return write_random_gguf(out, types="Q4_K,Q6_K,Q8_0", **SHAPE)
+
+
+@pytest.mark.parametrize(
+    ("setting", "mode"),
+    [
+        ("always [madvise] never\n", "madvise"),
+        ("[always] madvise never\n", "always"),
+        ("always madvise [never]\n", None),
+    ],
+)
+def test_the_kernels_mode_is_read_from_sysfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, mode: str | None
+) -> None:
+    path = tmp_path / "enabled"
+    path.write_text(setting)
+    monkeypatch.setattr(block_arena, "THP_SETTING", path)
+    assert huge_pages_mode() == mode
+    monkeypatch.setattr(block_arena, "THP_SETTING", tmp_path / "missing")
+    assert huge_pages_mode() is None
+
+
+def test_take_copies_the_bytes_aligned_and_releases_nothing_it_owns() -> None:
+    arena = BlockArena(3 << 20)
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, 256, size=(3, 37), dtype=np.uint8)
+    second = rng.integers(0, 256, size=(5, 144), dtype=np.uint8)
+    a, b = arena.take(first), arena.take(second)
+    assert torch.equal(a, torch.from_numpy(first)) and torch.equal(b, torch.from_numpy(second))
+    assert b.data_ptr() % ALIGN == 0 and b.data_ptr() - a.data_ptr() == 128  # 111 -> 128
+    assert arena.used == 128 + second.nbytes
+    with pytest.raises(MemoryError):
+        arena.take(np.zeros((4 << 20,), dtype=np.uint8))
+
+
+def test_a_file_views_pages_are_released_once_copied(tmp_path: Path) -> None:
+    page = mmap.PAGESIZE
+    path = tmp_path / "blob"
+    path.write_bytes(bytes(range(256)) * (4 * page // 256))
+    view = np.memmap(path, dtype=np.uint8, mode="r").reshape(4, page)
+    assert int(view.sum()) > 0  # faulted in
+    copied = BlockArena(1 << 20).take(view)
+    assert torch.equal(copied, torch.from_numpy(np.array(view)))  # re-read from the file
+
+
+@pytest.mark.skipif(huge_pages_mode() is None, reason="this kernel has no transparent huge pages")
+@pytest.mark.skipif(load_ggml_quant()[0] is None, reason=load_ggml_quant()[1])
+def test_every_projection_computes_on_blocks_in_the_arena(random_file: Path, caplog) -> None:
+    with caplog.at_level("INFO", logger="app.models.load.plan"):
+        runner = load_on_blocks(random_file, wide_copies="off")
+    assert "copied into 2 MiB pages" in caplog.text
+    weights = runner.model.weights
+    linears = [p for layer in weights.layers for p in (layer.qkv, layer.attn_output)]
+    linears += [p for layer in weights.layers for p in (layer.gate_up, layer.down)]
+    linears.append(weights.lm_head)
+    assert all(isinstance(p, GGMLLinear) for p in linears)
+    segments = [s.blocks for p in linears for s in p.segments]  # type: ignore[union-attr]
+    anonymous = _anonymous_huge_ranges()
+    assert all(any(lo <= t.data_ptr() < hi for lo, hi in anonymous) for t in segments)
+    assert all(t.is_contiguous() and t.data_ptr() % ALIGN == 0 for t in segments)
+
+
+@pytest.mark.skipif(load_ggml_quant()[0] is None, reason=load_ggml_quant()[1])
+def test_without_huge_pages_the_blocks_stay_the_files_mapping(
+    random_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    monkeypatch.setattr(block_arena, "THP_SETTING", tmp_path / "missing")
+    with caplog.at_level("INFO", logger="app.models.load.plan"):
+        runner = load_on_blocks(random_file, wide_copies="off")
+    assert "copied into 2 MiB pages" not in caplog.text
+    qkv = runner.model.weights.layers[0].attn_output
+    assert isinstance(qkv, GGMLLinear)
+    pointer = qkv.segments[0].blocks.data_ptr()
+    assert any(lo <= pointer < hi for lo, hi in _file_ranges(random_file))
+
+
+def _maps() -> list[tuple[int, int, str, str]]:
+    """(start, end, the smaps block, the mapped path) of each mapping of this process."""
+    out, current = [], None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            current = [lo, hi, "", fields[5] if len(fields) > 5 else ""]
+            out.append(current)
+        elif current is not None:
+            current[2] += line + "\n"
+    return [tuple(m) for m in out]  # type: ignore[misc]
+
+
+def _anonymous_huge_ranges() -> list[tuple[int, int]]:
+    return [(lo, hi) for lo, hi, info, path in _maps() if not path and "hg" in _vm_flags(info)]
+
+
+def _file_ranges(path: Path) -> list[tuple[int, int]]:
+    return [(lo, hi) for lo, hi, _, mapped in _maps() if mapped == str(path)]
+
+
+def _vm_flags(info: str) -> list[str]:
+    for line in info.splitlines():
+        if line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return []
