@@ -178,8 +178,8 @@ class _LayerBuilder:
         if self.quantization is Quantization.GGUF:
             kind = tensors.tensor_type(head_part)
             if kind in KERNEL_TYPES and self.ggml is not None:
+                wide = self._wide((head_part,), None, None)  # (first: see _file_blocks)
                 segment = self._segment(head_part, None)
-                wide = self._wide((head_part,), None, None)
                 head = GGMLLinear(
                     self.ggml,
                     (segment,),
@@ -234,13 +234,15 @@ class _LayerBuilder:
                 for part, kind in zip(parts, kinds, strict=True)
             ]
             return self._dense(i, parts, norm=norm), None
-        segments = tuple(self._segment(part, i) for part in parts)
         bias = self._bias(i, parts)
+        # The dense copy before the blocks: a block arena lets the file's pages go as it
+        # copies them, and reading them again after would hold them until the load's end.
+        wide = self._wide(parts, i, bias)
+        segments = tuple(self._segment(part, i) for part in parts)
         hp = self.tensors.hparams
         in_features = {"attn_output": hp.q_width, "ffn_down": hp.feed_forward_length}
         width = in_features.get(parts[0], hp.embedding_length)
         float_bias = None if bias is None else bias.float()
-        wide = self._wide(parts, i, bias)
         linear = GGMLLinear(
             self.ggml, segments, width, float_bias, wide=wide, dense_from_rows=self.dense_from_rows
         )
