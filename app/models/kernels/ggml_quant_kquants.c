@@ -234,6 +234,19 @@ float sl_dot_q4_k_scalar(int64_t k, const void *w_row, const void *x_row) {
         KQ_ROW(R, 3, __VA_ARGS__)                                                                 \
     } while (0)
 
+/* sl_dotn_<fmt>_<isa>: 1 to SL_ROWS activation rows through kq_dot_<fmt>_<isa>_rows, with a
+ * constant row count in each inlined copy of the body. */
+#define KQ_DOTN(fmt, isa, target)                                                                 \
+    target void sl_dotn_##fmt##_##isa(int64_t k, const void *w_row, const void *x_rows,           \
+                                      int64_t x_stride, int n, float *out) {                      \
+        switch (n) {                                                                              \
+        case 4: kq_dot_##fmt##_##isa##_rows(4, k, w_row, x_rows, x_stride, out); break;           \
+        case 3: kq_dot_##fmt##_##isa##_rows(3, k, w_row, x_rows, x_stride, out); break;           \
+        case 2: kq_dot_##fmt##_##isa##_rows(2, k, w_row, x_rows, x_stride, out); break;           \
+        default: kq_dot_##fmt##_##isa##_rows(1, k, w_row, x_rows, x_stride, out); break;          \
+        }                                                                                         \
+    }
+
 SL_TARGET_AVX2 KQ_INLINE void kq_dot_q4_k_avx2_rows(const int R, int64_t k, const void *w_row, const void *x_rows,
                                                     int64_t x_stride, float *out) {
     const uint8_t *w = (const uint8_t *)w_row, *xb = (const uint8_t *)x_rows;
@@ -291,15 +304,7 @@ SL_TARGET_AVX2 float sl_dot_q4_k_avx2(int64_t k, const void *w_row, const void *
     return out;
 }
 
-SL_TARGET_AVX2 void sl_dotn_q4_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                      int n, float *out) {
-    switch (n) { /* a constant row count in each copy of the body */
-    case 4: kq_dot_q4_k_avx2_rows(4, k, w_row, x_rows, x_stride, out); break;
-    case 3: kq_dot_q4_k_avx2_rows(3, k, w_row, x_rows, x_stride, out); break;
-    case 2: kq_dot_q4_k_avx2_rows(2, k, w_row, x_rows, x_stride, out); break;
-    default: kq_dot_q4_k_avx2_rows(1, k, w_row, x_rows, x_stride, out); break;
-    }
-}
+KQ_DOTN(q4_k, avx2, SL_TARGET_AVX2)
 
 SL_TARGET_AVX512 KQ_INLINE void kq_dot_q4_k_avx512_rows(const int R, int64_t k, const void *w_row,
                                                         const void *x_rows, int64_t x_stride, float *out) {
@@ -362,15 +367,7 @@ SL_TARGET_AVX512 float sl_dot_q4_k_avx512(int64_t k, const void *w_row, const vo
     return out;
 }
 
-SL_TARGET_AVX512 void sl_dotn_q4_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                          int n, float *out) {
-    switch (n) { /* a constant row count in each copy of the body */
-    case 4: kq_dot_q4_k_avx512_rows(4, k, w_row, x_rows, x_stride, out); break;
-    case 3: kq_dot_q4_k_avx512_rows(3, k, w_row, x_rows, x_stride, out); break;
-    case 2: kq_dot_q4_k_avx512_rows(2, k, w_row, x_rows, x_stride, out); break;
-    default: kq_dot_q4_k_avx512_rows(1, k, w_row, x_rows, x_stride, out); break;
-    }
-}
+KQ_DOTN(q4_k, avx512, SL_TARGET_AVX512)
 
 SL_TARGET_CLONES void sl_dequantize_q4_k(int64_t k, const void *w_row, float *out) {
     const uint8_t *w = (const uint8_t *)w_row;
@@ -480,15 +477,7 @@ SL_TARGET_AVX2 float sl_dot_q5_k_avx2(int64_t k, const void *w_row, const void *
     return out;
 }
 
-SL_TARGET_AVX2 void sl_dotn_q5_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                      int n, float *out) {
-    switch (n) { /* a constant row count in each copy of the body */
-    case 4: kq_dot_q5_k_avx2_rows(4, k, w_row, x_rows, x_stride, out); break;
-    case 3: kq_dot_q5_k_avx2_rows(3, k, w_row, x_rows, x_stride, out); break;
-    case 2: kq_dot_q5_k_avx2_rows(2, k, w_row, x_rows, x_stride, out); break;
-    default: kq_dot_q5_k_avx2_rows(1, k, w_row, x_rows, x_stride, out); break;
-    }
-}
+KQ_DOTN(q5_k, avx2, SL_TARGET_AVX2)
 
 SL_TARGET_AVX512 KQ_INLINE void kq_dot_q5_k_avx512_rows(const int R, int64_t k, const void *w_row,
                                                         const void *x_rows, int64_t x_stride, float *out) {
@@ -552,15 +541,7 @@ SL_TARGET_AVX512 float sl_dot_q5_k_avx512(int64_t k, const void *w_row, const vo
     return out;
 }
 
-SL_TARGET_AVX512 void sl_dotn_q5_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                          int n, float *out) {
-    switch (n) { /* a constant row count in each copy of the body */
-    case 4: kq_dot_q5_k_avx512_rows(4, k, w_row, x_rows, x_stride, out); break;
-    case 3: kq_dot_q5_k_avx512_rows(3, k, w_row, x_rows, x_stride, out); break;
-    case 2: kq_dot_q5_k_avx512_rows(2, k, w_row, x_rows, x_stride, out); break;
-    default: kq_dot_q5_k_avx512_rows(1, k, w_row, x_rows, x_stride, out); break;
-    }
-}
+KQ_DOTN(q5_k, avx512, SL_TARGET_AVX512)
 
 SL_TARGET_CLONES void sl_dequantize_q5_k(int64_t k, const void *w_row, float *out) {
     const uint8_t *w = (const uint8_t *)w_row;
@@ -684,15 +665,7 @@ SL_TARGET_AVX2 float sl_dot_q6_k_avx2(int64_t k, const void *w_row, const void *
     return out;
 }
 
-SL_TARGET_AVX2 void sl_dotn_q6_k_avx2(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                      int n, float *out) {
-    switch (n) { /* a constant row count in each copy of the body */
-    case 4: kq_dot_q6_k_avx2_rows(4, k, w_row, x_rows, x_stride, out); break;
-    case 3: kq_dot_q6_k_avx2_rows(3, k, w_row, x_rows, x_stride, out); break;
-    case 2: kq_dot_q6_k_avx2_rows(2, k, w_row, x_rows, x_stride, out); break;
-    default: kq_dot_q6_k_avx2_rows(1, k, w_row, x_rows, x_stride, out); break;
-    }
-}
+KQ_DOTN(q6_k, avx2, SL_TARGET_AVX2)
 
 SL_TARGET_AVX512 KQ_INLINE void kq_dot_q6_k_avx512_rows(const int R, int64_t k, const void *w_row,
                                                         const void *x_rows, int64_t x_stride, float *out) {
@@ -764,15 +737,7 @@ SL_TARGET_AVX512 float sl_dot_q6_k_avx512(int64_t k, const void *w_row, const vo
     return out;
 }
 
-SL_TARGET_AVX512 void sl_dotn_q6_k_avx512(int64_t k, const void *w_row, const void *x_rows, int64_t x_stride,
-                                          int n, float *out) {
-    switch (n) { /* a constant row count in each copy of the body */
-    case 4: kq_dot_q6_k_avx512_rows(4, k, w_row, x_rows, x_stride, out); break;
-    case 3: kq_dot_q6_k_avx512_rows(3, k, w_row, x_rows, x_stride, out); break;
-    case 2: kq_dot_q6_k_avx512_rows(2, k, w_row, x_rows, x_stride, out); break;
-    default: kq_dot_q6_k_avx512_rows(1, k, w_row, x_rows, x_stride, out); break;
-    }
-}
+KQ_DOTN(q6_k, avx512, SL_TARGET_AVX512)
 
 SL_TARGET_CLONES void sl_dequantize_q6_k(int64_t k, const void *w_row, float *out) {
     const uint8_t *w = (const uint8_t *)w_row;
