@@ -94,7 +94,7 @@ def test_the_served_default_with_speculation_gives_the_same_greedy_tokens() -> N
     and, on a CPU with native bfloat16 matmuls, dense copies for calls of more than a few
     rows): a grounded prompt's greedy tokens with ``--speculative-ngram 8`` are those without,
     alone and beside another request. A plain decode row computes on the blocks; a step that
-    verifies drafts does too, whatever its row count (``ForwardPlan.verifies_drafts``).
+    verifies drafts counts its rows without the drafted tokens (``ForwardPlan.drafted_tokens``).
     Failing input (issue 32): on the AMX Xeon this prompt's tokens parted at token 67 while
     the drafted rows took the copies."""
     prompt = (
@@ -113,3 +113,29 @@ def test_the_served_default_with_speculation_gives_the_same_greedy_tokens() -> N
         on, accepted = _generate_with(runner, prompts, greedy, 8, slots=2)
         assert accepted > 0
         assert on == off
+
+
+def test_a_long_context_verify_row_stays_on_the_decode_rows_path() -> None:
+    """Failing input (found in review, issue 32): one request with a ~1,900-token prompt and
+    ``--speculative-ngram 8``. A verify row of 9 positions past position ~1,800 attends to more
+    keys than the fused step's budget for prompt chunks, so the whole step fell to the eager
+    path (SDPA, the dense copies) while its decode rows ran fused: greedy tokens parted at
+    token 13. A verify row no longer counts against that budget."""
+    facts = " ".join(
+        f"Item {i}: the {['red', 'blue', 'green', 'old', 'new'][i % 5]} box holds "
+        f"{i * 7 % 13} stones."
+        for i in range(400)
+    )
+    prompt = (
+        "Inventory notes. " + " ".join(facts.split()[:1100]) + "\n\nRepeat after me three "
+        "times: the quick brown fox jumps over the lazy dog. 1. the quick brown fox jumps over "
+        "the lazy dog. 2."
+    )
+    config = ServerConfig(max_num_seqs=2, max_model_len=4096, speculative_ngram=8)
+    runner = load_runner(plan_load(config.model, LoadOptions.from_config(config)))
+    assert len(runner.tokenizer.encode(prompt)) > 1850
+    greedy = SamplingOptions(max_tokens=40, temperature=0, ignore_eos=True)
+    off, _ = _generate_with(runner, [prompt], greedy, 0, slots=2)
+    on, accepted = _generate_with(runner, [prompt], greedy, 8, slots=2)
+    assert accepted > 0
+    assert on == off

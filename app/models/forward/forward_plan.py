@@ -376,14 +376,18 @@ def _plan_token_rows(
 ) -> TokenRows | None:
     """The step as single-token rows (decode rows first, then each chunk's tokens: the packed
     order), or None when its prompt chunks hold more than ``FUSED_PREFILL_MAX_TOKENS`` tokens
-    or attend to more than ``FUSED_PREFILL_KEY_BUDGET`` keys."""
+    or attend to more than ``FUSED_PREFILL_KEY_BUDGET`` keys. A row verifying drafted tokens
+    is not a prompt chunk and does not count: its positions are attended as its decode rows
+    are (here) whatever its context, or speculation would change a greedy row's tokens once
+    (K + 1) x position passed the budget (about position 1,800 with K = 8)."""
     if not multi:
         assert decode is not None
         return TokenRows(decode.count, decode.key_length, decode.block_tables)
-    tokens = sum(len(row.token_ids) for row in multi)
+    chunks = [row for row in multi if not (row.want_logits and row.num_logits > 1)]
+    tokens = sum(len(row.token_ids) for row in chunks)
     ends = [row.position + len(row.token_ids) for row in multi]
     # keys attended: position + 1 summed over each chunk's tokens
-    keys = sum(n * (2 * row.position + n + 1) // 2 for row in multi for n in [len(row.token_ids)])
+    keys = sum(n * (2 * row.position + n + 1) // 2 for row in chunks for n in [len(row.token_ids)])
     if tokens > FUSED_PREFILL_MAX_TOKENS or keys > FUSED_PREFILL_KEY_BUDGET:
         return None
     key_length = align_keys(max(ends + ([decode.key_length] if decode is not None else [])))
