@@ -59,7 +59,16 @@ def test_take_copies_the_bytes_aligned_and_releases_nothing_it_owns() -> None:
         arena.take(np.zeros((4 << 20,), dtype=np.uint8))
 
 
-def test_a_file_views_pages_are_released_once_copied(tmp_path: Path) -> None:
+def test_a_matrix_is_copied_in_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(block_arena, "COPY_BYTES", 100)  # 2 rows of 37 bytes a part
+    rows = np.random.default_rng(1).integers(0, 256, size=(21, 37), dtype=np.uint8)
+    assert torch.equal(BlockArena(1 << 20).take(rows), torch.from_numpy(rows))
+
+
+def test_a_file_views_pages_are_released_once_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(block_arena, "COPY_BYTES", mmap.PAGESIZE + 1)  # a page a part
     page = mmap.PAGESIZE
     path = tmp_path / "blob"
     path.write_bytes(bytes(range(256)) * (4 * page // 256))

@@ -26,6 +26,7 @@ import torch
 
 HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
 ALIGN = 64  # each matrix starts on a cache line
+COPY_BYTES = 4 << 20  # copied (and released) this much of a matrix at a time
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
@@ -68,7 +69,10 @@ class BlockArena:
         file), or None where the kernel has no transparent huge pages."""
         if huge_pages_mode() is None:
             return None
-        return cls(path.stat().st_size + HUGE_PAGE)
+        try:
+            return cls(path.stat().st_size + HUGE_PAGE)
+        except OSError:  # no address space for it (strict overcommit, a ulimit): stay mapped
+            return None
 
     @property
     def used(self) -> int:
@@ -89,10 +93,17 @@ class BlockArena:
         if stop > self._raw.numel():
             raise MemoryError(f"block arena full: {stop} of {self._raw.numel()} bytes")
         out = self._raw[start:stop].view(blocks.shape)
-        np.copyto(out.numpy(), blocks, casting="no")
+        target = out.numpy()
+        mapped = not blocks.flags.writeable
+        # a few MiB at a time, each part of a file's view released once copied: the load never
+        # holds a whole matrix twice (an LM head is tens of MiB)
+        step = max(1, COPY_BYTES // max(1, blocks.nbytes // max(1, len(blocks))))
+        for first in range(0, blocks.shape[0], step):
+            part = blocks[first : first + step]
+            np.copyto(target[first : first + step], part, casting="no")
+            if mapped:
+                _release(part)
         self._used = stop
-        if not blocks.flags.writeable:
-            _release(blocks)
         return out
 
 
