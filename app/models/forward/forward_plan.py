@@ -184,11 +184,9 @@ class ForwardPlan:
             ``FUSED_PREFILL_MAX_TOKENS`` and ``FUSED_PREFILL_KEY_BUDGET``; None otherwise.
         row_starts: ``slot -> packed index`` of each row's first token (prompt logprobs read
             a row's hidden states there).
-        drafted_tokens: how many of the packed tokens are drafted ones that rows verify (a
-            row's ``num_logits - 1``). Kernels that choose their path by the row count count
-            the step without them, so that a drafted position computes on the kernels the
-            same token's decode row would take in this batch without speculation
-            (:meth:`app.models.forward.decoder.DecoderModel.forward`).
+        drafted_tokens: packed tokens that are drafts rows verify (``num_logits - 1`` each):
+            kernels chosen by row count count the step without them, so a drafted position
+            takes its decode row's kernels (:meth:`app.models.forward.decoder.DecoderModel`).
     """
 
     token_ids: torch.Tensor
@@ -376,18 +374,16 @@ def _plan_token_rows(
 ) -> TokenRows | None:
     """The step as single-token rows (decode rows first, then each chunk's tokens: the packed
     order), or None when its prompt chunks hold more than ``FUSED_PREFILL_MAX_TOKENS`` tokens
-    or attend to more than ``FUSED_PREFILL_KEY_BUDGET`` keys. A row verifying drafted tokens
-    is not a prompt chunk and does not count: its positions are attended as its decode rows
-    are (here) whatever its context, or speculation would change a greedy row's tokens once
-    (K + 1) x position passed the budget (about position 1,800 with K = 8)."""
+    or attend to more than ``FUSED_PREFILL_KEY_BUDGET`` keys. A row verifying drafts does not
+    count: it stays with its decode rows at any context (else greedy tokens changed once
+    (K + 1) x position passed the budget, ~position 1,800 with K = 8)."""
     if not multi:
         assert decode is not None
         return TokenRows(decode.count, decode.key_length, decode.block_tables)
-    chunks = [row for row in multi if not (row.want_logits and row.num_logits > 1)]
-    tokens = sum(len(row.token_ids) for row in chunks)
+    chunks = [(r.position, len(r.token_ids)) for r in multi if r.num_logits == 1]
     ends = [row.position + len(row.token_ids) for row in multi]
-    # keys attended: position + 1 summed over each chunk's tokens
-    keys = sum(n * (2 * row.position + n + 1) // 2 for row in chunks for n in [len(row.token_ids)])
+    tokens = sum(n for _, n in chunks)
+    keys = sum(n * (2 * p + n + 1) // 2 for p, n in chunks)  # position + 1 over each token
     if tokens > FUSED_PREFILL_MAX_TOKENS or keys > FUSED_PREFILL_KEY_BUDGET:
         return None
     key_length = align_keys(max(ends + ([decode.key_length] if decode is not None else [])))

@@ -36,7 +36,7 @@ from app.models.load.memory import (
 from app.models.load.source import ModelSource, open_model
 from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
-from app.models.weights.block_arena import BlockArena, huge_pages_mode
+from app.models.weights.block_arena import BlockArena
 from app.models.weights.build import load_weights
 from app.models.weights.int4 import int4_kernel_status
 from app.models.weights.projections import LinearKernel, select_linear_kernel, widens_to_float32
@@ -328,11 +328,7 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         # transparent huge pages to copy them into) they are the weights, so they stay.
         source.checkpoint.release_pages()
     if arena is not None:
-        logger.info(
-            "blocks: %.1f MiB copied into 2 MiB pages (%s)",
-            arena.used / 2**20,
-            "transparent huge pages: " + (huge_pages_mode() or "none"),
-        )
+        logger.info("blocks: %s", arena.describe())
     weight_kernels = describe_weight_kernels(weights, ggml_how)
     if weight_kernels:
         logger.info("weights: %s", weight_kernels)

@@ -74,6 +74,13 @@ class BlockArena:
         except OSError:  # no address space for it (strict overcommit, a ulimit): stay mapped
             return None
 
+    def describe(self) -> str:
+        """What the arena holds, for the start-up log."""
+        mode = huge_pages_mode() or "none"
+        return (
+            f"{self._used / 2**20:.1f} MiB copied into 2 MiB pages (transparent huge pages: {mode})"
+        )
+
     @property
     def used(self) -> int:
         """Bytes handed out so far, alignment included."""
