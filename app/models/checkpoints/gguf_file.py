@@ -291,19 +291,9 @@ class GGUFFile:
         return flat.reshape(math.prod(leading), columns // block_size * block_bytes)
 
     def release_pages(self) -> None:
-        """``madvise(MADV_DONTNEED)`` over the file's mapping: the pages the load read stop
-        counting in this process's resident memory (a private read-only file mapping loses
-        nothing; a later read faults them in again from the page cache). Best effort: a
-        platform without ``madvise`` keeps them."""
-        data = self._reader.data
-        page = mmap.PAGESIZE
-        start = data.ctypes.data // page * page
-        length = data.ctypes.data + data.nbytes - start
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_DONTNEED)
-        except (OSError, AttributeError):
-            pass
+        """The file's mapping let go (:func:`release_view_pages`): the pages the load read stop
+        counting in this process's resident memory."""
+        release_view_pages(self._reader.data)
 
     def q4_codes(self, name: str) -> Q4Codes | None:
         """The codes and scales of a Q4_0 or Q4_1 matrix as stored, or None for another type.
@@ -352,3 +342,20 @@ class GGUFRows:
         picked = self.raw[ids]  # a copy: [n, bytes per row]
         values = gguf.quants.dequantize(picked, self.tensor_type)
         return np.asarray(values, dtype=np.float32).reshape(len(ids), self.columns)
+
+
+def release_view_pages(view: np.ndarray) -> None:
+    """``madvise(MADV_DONTNEED)`` over the whole pages inside ``view``'s bytes, a view of a
+    read-only file mapping: they stop counting in this process's resident memory, and nothing
+    is lost (a later read faults them in again from the page cache). Best effort: a platform
+    without ``madvise`` keeps them."""
+    page = mmap.PAGESIZE
+    start = -(-view.ctypes.data // page) * page
+    stop = (view.ctypes.data + view.nbytes) // page * page
+    if stop <= start:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), _MADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass

@@ -17,18 +17,18 @@ gained and the blocks stay the file's mapped bytes: :meth:`BlockArena.for_file` 
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from app.models.checkpoints.gguf_file import release_view_pages
+
 HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
 ALIGN = 64  # each matrix starts on a cache line
 COPY_BYTES = 4 << 20  # copied (and released) this much of a matrix at a time
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-_MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
 
 def huge_pages_mode() -> str | None:
@@ -109,20 +109,6 @@ class BlockArena:
             part = blocks[first : first + step]
             np.copyto(target[first : first + step], part, casting="no")
             if mapped:
-                _release(part)
+                release_view_pages(part)
         self._used = stop
         return out
-
-
-def _release(view: np.ndarray) -> None:
-    """``madvise(MADV_DONTNEED)`` over the whole pages inside ``view``'s bytes. Best effort."""
-    page = mmap.PAGESIZE
-    start = -(-view.ctypes.data // page) * page
-    stop = (view.ctypes.data + view.nbytes) // page * page
-    if stop <= start:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), _MADV_DONTNEED)
-    except (OSError, AttributeError):
-        pass
