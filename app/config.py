@@ -114,12 +114,13 @@ class ServerConfig(BaseSettings):
     )
     wide_copies: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="real model, GGUF on its blocks: also keep dense copies of the projections "
-        "for steps of more than 4 rows (the block kernels are GEMVs at heart; oneDNN's GEMM "
-        "over dense weights wins from ~8 rows where the CPU has bfloat16 matmuls). auto: only "
-        "when the copies are bfloat16 and come to at most 512 MiB (a small model such as "
-        "SmolLM2: 2-2.6x the tok/s at 16-64 streams for +270 MiB); a larger file, or an AVX2 "
-        "CPU (whose tile kernels beat float32 copies), keeps its memory at the file's size",
+        description="real model, GGUF on its blocks: also keep dense bfloat16 copies of the "
+        "projections for wide steps (the block kernels are GEMVs at heart): steps of more than 4 "
+        "rows on a CPU with AMX, where oneDNN's GEMM wins from ~8 rows; of more than 127 "
+        "(prompt chunks) on one with AVX-512 BF16 only, where the block kernels win up to ~128. "
+        "auto: only when the copies are bfloat16 and come to at most 512 MiB (a small model "
+        "such as SmolLM2, +270 MiB); a larger file, or an AVX2 CPU (whose tile kernels beat "
+        "float32 copies), keeps its memory at the file's size",
     )
     warmup: CliImplicitFlag[bool] = Field(
         True,

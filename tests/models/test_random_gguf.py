@@ -13,7 +13,13 @@ from make_random_gguf import write_random_gguf
 from app.models.kernels.ggml_quant import load_ggml_quant
 from app.models.load.plan import LoadOptions, load_checkpoint, plan_load
 from app.models.refusal import ModelRefused
-from app.models.weights.ggml import GGML_MAX_ROWS, GGMLEmbedding, GGMLLinear
+from app.models.weights.ggml import (
+    GGML_MAX_ROWS,
+    GGML_MAX_ROWS_NO_AMX,
+    GGMLEmbedding,
+    GGMLLinear,
+    blocks_max_rows,
+)
 from app.models.weights.record import Quantization
 from tests.models.stepping import decoder_of, load_on_blocks, sequence_logits
 
@@ -66,17 +72,29 @@ def _file_tensors(path: Path):
     return gguf.GGUFReader(path).tensors
 
 
-def test_wide_copies_serve_steps_of_more_than_four_rows(random_file: Path) -> None:
+def test_wide_copies_serve_steps_of_more_rows_than_the_blocks_take(random_file: Path) -> None:
     runner = load_on_blocks(random_file, wide_copies="on")
     qkv = runner.model.weights.layers[0].qkv
     assert isinstance(qkv, GGMLLinear) and qkv.wide is not None
-    assert qkv.exact_rows == GGML_MAX_ROWS
-    x = torch.randn(8, SHAPE["hidden"], generator=torch.Generator().manual_seed(0))
+    most = blocks_max_rows()  # 4 with AMX, 127 without
+    assert qkv.blocks_max_rows == qkv.exact_rows == most
+    assert runner.model.weights.lm_head.blocks_max_rows == most
+    x = torch.randn(most + 4, SHAPE["hidden"], generator=torch.Generator().manual_seed(0))
     x = x.to(torch.bfloat16)
     blocks = qkv.kernels.matmul(qkv.prepared, x)
-    wide = qkv(x)  # 8 rows: the dense copy
+    wide = qkv(x)  # one call over the blocks' limit: the dense copy
     assert (wide.float() - blocks.float()).abs().max() <= 0.05 * blocks.float().abs().max()
-    assert torch.equal(qkv(x[:4]), blocks[:4])  # up to 4 rows: the blocks
+    assert torch.equal(qkv(x[:most]), blocks[:most])  # up to the limit: the blocks
+
+
+@pytest.mark.parametrize(("amx", "most"), [(True, GGML_MAX_ROWS), (False, GGML_MAX_ROWS_NO_AMX)])
+def test_blocks_take_wide_calls_on_a_cpu_without_amx(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, most: int
+) -> None:
+    """Without AMX, oneDNN's bfloat16 GEMM over the copies loses to the block kernels up to
+    ~128 rows (measured on the AVX-512 EPYC), so the copies serve prompt chunks only."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert blocks_max_rows() == most
 
 
 def test_a_failed_kernel_build_falls_back_with_one_line(

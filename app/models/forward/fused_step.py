@@ -20,7 +20,7 @@ from app.models.kernels.fused_decode import (
     check_attention_shapes,
     load_fused_decode,
 )
-from app.models.weights.ggml import EXACT_ROWS_ANY, GGML_MAX_ROWS, GGMLLinear
+from app.models.weights.ggml import EXACT_ROWS_ANY, GGMLLinear
 from app.models.weights.record import ModelWeights
 
 
@@ -106,8 +106,9 @@ def block_layout(
         projections = (layer.qkv, layer.attn_output, layer.gate_up, layer.down)
         if layer.experts is not None or not all(isinstance(p, GGMLLinear) for p in projections):
             return None, 0
-        if any(p.wide is not None for p in projections):  # type: ignore[union-attr]
-            max_rows = GGML_MAX_ROWS
+        for p in projections:
+            if p.wide is not None:  # type: ignore[union-attr]
+                max_rows = min(max_rows, p.blocks_max_rows)  # type: ignore[union-attr]
         layers.append(
             BlockLayer(
                 tuple((p.prepared, p.bias) for p in projections),  # type: ignore[union-attr]

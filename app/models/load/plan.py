@@ -38,6 +38,7 @@ from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from app.models.weights.block_arena import BlockArena
 from app.models.weights.build import load_weights
+from app.models.weights.ggml import blocks_max_rows
 from app.models.weights.int4 import int4_kernel_status
 from app.models.weights.projections import LinearKernel, select_linear_kernel, widens_to_float32
 from app.models.weights.record import DTYPES, ModelWeights, Quantization
@@ -244,7 +245,8 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     wide_bytes = wide_copy_bytes(source, itemsize) if stored else 0
     wide_copies = keeps_wide_copies(options.wide_copies, wide_bytes, device, dtype)
     if wide_copies:
-        reason += f"; dense copies for steps of over 4 rows ({wide_bytes / 2**20:.0f} MiB)"
+        over = blocks_max_rows()
+        reason += f"; dense copies for steps of over {over} rows ({wide_bytes / 2**20:.0f} MiB)"
     # Wide calls decode the blocks for the call (GGMLLinear.dense_from_rows) where no copy is
     # kept and the CPU multiplies bfloat16 natively; the model thread's buffer is counted.
     native_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not widens
@@ -379,8 +381,9 @@ def describe_weight_kernels(weights: ModelWeights, ggml_how: str) -> str:
     blocks = ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items()))
     dense = weights.dense_projections
     kept = f"; dense: {', '.join(dense[:4])}{' ...' if len(dense) > 4 else ''}" if dense else ""
-    wide = any(getattr(p, "wide", None) is not None for p in (*linears, weights.lm_head))
-    copies = "; dense copies for steps of more than 4 rows" if wide else ""
+    wide = [p for p in (*linears, weights.lm_head) if getattr(p, "wide", None) is not None]
+    over = min((p.blocks_max_rows for p in wide), default=0)  # type: ignore[union-attr]
+    copies = f"; dense copies for steps of more than {over} rows" if wide else ""
     return f"{ggml_how}; on the file's blocks: {blocks}{kept}{copies}"
 
 

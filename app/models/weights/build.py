@@ -40,7 +40,7 @@ from app.models.kernels.ggml_quant import KERNEL_TYPES, GGMLKernels, QuantSegmen
 from app.models.refusal import UnsupportedModel
 from app.models.weights.block_arena import BlockArena
 from app.models.weights.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
-from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLEmbedding, GGMLLinear
+from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLEmbedding, GGMLLinear, blocks_max_rows
 from app.models.weights.int4 import Int4Linear, int4_kernel_status
 from app.models.weights.int8 import Int8Embedding, Int8Linear
 from app.models.weights.projections import (
@@ -132,6 +132,7 @@ class _LayerBuilder:
         self.tensors = tensors
         self.wide_copies = wide_copies
         self.dense_from_rows = DENSE_FROM_ROWS if decode_wide_calls and not wide_copies else 0
+        self.blocks_max_rows = blocks_max_rows()  # beside a wide copy
         self.dtype, self.device = dtype, device
         self.quantization, self.kernel, self.ggml = quantization, kernel, ggml
         # gguf: "name (type)" of each matrix whose projection stayed dense
@@ -186,6 +187,7 @@ class _LayerBuilder:
                     hp.embedding_length,
                     wide=wide,
                     out_dtype=torch.float32,
+                    blocks_max_rows=self.blocks_max_rows,
                 )
                 if hp.tied_embeddings:
                     lookup = GGMLEmbedding(self.ggml, segment, hp.embedding_length, self.dtype)
@@ -244,7 +246,13 @@ class _LayerBuilder:
         width = in_features.get(parts[0], hp.embedding_length)
         float_bias = None if bias is None else bias.float()
         linear = GGMLLinear(
-            self.ggml, segments, width, float_bias, wide=wide, dense_from_rows=self.dense_from_rows
+            self.ggml,
+            segments,
+            width,
+            float_bias,
+            wide=wide,
+            dense_from_rows=self.dense_from_rows,
+            blocks_max_rows=self.blocks_max_rows,
         )
         return linear, None if norm is None else self.vector(norm, i)
 

@@ -20,11 +20,10 @@ matrix: 64 MiB, counted by the memory estimate). Then a row is batch-invariant u
 
 A model may also keep a dense copy for wide steps (``wide``; ``--wide-copies``, by default only
 where the copies come to at most 512 MiB: memory at the file's size is the point for real-sized
-files): the block kernels are a GEMV at heart, and from
-``GGML_MAX_ROWS + 1`` rows on oneDNN's GEMM over dense weights is faster (measured on SmolLM2,
-2-core AVX-512 EPYC: a step's projections 7.1 against 9.6 ms at 1 row, equal at 2 and 4, 18.4
-against 10.3 at 8, 41 against 15.5 at 16). Then a row is batch-invariant up to
-``GGML_MAX_ROWS`` rows a call, as with int4.
+files): the block kernels are a GEMV at heart, and with AMX, from ``GGML_MAX_ROWS + 1`` rows on,
+oneDNN's GEMM over dense weights is faster; without AMX only from ``GGML_MAX_ROWS_NO_AMX + 1``
+(:func:`blocks_max_rows`). Then a row is batch-invariant up to ``blocks_max_rows`` rows a call,
+as with int4.
 """
 
 from __future__ import annotations
@@ -40,12 +39,26 @@ from app.models.weights.projections import WideLinear
 
 # Any number of rows per call computes each row as it would alone.
 EXACT_ROWS_ANY = 2**31 - 1
-# With a wide copy: calls of up to this many rows take the block kernels, larger ones the copy.
+# With a wide copy: calls of up to this many rows take the block kernels, larger ones the copy,
+# on a CPU with AMX (oneDNN's bfloat16 GEMM on tiles). Without AMX (AVX-512 BF16 only) the
+# block kernels beat the copies' GEMM from 8 to 128 decode rows (SmolLM2's Q4_1 tiles: a step
+# 0.70x the copies' time at 8 rows, 0.86-0.93x at 16-128; Gemma 3's K formats 0.78-0.91x; a
+# 2-core AVX-512 EPYC, docs/MODEL_PERF.md), and the copies pay only for a prompt's chunk
+# (SmolLM2's 128-512-token prefill 1.23-1.59x faster on them): there calls take the blocks up to
+# GGML_MAX_ROWS_NO_AMX rows.
 GGML_MAX_ROWS = 4
+GGML_MAX_ROWS_NO_AMX = 127
 # Without one, on a CPU with native bfloat16 matmuls: calls of at least this many rows decode
 # the blocks for the call (measured on the 2-core AMX Xeon at load 3-4, a 1B Q4_K layer's four
 # projections: 3.33x the blocks' speed at 512 rows, 2.17x at 256, 1.41x at 128, 0.80x at 64).
 DENSE_FROM_ROWS = 128
+
+
+def blocks_max_rows() -> int:
+    """The most rows a call of a :class:`GGMLLinear` with a dense copy computes on the blocks
+    here: :data:`GGML_MAX_ROWS` on a CPU with AMX tiles, else :data:`GGML_MAX_ROWS_NO_AMX`
+    (torch's cpuid probe; runs nothing)."""
+    return GGML_MAX_ROWS if torch.cpu._is_amx_tile_supported() else GGML_MAX_ROWS_NO_AMX
 
 
 # The calling thread's buffer of GGMLLinear.decoded (the model thread's, in a server).
@@ -63,7 +76,8 @@ class GGMLLinear:
         in_features: ``K``, a whole number of every segment's blocks.
         bias: ``[out]`` float32, or None.
         wide: a dense projection of the same weights (dequantised, the bias included) for
-            calls of more than ``GGML_MAX_ROWS`` rows, or None: every call on the blocks.
+            calls of more than ``blocks_max_rows`` rows, or None: every call on the blocks.
+        blocks_max_rows: with a ``wide`` copy, the most rows a call computes on the blocks.
         dense_from_rows: with no ``wide``, calls of at least this many bfloat16 rows decode
             the blocks to a bfloat16 matrix for the call (0: never; see the module).
         out_dtype: the outputs' dtype, or None: the input's. The LM head's is float32: its
@@ -80,12 +94,13 @@ class GGMLLinear:
     prepared: PreparedSegments | None = None
     out_dtype: torch.dtype | None = None
     dense_from_rows: int = 0
+    blocks_max_rows: int = GGML_MAX_ROWS
 
     def __post_init__(self) -> None:
         if self.prepared is None:  # the call's arguments, built once
             object.__setattr__(self, "prepared", self.kernels.prepare(self.segments))
         if self.wide is not None:
-            object.__setattr__(self, "exact_rows", GGML_MAX_ROWS)
+            object.__setattr__(self, "exact_rows", self.blocks_max_rows)
             object.__setattr__(self, "dense_from_rows", 0)
         elif self.dense_from_rows > 0:
             object.__setattr__(self, "exact_rows", self.dense_from_rows - 1)
@@ -108,7 +123,7 @@ class GGMLLinear:
         ``as_rows``: the row count that picks the path (blocks, ``wide``, a decoded matrix),
         when not ``M``: a step's rows without the drafted tokens they verify."""
         rows = x.shape[0] if as_rows is None else as_rows
-        if self.wide is not None and rows > GGML_MAX_ROWS:
+        if self.wide is not None and rows > self.blocks_max_rows:
             y = self.wide(x)
             return y if self.out_dtype is None else y.to(self.out_dtype)
         if self._decodes_for(x, rows):
@@ -121,7 +136,7 @@ class GGMLLinear:
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W.T (+ bias)``, added before the one rounding (on the blocks);
         ``residual`` is not modified."""
-        if self.wide is not None and x.shape[0] > GGML_MAX_ROWS:
+        if self.wide is not None and x.shape[0] > self.blocks_max_rows:
             return self.wide.add_to(residual, x)
         if self._decodes_for(x, x.shape[0]) and residual.dtype == x.dtype:
             return residual + F.linear(x, self.decoded(), self._dense_bias())
