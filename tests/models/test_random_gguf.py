@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from make_random_gguf import write_random_gguf
@@ -21,7 +22,7 @@ from app.models.weights.ggml import (
     blocks_max_rows,
 )
 from app.models.weights.record import Quantization
-from tests.models.stepping import decoder_of, load_on_blocks, sequence_logits
+from tests.models.stepping import decoder_of, load_on_blocks, open_tensors, sequence_logits
 
 pytestmark = pytest.mark.skipif(load_ggml_quant()[0] is None, reason=load_ggml_quant()[1])
 
@@ -85,6 +86,20 @@ def test_wide_copies_serve_steps_of_more_rows_than_the_blocks_take(random_file: 
     wide = qkv(x)  # one call over the blocks' limit: the dense copy
     assert (wide.float() - blocks.float()).abs().max() <= 0.05 * blocks.float().abs().max()
     assert torch.equal(qkv(x[:most]), blocks[:most])  # up to the limit: the blocks
+
+
+def test_wide_copies_are_the_files_weights_rounded_to_bfloat16(random_file: Path) -> None:
+    """The copies are decoded from the blocks by the kernels (no float32 matrix in between):
+    row for row the file's float32 decode rounded once, Q/K rows in Hugging Face's order."""
+    runner = load_on_blocks(random_file, wide_copies="on")
+    layer = runner.model.weights.layers[1]
+    tensors = open_tensors(random_file)
+    for linear, parts in ((layer.qkv, ("attn_q", "attn_k", "attn_v")), (layer.down, ("ffn_down",))):
+        expected = np.concatenate([tensors.read(part, 1) for part in parts])
+        expected = torch.from_numpy(expected).to(torch.bfloat16)
+        identity = torch.eye(linear.in_features, dtype=torch.bfloat16)  # wide: over the limit
+        assert identity.shape[0] > linear.blocks_max_rows
+        assert torch.equal(linear(identity).T.contiguous(), expected)
 
 
 @pytest.mark.parametrize(("amx", "most"), [(True, GGML_MAX_ROWS), (False, GGML_MAX_ROWS_NO_AMX)])
