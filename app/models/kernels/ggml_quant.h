@@ -41,10 +41,12 @@ enum sl_isa {
 #define SL_QK_K 256 /* weights per super-block of Q4_K, Q5_K, Q6_K */
 
 /* Quantised activations for the 32-weight formats: x[i] ~= d * qs[i]; s = d * sum(qs), which
- * the formats with a minimum (Q4_1, Q5_1) need. 40 bytes. */
+ * the formats with a minimum (Q4_1, Q5_1) need; sum = sum(qs), exact, which Q8_0's tiles on
+ * VNNI need (their codes offset to unsigned bytes, ggml_quant_tiles_body.h). 44 bytes. */
 typedef struct {
     float d;
     float s;
+    int32_t sum;
     int8_t qs[SL_QK];
 } sl_block_q8_1;
 

@@ -190,11 +190,12 @@ static inline int lq_q8_scale(uint32_t amax_bits, float *d, float *id) {
     return amax_bits < LQ_AMAX_INF_BITS;
 }
 
-/* Stores d and s = d * sum into an output block (which may be unaligned). */
+/* Stores d, s = d * sum and sum into an output block (which may be unaligned). */
 static inline void lq_q8_store_ds(uint8_t *blk, float d, int32_t sum) {
     const float s = d * (float)sum;
     memcpy(blk + offsetof(sl_block_q8_1, d), &d, sizeof d);
     memcpy(blk + offsetof(sl_block_q8_1, s), &s, sizeof s);
+    memcpy(blk + offsetof(sl_block_q8_1, sum), &sum, sizeof sum);
 }
 
 /* Round to nearest, ties to even, for |v| < 2^23, on the bit pattern: integer operations only,

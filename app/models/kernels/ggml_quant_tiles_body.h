@@ -58,6 +58,26 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
     for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
 #if TL_VNNI
     /* four byte products a lane straight into int32 */
+    if (fmt == TL_Q8_0) {
+        /* Q8_0's codes offset to unsigned bytes, w + 128 (one xor per group, shared by the
+         * rows, instead of a sign per group and row): sum((w + 128) x) - 128 sum(x), the same
+         * integer as the AVX2 path's |w| * sign(x, w) sums. */
+        const __m256i offset = _mm256_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int g = 0; g < TL_GROUPS; g++) {
+            const __m256i cu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + g * 32)), offset);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                int32_t four;
+                memcpy(&four, x[r][b].qs + 4 * g, 4);
+                isum[r] = _mm256_dpbusd_epi32(isum[r], cu, _mm256_set1_epi32(four));
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(x[r][b].sum * 128));
+        return;
+    }
 #pragma GCC unroll 8
     for (int g = 0; g < TL_GROUPS; g++) {
         __m256i cv;
