@@ -9,6 +9,12 @@ Both servers run one request at a time (no batching differences); tokens are com
 our tokenizer re-encodes both texts (the same vocabulary: the same file). The report counts
 identical completions, those identical over their first 16 tokens, and equal first tokens;
 ``first_divergent_token`` counts generated tokens from 0 (0: the prompt's own next token).
+
+``--reference``: a third voice where the two part. transformers loads the same file
+(``from_pretrained(..., gguf_file=...)``: the blocks dequantised, float32 throughout), reads the
+prompt and the tokens both servers agreed on, and names its own greedy token at the first
+divergence (``reference_picks``: ``ours``, ``llama.cpp`` or ``neither``), with its two best
+log-probabilities: whose numerics part from the exact model, and by how much.
 """
 
 from __future__ import annotations
@@ -114,7 +120,44 @@ async def run(args: argparse.Namespace) -> dict:
         report["diverged"].append(
             {"prompt": prompt, "first_divergent_token": first, "ours": a, "llama.cpp": b}
         )
+    if args.reference and report["diverged"]:
+        reference_votes(Path(model), tokenizer, report)
     return report
+
+
+def reference_votes(model: Path, tokenizer, report: dict) -> None:
+    """Fill each diverged prompt's ``reference_picks`` and ``reference_top2`` (see the module),
+    and ``reference_sides_with`` (counts) in ``report``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(model.parent), gguf_file=model.name, dtype=torch.float32
+    ).eval()
+    sides = {"ours": 0, "llama.cpp": 0, "neither": 0}
+    for entry in report["diverged"]:
+        ours_ids = tokenizer.encode_without_special_tokens(entry["ours"])
+        theirs_ids = tokenizer.encode_without_special_tokens(entry["llama.cpp"])
+        first = entry["first_divergent_token"]
+        context = tokenizer.encode(entry["prompt"]) + ours_ids[:first]
+        with torch.inference_mode():
+            logits = reference(torch.tensor([context])).logits[0, -1].float()
+        top = logits.log_softmax(-1).topk(2)
+        pick = int(top.indices[0])
+        side = (
+            "ours"
+            if first < len(ours_ids) and pick == ours_ids[first]
+            else "llama.cpp"
+            if first < len(theirs_ids) and pick == theirs_ids[first]
+            else "neither"
+        )
+        sides[side] += 1
+        entry["reference_picks"] = side
+        entry["reference_top2"] = [
+            [tokenizer.token_text(int(i)), round(float(v), 4)]
+            for i, v in zip(top.indices, top.values, strict=True)
+        ]
+    report["reference_sides_with"] = sides
 
 
 def main() -> None:
@@ -126,6 +169,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--json", type=Path, default=Path("out/greedy_agreement.json"))
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="where the two part, ask transformers (float32, the same file) whose token it picks",
+    )
     args = parser.parse_args()
     report = asyncio.run(run(args))
     print(json.dumps(report, indent=2))
