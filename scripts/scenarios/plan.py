@@ -113,7 +113,7 @@ def build_plan(args: argparse.Namespace, argv: Sequence[str]) -> Plan:
         return plan
     return replace(
         plan,
-        s1=replace(plan.s1, output_len=32, warmup_s=0.4, duration_s=1.4),
+        s1=replace(plan.s1, output_len=32, warmup_s=0.5, duration_s=2.5),
         s2=SseSizes(output_len=128, warmup_s=0.2, duration_s=0.8),
         s3_mock=SchedulingSizes("mock", 16, 32, 16, 8, step_ms=10.0),
         s3_smollm2=SchedulingSizes("smollm2", 4, 8, 8, 8),

@@ -82,10 +82,10 @@ def test_quick_run_writes_markdown_json_and_pngs(tmp_path) -> None:
 
     s1 = scenarios["1"]["medians"]
     assert s1["ideal_tok_s"] == 6400
-    assert 0 < s1["delivered_over_ideal"] <= 1.05
-    assert 0 < s1["server_over_ideal"] <= 1.05
-    assert 0 < s1["mean_batch_size"] <= 64
-    assert s1["failed_requests"] == 0
+    assert s1["failed_requests"] == 0, s1
+    assert 0 < s1["delivered_over_ideal"] <= 1.05, s1
+    assert 0 < s1["server_over_ideal"] <= 1.05, s1
+    assert 0 < s1["mean_batch_size"] <= 64, s1
 
     s2 = scenarios["2"]["medians"]
     for target in ("full", "sse", "bare"):
