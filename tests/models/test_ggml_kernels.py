@@ -108,18 +108,18 @@ def test_every_instruction_set_agrees_with_the_scalar_path(isa: Isa) -> None:
         assert ((simd - scalar).abs() <= 1e-5 * scale + 1e-30).all(), kind
 
 
-TILE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+TILE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 @pytest.mark.skipif(Isa.AVX512 not in ISAS, reason="this CPU has no AVX-512 VNNI")
 @pytest.mark.parametrize("kind", TILE_TYPES)
 def test_the_tile_kernels_give_the_same_bits_with_vnni_as_with_avx2(kind: str) -> None:
-    """The 32-weight formats' tiles sum their integers with vpdpbusd on AVX-512 VNNI and with
-    vpmaddubsw pairs on AVX2: exact either way, then one float sequence, so every output is the
-    same bit for bit (a model served on either CPU kind decodes the same tokens), one row (the
-    gemv) or many (the decoded tile), a tail tile of 5 rows included, codes at their extremes."""
+    """The tiles sum their integers with vpdpbusd on AVX-512 VNNI and with vpmaddubsw pairs on
+    AVX2: exact either way, then one float sequence, so every output is the same bit for bit (a
+    model served on either CPU kind decodes the same tokens), one row (the gemv) or many (the
+    decoded tile), a tail tile of 5 rows included, codes at their extremes."""
     assert KERNELS is not None
-    columns, n = 608, 21
+    columns, n = (768 if kind.endswith("_K") else 608), 21
     blocks = random_blocks(kind, n, columns, seed=11)
     generator = torch.Generator().manual_seed(11)
     x = torch.randn(64, columns, generator=generator)

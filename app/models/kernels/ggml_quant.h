@@ -70,52 +70,32 @@ typedef void (*sl_quantize_row_fn)(int64_t k, const float *x, void *out);
  * row: the float32 dot product. */
 typedef float (*sl_vec_dot_fn)(int64_t k, const void *w_row, const void *x_row);
 
-/* One weight row against n (1 to SL_ROWS) activation rows at once (row r at x_rows + r *
- * x_stride bytes): out[r] equals, bit for bit, the one-row function's result for that row (the
- * same arithmetic in the same order per output; the weight row is decoded once for all of
- * them). This is what keeps a row's result independent of the batch it is in. */
+/* Activation rows per call of a tile kernel's gemm (and of the K formats' gemv). */
 #define SL_ROWS 4
-typedef void (*sl_vec_dot_rows_fn)(int64_t k, const void *w_row, const void *x_rows,
-                                   int64_t x_stride, int n, float *out);
 
 /* One weight row decoded to float32, as gguf.quants.dequantize decodes it. */
 typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
 
-/* Exported by ggml_quant_legacy.c (fmt: q4_0 q4_1 q5_0 q5_1 q8_0; isa: scalar avx2 avx512):
- *   void  sl_quantize_q8_1_<isa>(int64_t k, const float *x, void *out);
- *   float sl_dot_<fmt>_<isa>(int64_t k, const void *w_row, const void *x_row);   x: sl_block_q8_1
+/* Exported by ggml_quant_legacy.c (fmt: q4_0 q4_1 q5_0 q5_1 q8_0; isa: scalar avx2 avx512;
+ * x: sl_block_q8_1) and by ggml_quant_kquants.c (fmt: q4_k q5_k q6_k; x: sl_block_q8_k):
+ *   void  sl_quantize_q8_1_<isa>(int64_t k, const float *x, void *out);      (legacy)
+ *   void  sl_quantize_q8_k_<isa>(int64_t k, const float *x, void *out);      (kquants)
+ *   float sl_dot_<fmt>_scalar(int64_t k, const void *w_row, const void *x_row);
  *   void  sl_dequantize_<fmt>(int64_t k, const void *w_row, float *out);
- *   void  sl_dotn_<fmt>_<avx2|avx512>(int64_t k, const void *w_row, const void *x_rows,
- *                                     int64_t x_stride, int n, float *out);  (n rows, above)
- * and by ggml_quant_kquants.c (fmt: q4_k q5_k q6_k):
- *   void  sl_quantize_q8_k_<isa>(int64_t k, const float *x, void *out);
- *   float sl_dot_<fmt>_<isa>(int64_t k, const void *w_row, const void *x_row);   x: sl_block_q8_k
- *   void  sl_dequantize_<fmt>(int64_t k, const void *w_row, float *out);
- */
-/* The 32-weight formats: the portable dot product and the decoding (their SIMD products are
- * the tile kernels below). */
+ * The portable dot products serve CPUs without AVX2; the SIMD products are the tile kernels
+ * below. */
 #define SL_DECLARE_FORMAT(fmt)                                                                  \
     float sl_dot_##fmt##_scalar(int64_t k, const void *w_row, const void *x_row);              \
     void sl_dequantize_##fmt(int64_t k, const void *w_row, float *out);
-/* The K formats: the dot product per instruction set, and up to SL_ROWS activation rows at
- * once. */
-#define SL_DECLARE_FORMAT_K(fmt)                                                                \
-    SL_DECLARE_FORMAT(fmt)                                                                      \
-    float sl_dot_##fmt##_avx2(int64_t k, const void *w_row, const void *x_row);                \
-    float sl_dot_##fmt##_avx512(int64_t k, const void *w_row, const void *x_row);              \
-    void sl_dotn_##fmt##_avx2(int64_t k, const void *w_row, const void *x_rows,                \
-                              int64_t x_stride, int n, float *out);                            \
-    void sl_dotn_##fmt##_avx512(int64_t k, const void *w_row, const void *x_rows,              \
-                                int64_t x_stride, int n, float *out);
 
 SL_DECLARE_FORMAT(q4_0)
 SL_DECLARE_FORMAT(q4_1)
 SL_DECLARE_FORMAT(q5_0)
 SL_DECLARE_FORMAT(q5_1)
 SL_DECLARE_FORMAT(q8_0)
-SL_DECLARE_FORMAT_K(q4_k)
-SL_DECLARE_FORMAT_K(q5_k)
-SL_DECLARE_FORMAT_K(q6_k)
+SL_DECLARE_FORMAT(q4_k)
+SL_DECLARE_FORMAT(q5_k)
+SL_DECLARE_FORMAT(q6_k)
 
 void sl_quantize_q8_1_scalar(int64_t k, const float *x, void *out);
 void sl_quantize_q8_1_avx2(int64_t k, const float *x, void *out);
@@ -155,6 +135,24 @@ SL_DECLARE_TILES(q5_0)
 SL_DECLARE_TILES(q5_1)
 SL_DECLARE_TILES(q8_0)
 int64_t sl_tile8_bytes_q8_1(int64_t k);
+/* The same for the K formats (ggml_quant_ktiles.c; x: sl_block_q8_k rows), and their gemv for
+ * up to SL_ROWS activation rows at once (each weight super-block unpacked once for all):
+ *   sl_gemvn8_<fmt>_<isa>(rows, k, x, n_x, out, out_stride, prefetch, ahead): n_x <= SL_ROWS
+ *       activation rows x[r] -> out[r * out_stride + j], j < 8; bit for bit the gemm's. */
+typedef void (*sl_gemvn8_fn)(const uint8_t *const *rows, int64_t k, const void *const *x, int n_x,
+                             float *out, int64_t out_stride, const uint8_t *prefetch, int64_t ahead);
+#define SL_DECLARE_KTILES(fmt)                                                                   \
+    SL_DECLARE_TILES(fmt)                                                                        \
+    void sl_gemvn8_##fmt##_avx2(const uint8_t *const *rows, int64_t k, const void *const *x,     \
+                                int n_x, float *out, int64_t out_stride, const uint8_t *prefetch, \
+                                int64_t ahead);                                                  \
+    void sl_gemvn8_##fmt##_avx512(const uint8_t *const *rows, int64_t k, const void *const *x,   \
+                                  int n_x, float *out, int64_t out_stride,                       \
+                                  const uint8_t *prefetch, int64_t ahead);
+SL_DECLARE_KTILES(q4_k)
+SL_DECLARE_KTILES(q5_k)
+SL_DECLARE_KTILES(q6_k)
+int64_t sl_tile8_bytes_q8_k(int64_t k);
 
 /* Target attributes of the SIMD functions. */
 #define SL_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))

@@ -4,8 +4,9 @@ built at first use (:mod:`app.models.kernels.build`) and called through :mod:`ct
 The C source is split by job: ``ggml_quant.h`` (the contract: block layouts, the per-format
 function table), ``ggml_quant_legacy.c`` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against 8-bit
 activation blocks of 32), ``ggml_quant_kquants.c`` (Q4_K, Q5_K, Q6_K against 8-bit activation
-blocks of 256 with their 16-value sums) and ``ggml_quant_matmul.c`` (activation quantisation,
-the split over threads, bias, residual, rounding).
+blocks of 256 with their 16-value sums), the tile kernels ``ggml_quant_tiles.c`` (32-weight
+formats) and ``ggml_quant_ktiles.c`` (K formats), and ``ggml_quant_matmul.c`` (activation
+quantisation, the split over threads, bias, residual, rounding).
 
 How: the activations of a call are quantised once to 8-bit blocks with one float32 scale each
 (the scheme llama.cpp's CPU backend uses for its Q8_0 / Q8_K dot products), then every output
@@ -14,15 +15,18 @@ per block, accumulated in float32. One function per (format, instruction set) co
 never looks at another row, so a row's result is the same in any batch and on any thread: the
 projections are batch-invariant at any row count (tested).
 
-On AVX2 and AVX-512 VNNI the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) run through
-``ggml_quant_tiles.c`` instead: eight weight rows per vector, decoded once per tile into an
-interleaved copy for calls of more than one row (one activation row per 4 codes x 8 rows per
-``vpmaddubsw``, or per ``vpdpbusd`` with VNNI), read straight from the file's rows for one;
-all of these produce the same integers and share one float sequence, so batch invariance holds
-across the switch, and the two instruction sets give the same bits. Measured, a SmolLM2
-layer's four Q4_1 projections, one thread: 1.85x the one-row code at 64 rows, 1.7x at 16,
-equal at 1 (AVX2 EPYC); 3.1x the AVX-512 one-row dots at 64 rows, 2.4x at 16, 1.1x at 1 (AMX
-Xeon, docs/MODEL_PERF.md). The K formats' tiles measured slower on AVX2 and are not built.
+On AVX2 and AVX-512 VNNI every format runs on tile kernels: eight weight rows per vector,
+decoded once per tile into an interleaved copy for calls of many rows (one activation row per
+4 codes x 8 rows per ``vpmaddubsw``, or per ``vpdpbusd`` with VNNI), read straight from the
+file's rows for few (the 32-weight formats: one row; the K formats: up to eight, each
+super-block unpacked once for four rows at a time); all of these produce the same integers and
+share one float sequence per format, so batch invariance holds across the switch, and the two
+instruction sets give the same bits. Measured, a SmolLM2 layer's four Q4_1 projections, one
+thread: 1.85x the one-row code at 64 rows, 1.7x at 16, equal at 1 (AVX2 EPYC); 3.1x the
+AVX-512 one-row dots at 64 rows, 2.4x at 16, 1.1x at 1 (AMX Xeon). A 1B Q4_K layer (Q6_K
+down), two threads on the AMX Xeon, against the K formats' former one-row dots (4 rows per
+unpack): 1.6-1.8x at 32-64 rows, 1.4x at 16, 1.2x at 1-8 with VNNI; 1.3-1.4x at 16-64 forced
+to AVX2 (docs/MODEL_PERF.md).
 
 Instruction sets are chosen at run time from cpuid (``__builtin_cpu_supports``), not by the
 build: scalar C, AVX2 (``vpmaddubsw``), AVX-512 VNNI (``vpdpbusd``). ``SLOTSERVE_GGML_ISA``
@@ -52,6 +56,8 @@ SOURCES = (
     "ggml_quant_matmul.c",
     "ggml_quant_tiles.c",
     "ggml_quant_tiles_body.h",
+    "ggml_quant_ktiles.c",
+    "ggml_quant_ktiles_body.h",
 )
 # No -march: each SIMD function carries its own target attribute and is picked by cpuid.
 CFLAGS: tuple[str, ...] = ()

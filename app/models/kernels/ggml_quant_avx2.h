@@ -1,5 +1,6 @@
 /*
- * AVX2 pieces shared by the GGUF-block kernels of ggml_quant_legacy.c and ggml_quant_tiles.c.
+ * AVX2 pieces shared by the GGUF-block kernels of ggml_quant_legacy.c, ggml_quant_tiles.c and
+ * ggml_quant_ktiles.c.
  */
 #ifndef SL_GGML_QUANT_AVX2_H
 #define SL_GGML_QUANT_AVX2_H
@@ -27,6 +28,40 @@ sl_nibble_codes_avx2(const uint8_t *qs, const uint8_t *qh) {
         q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     }
     return q;
+}
+
+/* Eight rows of 32 codes (c[j]: row j's codes of 32 weights) into the tile layout: eight
+ * 32-byte vectors at out, vector g holding codes 4g .. 4g + 3 of row j at bytes 4j .. 4j + 3
+ * (an 8 x 8 transpose of 4-byte groups). */
+SL_TARGET_AVX2 static inline __attribute__((always_inline)) void
+sl_transpose8_store_avx2(const __m256i c[8], uint8_t *out) {
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_epi32(c[j], c[j + 1]);
+        t[j + 1] = _mm256_unpackhi_epi32(c[j], c[j + 1]);
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < 8; j += 4) {
+        u[j] = _mm256_unpacklo_epi64(t[j], t[j + 2]);         /* groups 0 | 4, rows j..j+3 */
+        u[j + 1] = _mm256_unpackhi_epi64(t[j], t[j + 2]);     /* groups 1 | 5 */
+        u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]); /* groups 2 | 6 */
+        u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]); /* groups 3 | 7 */
+    }
+    __m256i *v = (__m256i *)out;
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        _mm256_storeu_si256(v + g, _mm256_permute2x128_si256(u[g], u[g + 4], 0x20));
+        _mm256_storeu_si256(v + g + 4, _mm256_permute2x128_si256(u[g], u[g + 4], 0x31));
+    }
+}
+
+/* Eight int32 vectors -> one vector whose lane j is the sum of v[j]'s lanes (exact). */
+SL_TARGET_AVX2 static inline __attribute__((always_inline)) __m256i sl_sum8_epi32(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    /* a: [rows 0-3 of the low 128-bit halves | rows 0-3 of the high halves]; b: rows 4-7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 #endif

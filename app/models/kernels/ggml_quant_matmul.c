@@ -20,38 +20,56 @@
 /* Values converted from bfloat16 at a time before they are quantised (a multiple of 256). */
 #define SL_CHUNK 256
 
+/* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
+ * more rows decode each tile once and run them all against it. One: the gemv reads and unpacks
+ * the eight rows again for each activation row, and from two rows the decoded tile is cheaper
+ * (2-core AMX Xeon, a SmolLM2 layer's four Q4_1 projections, 2 threads, best of 15: AVX2 1.19x
+ * at 2 rows and 1.49x at 3 against a limit of 3, AVX-512 VNNI 1.35x and 1.75x; its Q8_0 LM head
+ * 0.97x / 1.11x at 2 rows and 1.11x / 1.37x at 3). Either way gives the same bits. */
+#define SL_GEMV_MAX_ROWS 1
+/* The K formats' gemv shares each super-block's unpacking between up to SL_ROWS activation
+ * rows, and to that many rows it is cheaper than decoding the tile (docs/MODEL_PERF.md). */
+#define SL_KGEMV_MAX_ROWS 8
+
 typedef struct {
     int block_size;  /* weights per block */
     int block_bytes; /* bytes per block in the file */
     int q8k;         /* activations in SL_Q8_K blocks (else SL_Q8_1) */
-    sl_vec_dot_fn dot[3];           /* per instruction set; NULL where the tiles compute */
-    sl_vec_dot_rows_fn dot_rows[3]; /* up to SL_ROWS activation rows at once; none in scalar C */
+    sl_vec_dot_fn dot[3]; /* per instruction set; NULL where the tiles compute */
     sl_dequantize_row_fn dequantize;
     /* Tile kernels (eight weight rows at a time) per instruction set, or NULL: the dot
      * functions above. One decoded layout serves both sets' gemm. */
     sl_gemv8_fn gemv8[3];
     sl_decode8_fn decode8;
     sl_gemm8_fn gemm8[3];
+    int64_t (*tile_bytes)(int64_t k); /* bytes of a decoded tile of rows of k weights */
+    /* The K formats' gemv of up to SL_ROWS activation rows (else NULL: gemv8 row by row), and
+     * the most rows a call takes it for (more: the decoded tile). */
+    sl_gemvn8_fn gemvn8[3];
+    int gemv_max_rows;
 } sl_format;
 
-#define SL_FORMAT(fmt, size, bytes, q8k)                                                         \
-    { size, bytes, q8k, {sl_dot_##fmt##_scalar, sl_dot_##fmt##_avx2, sl_dot_##fmt##_avx512},    \
-      {NULL, sl_dotn_##fmt##_avx2, sl_dotn_##fmt##_avx512}, sl_dequantize_##fmt,                 \
-      {NULL, NULL, NULL}, NULL, {NULL, NULL, NULL} }
-#define SL_FORMAT_TILES(fmt, size, bytes, q8k)                                                   \
-    { size, bytes, q8k, {sl_dot_##fmt##_scalar, NULL, NULL}, {NULL, NULL, NULL},                   \
+#define SL_FORMAT_TILES(fmt, size, bytes, q8k, tile_bytes)                                       \
+    { size, bytes, q8k, {sl_dot_##fmt##_scalar, NULL, NULL},                                       \
       sl_dequantize_##fmt, {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512},                 \
-      sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512} }
+      sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512}, tile_bytes, \
+      {NULL, NULL, NULL}, SL_GEMV_MAX_ROWS }
+#define SL_FORMAT_KTILES(fmt, bytes)                                                               \
+    { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL},                                     \
+      sl_dequantize_##fmt, {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512},                 \
+      sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
+      sl_tile8_bytes_q8_k, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},              \
+      SL_KGEMV_MAX_ROWS }
 
 static const sl_format *sl_format_of(int qtype) {
-    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, SL_QK, 18, 0);
-    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, SL_QK, 20, 0);
-    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, SL_QK, 22, 0);
-    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, SL_QK, 24, 0);
-    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, SL_QK, 34, 0);
-    static const sl_format q4_k = SL_FORMAT(q4_k, SL_QK_K, 144, 1);
-    static const sl_format q5_k = SL_FORMAT(q5_k, SL_QK_K, 176, 1);
-    static const sl_format q6_k = SL_FORMAT(q6_k, SL_QK_K, 210, 1);
+    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, SL_QK, 18, 0, sl_tile8_bytes_q8_1);
+    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, SL_QK, 20, 0, sl_tile8_bytes_q8_1);
+    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, SL_QK, 22, 0, sl_tile8_bytes_q8_1);
+    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, SL_QK, 24, 0, sl_tile8_bytes_q8_1);
+    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, SL_QK, 34, 0, sl_tile8_bytes_q8_1);
+    static const sl_format q4_k = SL_FORMAT_KTILES(q4_k, 144);
+    static const sl_format q5_k = SL_FORMAT_KTILES(q5_k, 176);
+    static const sl_format q6_k = SL_FORMAT_KTILES(q6_k, 210);
     switch (qtype) {
     case SL_TYPE_Q4_0: return &q4_0;
     case SL_TYPE_Q4_1: return &q4_1;
@@ -158,13 +176,6 @@ static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t colu
     }
 }
 
-/* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
- * more rows decode each tile once and run them all against it. One: the gemv reads and unpacks
- * the eight rows again for each activation row, and from two rows the decoded tile is cheaper
- * (2-core AMX Xeon, a SmolLM2 layer's four Q4_1 projections, 2 threads, best of 15: AVX2 1.19x
- * at 2 rows and 1.49x at 3 against a limit of 3, AVX-512 VNNI 1.35x and 1.75x; its Q8_0 LM head
- * 0.97x / 1.11x at 2 rows and 1.11x / 1.37x at 3). Either way gives the same bits. */
-#define SL_GEMV_MAX_ROWS 1
 
 /* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the tile kernels of `isa`, for all m
  * activation rows, stored from `column`. The decoded tile lives in a buffer of the thread's. */
@@ -174,8 +185,8 @@ static void sl_tile_unit(const sl_format *format, int isa, const uint8_t *w, int
                          void *y, int y_bf16, int64_t ldy) {
     static _Thread_local void *tile = NULL;
     static _Thread_local int64_t capacity = 0;
-    const int gemm = m > SL_GEMV_MAX_ROWS;
-    const int64_t tile_bytes = sl_tile8_bytes_q8_1(k); /* (only the 32-weight formats have tiles) */
+    const int gemm = m > format->gemv_max_rows;
+    const int64_t tile_bytes = format->tile_bytes(k);
     if (gemm && tile_bytes > capacity) {
         void *grown = realloc(tile, (size_t)tile_bytes);
         if (grown != NULL) { /* else gemv, which needs no buffer: the same outputs */
@@ -189,6 +200,19 @@ static void sl_tile_unit(const sl_format *format, int isa, const uint8_t *w, int
         for (int j = 0; j < 8; j++) /* a tail tile repeats its last row */
             row_at[j] = w + (r0 + (j < lanes ? j : lanes - 1)) * row_bytes;
         float out[SL_ROWS][8];
+        if ((!gemm || capacity < tile_bytes) && format->gemvn8[isa] != NULL) {
+            for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
+                const int group = m - i0 < SL_ROWS ? (int)(m - i0) : SL_ROWS;
+                const void *x_rows[SL_ROWS];
+                for (int g = 0; g < group; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
+                format->gemvn8[isa](row_at, k, x_rows, group, out[0], 8,
+                                    w + (r0 + 2 * 8) * row_bytes, i0 == 0 ? 8 * row_bytes : 0);
+                for (int g = 0; g < group; g++)
+                    sl_store_row(out[g], lanes, i0 + g, column + r0, bias, residual, ldr, y, y_bf16,
+                                 ldy);
+            }
+            continue;
+        }
         if (!gemm || capacity < tile_bytes) {
             for (int64_t i = 0; i < m; i++) {
                 /* prefetch two tiles ahead while the first activation row runs */
@@ -284,7 +308,6 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
             }
             const sl_format *format = sl_format_of(qtypes[s]);
             const sl_vec_dot_fn dot = format->dot[isa];
-            const sl_vec_dot_rows_fn dot_rows = format->dot_rows[isa];
             const int64_t row_bytes = k / format->block_size * format->block_bytes;
             const int64_t row0 = first * SL_TILE_ROWS;
             const int64_t rows =
@@ -298,25 +321,11 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
                              residual, ldr, y, y_bf16, ldy);
                 continue;
             }
-            for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
-                /* Up to SL_ROWS activation rows per weight row decoded (each output computed as
-                 * the one-row function computes it: bit for bit the same) */
-                const int64_t group = m - i0 < SL_ROWS ? m - i0 : SL_ROWS;
-                float out[SL_ROWS][SL_TILE_ROWS];
-                for (int64_t r = 0; r < rows; r++) {
-                    if (group > 1 && dot_rows != NULL) {
-                        float some[SL_ROWS];
-                        dot_rows(k, w + r * row_bytes, xq + i0 * xq_bytes, xq_bytes, (int)group,
-                                 some);
-                        for (int g = 0; g < group; g++) out[g][r] = some[g];
-                    } else {
-                        for (int64_t g = 0; g < group; g++)
-                            out[g][r] = dot(k, w + r * row_bytes, xq + (i0 + g) * xq_bytes);
-                    }
-                }
-                for (int64_t g = 0; g < group; g++)
-                    sl_store_row(out[g], rows, i0 + g, column, bias, residual, ldr, y, y_bf16,
-                                 ldy);
+            for (int64_t i = 0; i < m; i++) { /* the portable C: one dot product per output */
+                float out[SL_TILE_ROWS];
+                for (int64_t r = 0; r < rows; r++)
+                    out[r] = dot(k, w + r * row_bytes, xq + i * xq_bytes);
+                sl_store_row(out, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
             }
         }
     }

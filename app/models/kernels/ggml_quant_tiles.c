@@ -92,12 +92,7 @@ SL_TARGET_AVX2 TL_INLINE void tl_finish_block(int fmt, __m256i isum, __m256 d, _
 }
 
 /* Eight int32 vectors -> one vector whose lane j is the sum of v[j]'s lanes (exact). */
-SL_TARGET_AVX2 TL_INLINE __m256i tl_sum8(const __m256i v[TL_LANES]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    /* a: [rows 0-3 of the low 128-bit halves | rows 0-3 of the high halves]; b: rows 4-7 */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
+#define tl_sum8 sl_sum8_epi32
 
 /* Decode eight rows into the interleaved tile: codes[b][g] is 32 bytes, 4 codes (weights
  * 4g .. 4g + 3 of block b) of each row j at bytes 4j .. 4j + 3; d[b], mo[b]: 8 floats each. */
@@ -109,28 +104,10 @@ SL_TARGET_AVX2 TL_INLINE void tl_decode(int fmt, const uint8_t *const rows[TL_LA
     for (int64_t b = 0; b < nb; b++) {
         for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
             _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
-        __m256i c[TL_LANES], t[TL_LANES], u[TL_LANES];
+        __m256i c[TL_LANES];
 #pragma GCC unroll 8
         for (int j = 0; j < TL_LANES; j++) c[j] = tl_codes(fmt, rows[j] + b * bs);
-        /* an 8 x 8 transpose of 4-byte groups */
-#pragma GCC unroll 4
-        for (int j = 0; j < TL_LANES; j += 2) {
-            t[j] = _mm256_unpacklo_epi32(c[j], c[j + 1]);
-            t[j + 1] = _mm256_unpackhi_epi32(c[j], c[j + 1]);
-        }
-#pragma GCC unroll 2
-        for (int j = 0; j < TL_LANES; j += 4) {
-            u[j] = _mm256_unpacklo_epi64(t[j], t[j + 2]);     /* groups 0 | 4, rows j..j+3 */
-            u[j + 1] = _mm256_unpackhi_epi64(t[j], t[j + 2]); /* groups 1 | 5 */
-            u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]); /* groups 2 | 6 */
-            u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]); /* groups 3 | 7 */
-        }
-        __m256i *out = (__m256i *)(codes + b * TL_TILE_BLOCK_BYTES);
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            _mm256_storeu_si256(out + g, _mm256_permute2x128_si256(u[g], u[g + 4], 0x20));
-            _mm256_storeu_si256(out + g + 4, _mm256_permute2x128_si256(u[g], u[g + 4], 0x31));
-        }
+        sl_transpose8_store_avx2(c, codes + b * TL_TILE_BLOCK_BYTES);
         __m256 vd, vmo;
         tl_scales(fmt, rows, b * bs, &vd, &vmo);
         _mm256_storeu_ps(d + b * TL_LANES, vd);
