@@ -115,8 +115,8 @@ class ServerConfig(BaseSettings):
     wide_copies: Literal["auto", "on", "off"] = Field(
         "auto",
         description="real model, GGUF on its blocks: also keep dense bfloat16 copies of the "
-        "projections for wide steps (the block kernels are GEMVs at heart): steps of more than 4 "
-        "rows on a CPU with AMX, where oneDNN's GEMM wins from ~8 rows; of more than 127 "
+        "projections for wide steps (the block kernels are GEMVs at heart): steps of more than 32 "
+        "rows on a CPU with AMX, where oneDNN's GEMM catches up from ~32 rows; of more than 127 "
         "(prompt chunks) on one with AVX-512 BF16 only, where the block kernels win up to ~128. "
         "auto: only when the copies are bfloat16 and come to at most 512 MiB (a small model "
         "such as SmolLM2, +270 MiB); a larger file, or an AVX2 CPU (whose tile kernels beat "

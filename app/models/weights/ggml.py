@@ -20,10 +20,10 @@ matrix: 64 MiB, counted by the memory estimate). Then a row is batch-invariant u
 
 A model may also keep a dense copy for wide steps (``wide``; ``--wide-copies``, by default only
 where the copies come to at most 512 MiB: memory at the file's size is the point for real-sized
-files): the block kernels are a GEMV at heart, and with AMX, from ``GGML_MAX_ROWS + 1`` rows on,
-oneDNN's GEMM over dense weights is faster; without AMX only from ``GGML_MAX_ROWS_NO_AMX + 1``
-(:func:`blocks_max_rows`). Then a row is batch-invariant up to ``blocks_max_rows`` rows a call,
-as with int4.
+files): the block kernels are a GEMV at heart, and with AMX, from ``GGML_MAX_ROWS + 1`` rows
+on, oneDNN's GEMM over dense weights is as fast or faster; without AMX only from
+``GGML_MAX_ROWS_NO_AMX + 1`` (:func:`blocks_max_rows`). Then a row is batch-invariant up to
+``blocks_max_rows`` rows a call, as with int4.
 """
 
 from __future__ import annotations
@@ -40,13 +40,16 @@ from app.models.weights.projections import WideLinear
 # Any number of rows per call computes each row as it would alone.
 EXACT_ROWS_ANY = 2**31 - 1
 # With a wide copy: calls of up to this many rows take the block kernels, larger ones the copy,
-# on a CPU with AMX (oneDNN's bfloat16 GEMM on tiles). Without AMX (AVX-512 BF16 only) the
+# on a CPU with AMX (oneDNN's bfloat16 GEMM on tiles): served side by side on the 2-core AMX
+# Xeon with the K formats' tiles, the blocks against the copies gave SmolLM2 1.32x the tok/s at
+# 16 streams, 1.15x at 32, 1.03x at 64, and Gemma 3 270M 1.23x at 16, 1.01x at 32, 0.89x at 64
+# (its 262k-row head). Without AMX (AVX-512 BF16 only) the
 # block kernels beat the copies' GEMM from 8 to 128 decode rows (SmolLM2's Q4_1 tiles: a step
 # 0.70x the copies' time at 8 rows, 0.86-0.93x at 16-128; Gemma 3's K formats 0.78-0.91x; a
 # 2-core AVX-512 EPYC, docs/MODEL_PERF.md), and the copies pay only for a prompt's chunk
 # (SmolLM2's 128-512-token prefill 1.23-1.59x faster on them): there calls take the blocks up to
 # GGML_MAX_ROWS_NO_AMX rows.
-GGML_MAX_ROWS = 4
+GGML_MAX_ROWS = 32
 GGML_MAX_ROWS_NO_AMX = 127
 # Without one, on a CPU with native bfloat16 matmuls: calls of at least this many rows decode
 # the blocks for the call (measured on the 2-core AMX Xeon at load 3-4, a 1B Q4_K layer's four
