@@ -195,6 +195,18 @@ static inline float sl_fp16_to_fp32(uint16_t h) {
     return f;
 }
 
+/* Q4_K / Q5_K: their 12 packed scale bytes to the 6-bit sc[0..7] and m[0..7] (bytes 0-3: sc[0..3]
+ * in the low 6 bits, bits 4-5 of sc[4..7] on top; bytes 4-7 the same for m; bytes 8-11 the low
+ * 4 bits of sc[4..7] (low nibble) and m[4..7] (high nibble)). */
+static inline void sl_kq_scales_mins(const uint8_t *p, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = p[j] & 0x3F;
+        m[j] = p[j + 4] & 0x3F;
+        sc[j + 4] = (uint8_t)((p[j + 8] & 0x0F) | ((p[j] >> 6) << 4));
+        m[j + 4] = (uint8_t)((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
+    }
+}
+
 static inline uint16_t sl_read_u16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, sizeof v);

@@ -30,6 +30,15 @@ sl_nibble_codes_avx2(const uint8_t *qs, const uint8_t *qh) {
     return q;
 }
 
+/* Block b's share of prefetching `ahead` bytes from `prefetch` over a pass of nb blocks: the
+ * tile kernels spread the next tiles' cache lines over the blocks of this one. */
+static inline __attribute__((always_inline)) void sl_prefetch_share(const uint8_t *prefetch, int64_t ahead,
+                                                                     int64_t nb, int64_t b) {
+    const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
+    for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
+        _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
+}
+
 /* Eight rows of 32 codes (c[j]: row j's codes of 32 weights) into the tile layout: eight
  * 32-byte vectors at out, vector g holding codes 4g .. 4g + 3 of row j at bytes 4j .. 4j + 3
  * (an 8 x 8 transpose of 4-byte groups). */

@@ -41,16 +41,6 @@
 /* Shared helpers                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Q4_K / Q5_K: the 12 packed scale bytes to sc[0..7] and m[0..7], byte by byte (portable). */
-static inline void kq_scales_bytes(const uint8_t *p, uint8_t sc[8], uint8_t m[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = p[j] & 0x3F;
-        m[j] = p[j + 4] & 0x3F;
-        sc[j + 4] = (uint8_t)((p[j + 8] & 0x0F) | ((p[j] >> 6) << 4));
-        m[j + 4] = (uint8_t)((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
-    }
-}
-
 /* Round to nearest, ties to even, in float32 (|v| < 2^22; default rounding mode). */
 static inline float kq_round_even(float v) {
     const float magic = 12582912.0f; /* 1.5 * 2^23: the sum's last bit has weight 1 */
@@ -157,7 +147,7 @@ float sl_dot_q4_k_scalar(int64_t k, const void *w_row, const void *x_row) {
         const float d = sl_fp16_to_fp32(sl_read_u16(w)) * x->d;
         const float dmin = sl_fp16_to_fp32(sl_read_u16(w + 2)) * x->d;
         uint8_t sc[8], m[8];
-        kq_scales_bytes(w + 4, sc, m);
+        sl_kq_scales_mins(w + 4, sc, m);
         const uint8_t *q = w + 16;
         int32_t sumi = 0, summ = 0;
         for (int j = 0; j < 8; j++) {
@@ -179,7 +169,7 @@ SL_TARGET_CLONES void sl_dequantize_q4_k(int64_t k, const void *w_row, float *ou
     for (int64_t b = 0; b < k / SL_QK_K; b++, w += KQ_Q4_K_BYTES, out += SL_QK_K) {
         const float d = sl_fp16_to_fp32(sl_read_u16(w)), dmin = sl_fp16_to_fp32(sl_read_u16(w + 2));
         uint8_t sc[8], m[8];
-        kq_scales_bytes(w + 4, sc, m);
+        sl_kq_scales_mins(w + 4, sc, m);
         for (int j = 0; j < 8; j++) {
             /* Same float32 operations as gguf-py: (d * sc) * q - (dmin * m). */
             const float scale = d * (float)sc[j], offset = dmin * (float)m[j];
@@ -202,7 +192,7 @@ float sl_dot_q5_k_scalar(int64_t k, const void *w_row, const void *x_row) {
         const float d = sl_fp16_to_fp32(sl_read_u16(w)) * x->d;
         const float dmin = sl_fp16_to_fp32(sl_read_u16(w + 2)) * x->d;
         uint8_t sc[8], m[8];
-        kq_scales_bytes(w + 4, sc, m);
+        sl_kq_scales_mins(w + 4, sc, m);
         const uint8_t *qh = w + 16, *q = w + 48;
         int32_t sumi = 0, summ = 0;
         for (int j = 0; j < 8; j++) {
@@ -227,7 +217,7 @@ SL_TARGET_CLONES void sl_dequantize_q5_k(int64_t k, const void *w_row, float *ou
     for (int64_t b = 0; b < k / SL_QK_K; b++, w += KQ_Q5_K_BYTES, out += SL_QK_K) {
         const float d = sl_fp16_to_fp32(sl_read_u16(w)), dmin = sl_fp16_to_fp32(sl_read_u16(w + 2));
         uint8_t sc[8], m[8];
-        kq_scales_bytes(w + 4, sc, m);
+        sl_kq_scales_mins(w + 4, sc, m);
         const uint8_t *qh = w + 16;
         for (int j = 0; j < 8; j++) {
             const float scale = d * (float)sc[j], offset = dmin * (float)m[j];

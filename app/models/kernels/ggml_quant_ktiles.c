@@ -69,17 +69,7 @@ enum { KT_Q4_K, KT_Q5_K, KT_Q6_K };
 static inline int kt_block_bytes(int fmt) { return fmt == KT_Q4_K ? 144 : fmt == KT_Q5_K ? 176 : 210; }
 static inline int kt_has_min(int fmt) { return fmt != KT_Q6_K; }
 
-/* Q4_K / Q5_K: the 12 packed scale bytes to sc[0..7] and m[0..7]. */
-static inline void kt_scales_mins(const uint8_t *p, uint8_t sc[8], uint8_t m[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = p[j] & 0x3F;
-        m[j] = p[j + 4] & 0x3F;
-        sc[j + 4] = (uint8_t)((p[j + 8] & 0x0F) | ((p[j] >> 6) << 4));
-        m[j + 4] = (uint8_t)((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
-    }
-}
-
-/* The same as 8 + 8 bytes of two words (x86: little-endian), for the gemv's vectors. */
+/* sl_kq_scales_mins as 8 + 8 bytes of two words (x86: little-endian), for the gemv's vectors. */
 static inline void kt_scales_mins_u64(const uint8_t *p, uint64_t *sc, uint64_t *m) {
     uint32_t a, b, c;
     memcpy(&a, p, 4);
@@ -124,6 +114,18 @@ SL_TARGET_AVX2 KT_INLINE __m256i kt_chunk(int fmt, const uint8_t *w, int v) {
     return c;
 }
 
+/* Q4_K / Q5_K: the minima's integer parts of one weight row against R activation blocks: lane s
+ * of mpart[r] is m[s] * (bsums[2s] + bsums[2s + 1]) (m64: the 8 minima as bytes). */
+SL_TARGET_AVX2 KT_INLINE void kt_min_parts(uint64_t m64, int R, const sl_block_q8_k *const x[SL_ROWS], int64_t b,
+                                           __m256i mpart[SL_ROWS]) {
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64));
+    /* m[s] twice in a row */
+    const __m256i m_pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        mpart[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[r][b].bsums), m_pairs);
+}
+
 /* d and dmin of super-block `at` of the eight rows, as float32 lanes (dmin: zero for Q6_K). */
 SL_TARGET_AVX2 KT_INLINE void kt_factors(int fmt, const uint8_t *const rows[KT_LANES], int64_t at, __m256 *d,
                                          __m256 *dmin) {
@@ -153,10 +155,8 @@ SL_TARGET_AVX2 KT_INLINE void kt_finish(int fmt, __m256i isum, __m256i msum, __m
 SL_TARGET_AVX2 KT_INLINE void kt_decode(int fmt, const uint8_t *const rows[KT_LANES], int64_t nb, uint8_t *tile,
                                         const uint8_t *prefetch, int64_t ahead) {
     const int64_t bs = kt_block_bytes(fmt);
-    const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
     for (int64_t b = 0; b < nb; b++) {
-        for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
-            _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
+        sl_prefetch_share(prefetch, ahead, nb, b);
         uint8_t *sb = tile + b * KT_SB_BYTES;
 #pragma GCC unroll 1
         for (int v = 0; v < 8; v++) {
@@ -174,7 +174,7 @@ SL_TARGET_AVX2 KT_INLINE void kt_decode(int fmt, const uint8_t *const rows[KT_LA
                 for (int t = 0; t < 8; t++) mp[t * KT_LANES + j] = kt_pair2(scale[2 * t], scale[2 * t + 1]);
             } else {
                 uint8_t sc[8], m[8];
-                kt_scales_mins(w + 4, sc, m);
+                sl_kq_scales_mins(w + 4, sc, m);
                 for (int s = 0; s < 8; s++) {
                     sp[s * KT_LANES + j] = kt_pair(sc[s]);
                     mp[s * KT_LANES + j] = kt_pair(m[s]);

@@ -85,19 +85,14 @@ KT_TARGET KT_INLINE void KT_NAME(kt_row_sums)(int fmt, int R, const uint8_t *w, 
         uint64_t sc64, m64;
         kt_scales_mins_u64(w + 4, &sc64, &m64);
         const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc64)));
-        const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64));
-        /* m[s] twice in a row: lane s of the product is m[s] * (bsums[2s] + bsums[2s + 1]) */
-        const __m256i m_pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
         /* shift counts: 0 for the low half (low nibbles), 4 for the high half (high nibbles) */
         const __m512i nibble_shift = KT_HALVES512(_mm256_setzero_si256(), _mm256_set1_epi16(4));
         const uint8_t *q = w + (fmt == KT_Q4_K ? 16 : 48);
         const __m512i qh =
             fmt == KT_Q5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 16))) : _mm512_setzero_si512();
+        kt_min_parts(m64, R, x, b, mpart);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            mpart[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[r][b].bsums), m_pairs);
-            sum[r] = _mm512_setzero_si512();
-        }
+        for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             /* low nibbles: sub-block 2i (low half); high nibbles: 2i + 1 (high half) */
@@ -157,14 +152,9 @@ KT_TARGET KT_INLINE void KT_NAME(kt_row_sums)(int fmt, int R, const uint8_t *w, 
     uint64_t sc64, m64;
     kt_scales_mins_u64(w + 4, &sc64, &m64);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc64)));
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64));
-    /* m[s] twice in a row: lane s of the product is m[s] * (bsums[2s] + bsums[2s + 1]) */
-    const __m256i m_pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+    kt_min_parts(m64, R, x, b, mpart);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        mpart[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[r][b].bsums), m_pairs);
-        part[r] = _mm256_setzero_si256();
-    }
+    for (int r = 0; r < R; r++) part[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int v = 0; v < 8; v++) {
         const __m256i s = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(KT_PICK16(v)));
@@ -185,13 +175,11 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemv)(int fmt, int R, const uint8_t *const r
                                           const sl_block_q8_k *const x[SL_ROWS], float *out, int64_t out_stride,
                                           const uint8_t *prefetch, int64_t ahead) {
     const int64_t bs = kt_block_bytes(fmt);
-    const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
     __m256 acc[SL_ROWS], macc[SL_ROWS];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
-            _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
+        sl_prefetch_share(prefetch, ahead, nb, b);
         __m256i part[SL_ROWS][KT_LANES], mpart[SL_ROWS][KT_LANES];
 #pragma GCC unroll 8
         for (int j = 0; j < KT_LANES; j++) {

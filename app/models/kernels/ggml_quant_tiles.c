@@ -100,10 +100,8 @@ SL_TARGET_AVX2 TL_INLINE void tl_decode(int fmt, const uint8_t *const rows[TL_LA
                                         uint8_t *codes, float *d, float *mo,
                                         const uint8_t *prefetch, int64_t ahead) {
     const int64_t bs = tl_block_bytes(fmt);
-    const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
     for (int64_t b = 0; b < nb; b++) {
-        for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
-            _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
+        sl_prefetch_share(prefetch, ahead, nb, b);
         __m256i c[TL_LANES];
 #pragma GCC unroll 8
         for (int j = 0; j < TL_LANES; j++) c[j] = tl_codes(fmt, rows[j] + b * bs);

@@ -34,11 +34,9 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemv)(int fmt, const uint8_t *const rows[TL_
                                                 const sl_block_q8_1 *x, float out[TL_LANES],
                                                 const uint8_t *prefetch, int64_t ahead) {
     const int64_t bs = tl_block_bytes(fmt);
-    const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
     __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
-            _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
+        sl_prefetch_share(prefetch, ahead, nb, b);
         const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
         __m256i partial[TL_LANES];
 #pragma GCC unroll 8
