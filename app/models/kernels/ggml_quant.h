@@ -70,8 +70,11 @@ typedef void (*sl_quantize_row_fn)(int64_t k, const float *x, void *out);
  * row: the float32 dot product. */
 typedef float (*sl_vec_dot_fn)(int64_t k, const void *w_row, const void *x_row);
 
-/* Activation rows per call of a tile kernel's gemm (and of the K formats' gemv). */
+/* Activation rows per call of the K formats' gemv. */
 #define SL_ROWS 4
+/* Activation rows per call of a tile kernel's gemm: AVX-512 VNNI keeps the accumulators of 8
+ * in its 32 vector registers, AVX2 computes them 4 at a time (16 registers). */
+#define SL_GEMM_ROWS 8
 
 /* One weight row decoded to float32, as gguf.quants.dequantize decodes it. */
 typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
@@ -110,7 +113,7 @@ void sl_quantize_q8_k_avx512(int64_t k, const float *x, void *out);
  *       -> out[8], prefetching `ahead` bytes from `prefetch` meanwhile (the next rows).
  *   sl_decode8_<fmt>_avx2(rows, k, tile, prefetch, ahead): the rows decoded into a tile of
  *       sl_tile8_bytes_q8_1(k) bytes (one layout for both instruction sets), then
- *   sl_gemm8_<fmt>_<isa>(tile, k, x, n_x, out, out_stride): n_x <= SL_ROWS activation rows x[r]
+ *   sl_gemm8_<fmt>_<isa>(tile, k, x, n_x, out, out_stride): n_x <= SL_GEMM_ROWS activation rows x[r]
  *       -> out[r * out_stride + j], j < 8.
  * All give every output bit for bit the same, on either instruction set (see the file). */
 typedef void (*sl_gemv8_fn)(const uint8_t *const *rows, int64_t k, const void *x, float *out,

@@ -207,38 +207,38 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemv)(int fmt, int R, const uint8_t *const r
  * against R activation rows, as int32 lanes per row, each times the sub-block scale pair sp
  * (both int16 halves: the scale). */
 KT_TARGET KT_INLINE void KT_NAME(kt_sub_block)(int fmt, int R, const uint8_t *codes, int g0, int groups,
-                                               __m256i sp, const sl_block_q8_k *const x[SL_ROWS], int64_t b,
-                                               __m256i isum[SL_ROWS]) {
+                                               __m256i sp, const sl_block_q8_k *const x[SL_GEMM_ROWS], int64_t b,
+                                               __m256i isum[SL_GEMM_ROWS]) {
 #if KT_VNNI
     (void)fmt;
-    __m256i dot[SL_ROWS];
-#pragma GCC unroll 4
+    __m256i dot[SL_GEMM_ROWS];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) dot[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int g = g0; g < g0 + groups; g++) {
         const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + 32 * g));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) dot[r] = _mm256_dpbusd_epi32(dot[r], cv, KT_NAME(kt_bcast4)(x[r][b].qs + 4 * g));
     }
     const __m256i scale = _mm256_srai_epi32(sp, 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], scale));
 #else
     /* int16 runs of vpmaddubsw pairs (see the top of ggml_quant_ktiles.c) */
     const int run = fmt == KT_Q4_K ? 8 : fmt == KT_Q5_K ? 4 : 2;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int g1 = g0; g1 < g0 + groups; g1 += run) {
-        __m256i s16[SL_ROWS];
-#pragma GCC unroll 4
+        __m256i s16[SL_GEMM_ROWS];
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int g = g1; g < g1 + run; g++) {
             const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + 32 * g));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++)
                 s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(cv, KT_NAME(kt_bcast4)(x[r][b].qs + 4 * g)));
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], sp));
     }
 #endif
@@ -246,15 +246,15 @@ KT_TARGET KT_INLINE void KT_NAME(kt_sub_block)(int fmt, int R, const uint8_t *co
 
 /* gemm: R activation rows against a decoded tile. */
 KT_TARGET KT_INLINE void KT_NAME(kt_gemm)(int fmt, int R, const uint8_t *tile, int64_t nb,
-                                          const sl_block_q8_k *const x[SL_ROWS], float *out, int64_t out_stride) {
-    __m256 acc[SL_ROWS], macc[SL_ROWS];
-#pragma GCC unroll 4
+                                          const sl_block_q8_k *const x[SL_GEMM_ROWS], float *out, int64_t out_stride) {
+    __m256 acc[SL_GEMM_ROWS], macc[SL_GEMM_ROWS];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *sb = tile + b * KT_SB_BYTES;
         const __m256i *sp = (const __m256i *)(sb + KT_SP_OFFSET), *mp = (const __m256i *)(sb + KT_MP_OFFSET);
-        __m256i isum[SL_ROWS], msum[SL_ROWS];
-#pragma GCC unroll 4
+        __m256i isum[SL_GEMM_ROWS], msum[SL_GEMM_ROWS];
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) isum[r] = msum[r] = _mm256_setzero_si256();
         const int sub_blocks = fmt == KT_Q6_K ? 16 : 8, groups = KT_GROUPS / sub_blocks;
 #pragma GCC unroll 1
@@ -264,13 +264,13 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemm)(int fmt, int R, const uint8_t *tile, i
 #pragma GCC unroll 8
         for (int t = 0; t < 8; t++) {
             const __m256i pairs = _mm256_loadu_si256(mp + t);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++)
                 msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(pairs, KT_NAME(kt_bcast4)(x[r][b].bsums + 2 * t)));
         }
         const __m256 d = _mm256_loadu_ps((const float *)(sb + KT_D_OFFSET));
         const __m256 dmin = _mm256_loadu_ps((const float *)(sb + KT_D_OFFSET) + KT_LANES);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             if (fmt == KT_Q6_K) {
                 isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(msum[r], 5));
@@ -279,9 +279,33 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemm)(int fmt, int R, const uint8_t *tile, i
             kt_finish(fmt, isum[r], msum[r], d, dmin, x[r][b].d, &acc[r], &macc[r]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * out_stride, _mm256_sub_ps(acc[r], macc[r]));
 }
+
+/* n_x activation rows, KT_GEMM_MOST at a time: a constant row count in each inlined copy. */
+#define KT_GEMM_MOST (KT_VNNI ? 8 : 4)
+#define KT_GEMM_CASE(n) \
+    case n: KT_NAME(kt_gemm)(fmt, n, tile, nb, x + r0, out + r0 * out_stride, out_stride); break;
+KT_TARGET KT_INLINE void KT_NAME(kt_gemm_rows)(int fmt, int n_x, const uint8_t *tile, int64_t nb,
+                                               const sl_block_q8_k *const *x, float *out, int64_t out_stride) {
+    for (int r0 = 0; r0 < n_x; r0 += KT_GEMM_MOST) {
+        switch (n_x - r0 < KT_GEMM_MOST ? n_x - r0 : KT_GEMM_MOST) {
+#if KT_VNNI
+            KT_GEMM_CASE(8)
+            KT_GEMM_CASE(7)
+            KT_GEMM_CASE(6)
+            KT_GEMM_CASE(5)
+#endif
+            KT_GEMM_CASE(4)
+            KT_GEMM_CASE(3)
+            KT_GEMM_CASE(2)
+        default: KT_NAME(kt_gemm)(fmt, 1, tile, nb, x + r0, out + r0 * out_stride, out_stride); break;
+        }
+    }
+}
+#undef KT_GEMM_CASE
+#undef KT_GEMM_MOST
 
 /* The exported entry points, one per format (see ggml_quant.h, sl_tile_fns). */
 #define KT_EXPORT(name, fmt)                                                                       \
@@ -309,12 +333,7 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemm)(int fmt, int R, const uint8_t *tile, i
         const int64_t nb = k / SL_QK_K;                                                            \
         const uint8_t *t = (const uint8_t *)tile;                                                  \
         const sl_block_q8_k *const *xr = (const sl_block_q8_k *const *)x;                          \
-        switch (n_x) {                                                                             \
-        case 4: KT_NAME(kt_gemm)(fmt, 4, t, nb, xr, out, out_stride); break;                       \
-        case 3: KT_NAME(kt_gemm)(fmt, 3, t, nb, xr, out, out_stride); break;                       \
-        case 2: KT_NAME(kt_gemm)(fmt, 2, t, nb, xr, out, out_stride); break;                       \
-        default: KT_NAME(kt_gemm)(fmt, 1, t, nb, xr, out, out_stride); break;                      \
-        }                                                                                          \
+        KT_NAME(kt_gemm_rows)(fmt, n_x, t, nb, xr, out, out_stride);                               \
     }
 
 KT_EXPORT(q4_k, KT_Q4_K)

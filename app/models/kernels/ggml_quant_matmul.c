@@ -199,7 +199,7 @@ static void sl_tile_unit(const sl_format *format, int isa, const uint8_t *w, int
         const uint8_t *row_at[8];
         for (int j = 0; j < 8; j++) /* a tail tile repeats its last row */
             row_at[j] = w + (r0 + (j < lanes ? j : lanes - 1)) * row_bytes;
-        float out[SL_ROWS][8];
+        float out[SL_GEMM_ROWS][8];
         if ((!gemm || capacity < tile_bytes) && format->gemvn8[isa] != NULL) {
             for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
                 const int group = m - i0 < SL_ROWS ? (int)(m - i0) : SL_ROWS;
@@ -223,9 +223,9 @@ static void sl_tile_unit(const sl_format *format, int isa, const uint8_t *w, int
             continue;
         }
         format->decode8(row_at, k, tile, w + (r0 + 2 * 8) * row_bytes, 8 * row_bytes);
-        for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
-            const int group = m - i0 < SL_ROWS ? (int)(m - i0) : SL_ROWS;
-            const void *x_rows[SL_ROWS];
+        for (int64_t i0 = 0; i0 < m; i0 += SL_GEMM_ROWS) {
+            const int group = m - i0 < SL_GEMM_ROWS ? (int)(m - i0) : SL_GEMM_ROWS;
+            const void *x_rows[SL_GEMM_ROWS];
             for (int g = 0; g < group; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
             format->gemm8[isa](tile, k, x_rows, group, out[0], 8);
             for (int g = 0; g < group; g++)

@@ -50,9 +50,9 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemv)(int fmt, const uint8_t *const rows[TL_
 
 /* The integer sums of one block for R activation rows from the tile: lane j = row j's. */
 TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *codes,
-                                                const sl_block_q8_1 *const x[SL_ROWS], int64_t b,
-                                                __m256i isum[SL_ROWS]) {
-#pragma GCC unroll 4
+                                                const sl_block_q8_1 *const x[SL_GEMM_ROWS], int64_t b,
+                                                __m256i isum[SL_GEMM_ROWS]) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
 #if TL_VNNI
     /* four byte products a lane straight into int32 */
@@ -64,14 +64,14 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
 #pragma GCC unroll 8
         for (int g = 0; g < TL_GROUPS; g++) {
             const __m256i cu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + g * 32)), offset);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 int32_t four;
                 memcpy(&four, x[r][b].qs + 4 * g, 4);
                 isum[r] = _mm256_dpbusd_epi32(isum[r], cu, _mm256_set1_epi32(four));
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++)
             isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(x[r][b].sum * 128));
         return;
@@ -80,7 +80,7 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
     for (int g = 0; g < TL_GROUPS; g++) {
         __m256i cv;
         const __m256i cu = tl_group_codes(fmt, codes, g, &cv);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++)
             isum[r] = _mm256_dpbusd_epi32(isum[r], cu, tl_group_x(fmt, x[r] + b, g, cv));
     }
@@ -90,18 +90,18 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
      * 5-bit 2 * 31 * 127, 4 groups; Q8_0 2 * 128 * 127, one. */
     const int run = fmt == TL_Q8_0 ? 1 : tl_is5(fmt) ? 4 : 8;
     for (int g0 = 0; g0 < TL_GROUPS; g0 += run) {
-        __m256i s16[SL_ROWS];
-#pragma GCC unroll 4
+        __m256i s16[SL_GEMM_ROWS];
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int g = g0; g < g0 + run; g++) {
             __m256i cv;
             const __m256i cu = tl_group_codes(fmt, codes, g, &cv);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++)
                 s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(cu, tl_group_x(fmt, x[r] + b, g, cv)));
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
     }
 #endif
@@ -110,22 +110,47 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
 /* gemm: R activation rows against a decoded tile. */
 TL_TARGET TL_INLINE void TL_NAME(tl_gemm)(int fmt, int R, const uint8_t *codes, const float *d,
                                           const float *mo, int64_t nb,
-                                          const sl_block_q8_1 *const x[SL_ROWS], float *out,
+                                          const sl_block_q8_1 *const x[SL_GEMM_ROWS], float *out,
                                           int64_t out_stride) {
-    __m256 acc[SL_ROWS], macc[SL_ROWS];
-#pragma GCC unroll 4
+    __m256 acc[SL_GEMM_ROWS], macc[SL_GEMM_ROWS];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i isum[SL_ROWS];
+        __m256i isum[SL_GEMM_ROWS];
         TL_NAME(tl_tile_block)(fmt, R, codes + b * TL_TILE_BLOCK_BYTES, x, b, isum);
         const __m256 vd = _mm256_loadu_ps(d + b * TL_LANES);
         const __m256 vmo = _mm256_loadu_ps(mo + b * TL_LANES);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) tl_finish_block(fmt, isum[r], vd, vmo, x[r] + b, &acc[r], &macc[r]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * out_stride, _mm256_add_ps(acc[r], macc[r]));
 }
+
+/* n_x activation rows, TL_GEMM_MOST at a time: a constant row count in each inlined copy. */
+#define TL_GEMM_MOST (TL_VNNI ? 8 : 4)
+#define TL_GEMM_CASE(n) \
+    case n: TL_NAME(tl_gemm)(fmt, n, codes, d, mo, nb, x + r0, out + r0 * out_stride, out_stride); break;
+TL_TARGET TL_INLINE void TL_NAME(tl_gemm_rows)(int fmt, int n_x, const uint8_t *codes, const float *d,
+                                               const float *mo, int64_t nb, const sl_block_q8_1 *const *x,
+                                               float *out, int64_t out_stride) {
+    for (int r0 = 0; r0 < n_x; r0 += TL_GEMM_MOST) {
+        switch (n_x - r0 < TL_GEMM_MOST ? n_x - r0 : TL_GEMM_MOST) {
+#if TL_VNNI
+            TL_GEMM_CASE(8)
+            TL_GEMM_CASE(7)
+            TL_GEMM_CASE(6)
+            TL_GEMM_CASE(5)
+#endif
+            TL_GEMM_CASE(4)
+            TL_GEMM_CASE(3)
+            TL_GEMM_CASE(2)
+        default: TL_NAME(tl_gemm)(fmt, 1, codes, d, mo, nb, x + r0, out + r0 * out_stride, out_stride); break;
+        }
+    }
+}
+#undef TL_GEMM_CASE
+#undef TL_GEMM_MOST
 
 /* The exported entry points, one per format (see ggml_quant.h, sl_tile_fns). */
 #define TL_EXPORT(name, fmt)                                                                       \
@@ -141,12 +166,7 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemm)(int fmt, int R, const uint8_t *codes, 
         const float *d = (const float *)(codes + nb * TL_TILE_BLOCK_BYTES);                        \
         const float *mo = d + nb * TL_LANES;                                                       \
         const sl_block_q8_1 *const *xr = (const sl_block_q8_1 *const *)x;                          \
-        switch (n_x) {                                                                             \
-        case 4: TL_NAME(tl_gemm)(fmt, 4, codes, d, mo, nb, xr, out, out_stride); break;            \
-        case 3: TL_NAME(tl_gemm)(fmt, 3, codes, d, mo, nb, xr, out, out_stride); break;            \
-        case 2: TL_NAME(tl_gemm)(fmt, 2, codes, d, mo, nb, xr, out, out_stride); break;            \
-        default: TL_NAME(tl_gemm)(fmt, 1, codes, d, mo, nb, xr, out, out_stride); break;           \
-        }                                                                                          \
+        TL_NAME(tl_gemm_rows)(fmt, n_x, codes, d, mo, nb, xr, out, out_stride);                    \
     }
 
 TL_EXPORT(q4_0, TL_Q4_0)
