@@ -122,30 +122,34 @@ typedef void (*sl_decode8_fn)(const uint8_t *const *rows, int64_t k, void *tile,
                               const uint8_t *prefetch, int64_t ahead);
 typedef void (*sl_gemm8_fn)(const void *tile, int64_t k, const void *const *x, int n_x,
                             float *out, int64_t out_stride);
-#define SL_DECLARE_TILES_ISA(fmt, isa)                                                           \
-    void sl_gemv8_##fmt##_##isa(const uint8_t *const *rows, int64_t k, const void *x, float *out, \
-                                const uint8_t *prefetch, int64_t ahead);                         \
-    void sl_gemm8_##fmt##_##isa(const void *tile, int64_t k, const void *const *x, int n_x,      \
-                                float *out, int64_t out_stride);
-#define SL_DECLARE_TILES(fmt)                                                                    \
-    SL_DECLARE_TILES_ISA(fmt, avx2)                                                              \
-    SL_DECLARE_TILES_ISA(fmt, avx512)                                                            \
+#define SL_DECLARE_GEMM(fmt)                                                                     \
+    void sl_gemm8_##fmt##_avx2(const void *tile, int64_t k, const void *const *x, int n_x,       \
+                               float *out, int64_t out_stride);                                  \
+    void sl_gemm8_##fmt##_avx512(const void *tile, int64_t k, const void *const *x, int n_x,     \
+                                 float *out, int64_t out_stride);                                \
     void sl_decode8_##fmt##_avx2(const uint8_t *const *rows, int64_t k, void *tile,              \
                                  const uint8_t *prefetch, int64_t ahead);
+#define SL_DECLARE_TILES(fmt)                                                                    \
+    SL_DECLARE_GEMM(fmt)                                                                         \
+    void sl_gemv8_##fmt##_avx2(const uint8_t *const *rows, int64_t k, const void *x, float *out,  \
+                               const uint8_t *prefetch, int64_t ahead);                          \
+    void sl_gemv8_##fmt##_avx512(const uint8_t *const *rows, int64_t k, const void *x,           \
+                                 float *out, const uint8_t *prefetch, int64_t ahead);
 SL_DECLARE_TILES(q4_0)
 SL_DECLARE_TILES(q4_1)
 SL_DECLARE_TILES(q5_0)
 SL_DECLARE_TILES(q5_1)
 SL_DECLARE_TILES(q8_0)
 int64_t sl_tile8_bytes_q8_1(int64_t k);
-/* The same for the K formats (ggml_quant_ktiles.c; x: sl_block_q8_k rows), and their gemv for
- * up to SL_ROWS activation rows at once (each weight super-block unpacked once for all):
+/* The same decode and gemm for the K formats (ggml_quant_ktiles.c; x: sl_block_q8_k rows); their
+ * gemv takes up to SL_ROWS activation rows at once (each weight super-block unpacked once for
+ * all), instead of sl_gemv8's one:
  *   sl_gemvn8_<fmt>_<isa>(rows, k, x, n_x, out, out_stride, prefetch, ahead): n_x <= SL_ROWS
  *       activation rows x[r] -> out[r * out_stride + j], j < 8; bit for bit the gemm's. */
 typedef void (*sl_gemvn8_fn)(const uint8_t *const *rows, int64_t k, const void *const *x, int n_x,
                              float *out, int64_t out_stride, const uint8_t *prefetch, int64_t ahead);
 #define SL_DECLARE_KTILES(fmt)                                                                   \
-    SL_DECLARE_TILES(fmt)                                                                        \
+    SL_DECLARE_GEMM(fmt)                                                                         \
     void sl_gemvn8_##fmt##_avx2(const uint8_t *const *rows, int64_t k, const void *const *x,     \
                                 int n_x, float *out, int64_t out_stride, const uint8_t *prefetch, \
                                 int64_t ahead);                                                  \

@@ -322,12 +322,6 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemm_rows)(int fmt, int n_x, const uint8_t *
         default: KT_NAME(kt_gemv)(fmt, 1, rows, nb, xr, out, out_stride, prefetch, ahead); break;  \
         }                                                                                          \
     }                                                                                              \
-    KT_TARGET void KT_EXPORTED(sl_gemv8_, name)(const uint8_t *const *rows, int64_t k,             \
-                                                const void *x, float *out,                         \
-                                                const uint8_t *prefetch, int64_t ahead) {          \
-        const sl_block_q8_k *xr[SL_ROWS] = {(const sl_block_q8_k *)x};                             \
-        KT_NAME(kt_gemv)(fmt, 1, rows, k / SL_QK_K, xr, out, 8, prefetch, ahead);                  \
-    }                                                                                              \
     KT_TARGET void KT_EXPORTED(sl_gemm8_, name)(const void *tile, int64_t k, const void *const *x, \
                                                 int n_x, float *out, int64_t out_stride) {         \
         const int64_t nb = k / SL_QK_K;                                                            \

@@ -40,35 +40,33 @@ typedef struct {
     sl_vec_dot_fn dot[3]; /* per instruction set; NULL where the tiles compute */
     sl_dequantize_row_fn dequantize;
     /* Tile kernels (eight weight rows at a time) per instruction set, or NULL: the dot
-     * functions above. One decoded layout serves both sets' gemm. */
+     * functions above. One decoded layout serves both sets' gemm. The gemv (no decode pass) is
+     * gemv8, one activation row at a time (the 32-weight formats), or gemvn8, up to SL_ROWS at
+     * once (the K formats); the other is NULL. */
     sl_gemv8_fn gemv8[3];
+    sl_gemvn8_fn gemvn8[3];
     sl_decode8_fn decode8;
     sl_gemm8_fn gemm8[3];
     int64_t (*tile_bytes)(int64_t k); /* bytes of a decoded tile of rows of k weights */
-    /* The K formats' gemv of up to SL_ROWS activation rows (else NULL: gemv8 row by row), and
-     * the most rows a call takes it for (more: the decoded tile). */
-    sl_gemvn8_fn gemvn8[3];
-    int gemv_max_rows;
 } sl_format;
 
-#define SL_FORMAT_TILES(fmt, size, bytes, q8k, tile_bytes)                                       \
-    { size, bytes, q8k, {sl_dot_##fmt##_scalar, NULL, NULL},                                       \
-      sl_dequantize_##fmt, {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512},                 \
-      sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512}, tile_bytes, \
-      {NULL, NULL, NULL}, SL_GEMV_MAX_ROWS }
-#define SL_FORMAT_KTILES(fmt, bytes)                                                               \
-    { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL},                                     \
-      sl_dequantize_##fmt, {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512},                 \
+#define SL_FORMAT_TILES(fmt, bytes)                                                              \
+    { SL_QK, bytes, 0, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                  \
+      {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, {NULL, NULL, NULL},                  \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
-      sl_tile8_bytes_q8_k, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},              \
-      SL_KGEMV_MAX_ROWS }
+      sl_tile8_bytes_q8_1 }
+#define SL_FORMAT_KTILES(fmt, bytes)                                                             \
+    { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
+      {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
+      sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
+      sl_tile8_bytes_q8_k }
 
 static const sl_format *sl_format_of(int qtype) {
-    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, SL_QK, 18, 0, sl_tile8_bytes_q8_1);
-    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, SL_QK, 20, 0, sl_tile8_bytes_q8_1);
-    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, SL_QK, 22, 0, sl_tile8_bytes_q8_1);
-    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, SL_QK, 24, 0, sl_tile8_bytes_q8_1);
-    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, SL_QK, 34, 0, sl_tile8_bytes_q8_1);
+    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18);
+    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, 20);
+    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, 22);
+    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, 24);
+    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, 34);
     static const sl_format q4_k = SL_FORMAT_KTILES(q4_k, 144);
     static const sl_format q5_k = SL_FORMAT_KTILES(q5_k, 176);
     static const sl_format q6_k = SL_FORMAT_KTILES(q6_k, 210);
@@ -178,7 +176,6 @@ static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t colu
     }
 }
 
-
 /* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the tile kernels of `isa`, for all m
  * activation rows, stored from `column`. The decoded tile lives in a buffer of the thread's. */
 static void sl_tile_unit(const sl_format *format, int isa, const uint8_t *w, int64_t row_bytes,
@@ -187,7 +184,8 @@ static void sl_tile_unit(const sl_format *format, int isa, const uint8_t *w, int
                          void *y, int y_bf16, int64_t ldy) {
     static _Thread_local void *tile = NULL;
     static _Thread_local int64_t capacity = 0;
-    const int gemm = m > format->gemv_max_rows;
+    const int gemv_max_rows = format->gemvn8[isa] != NULL ? SL_KGEMV_MAX_ROWS : SL_GEMV_MAX_ROWS;
+    const int gemm = m > gemv_max_rows;
     const int64_t tile_bytes = format->tile_bytes(k);
     if (gemm && tile_bytes > capacity) {
         void *grown = realloc(tile, (size_t)tile_bytes);
@@ -318,7 +316,7 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
             const uint8_t *xq = format->q8k ? q8_k : q8_1;
             const int64_t xq_bytes = format->q8k ? q8_k_bytes : q8_1_bytes;
             column += row0;
-            if (format->gemv8[isa] != NULL) {
+            if (format->gemm8[isa] != NULL) {
                 sl_tile_unit(format, isa, w, row_bytes, rows, k, xq, xq_bytes, m, column, bias,
                              residual, ldr, y, y_bf16, ldy);
                 continue;
