@@ -57,8 +57,6 @@ void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *we
     }
 }
 
-static inline float silu(float g) { return g / (1.0f + exp_approx(-g)); }
-
 /* GELU in its tanh approximation (Gemma's MLP; torch's F.gelu(approximate="tanh"),
  * transformers' "gelu_pytorch_tanh"): g / 2 * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3))),
  * with tanh(y) computed as 1 - 2 / (exp(2y) + 1). */
@@ -67,25 +65,47 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (1.0f + (1.0f - 2.0f / (exp_approx(2.0f * inner) + 1.0f)));
 }
 
-/* out = bf16(bf16(activation(gate)) * up) for gate_up [rows, 2 * ffn] bfloat16 (gate first,
- * as the fused gate/up projection writes it); out is [rows, ffn] bfloat16, contiguous. */
-#define SL_GATED_ROWS(activation)                                                              \
-    for (int64_t r = 0; r < rows; ++r) {                                                       \
-        const bf16 *gate = gate_up + r * 2 * ffn;                                              \
-        const bf16 *up = gate + ffn;                                                           \
-        bf16 *dst = out + r * ffn;                                                             \
-        for (int64_t i = 0; i < ffn; ++i) {                                                    \
-            float activated = bf16_to_float(float_to_bf16(activation(bf16_to_float(gate[i])))); \
-            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));                          \
-        }                                                                                      \
-    }
+/* Both gated activations write out = bf16(bf16(activation(gate)) * up) for gate_up
+ * [rows, 2 * ffn] bfloat16 (gate first, as the fused gate/up projection writes it); out is
+ * [rows, ffn] bfloat16, contiguous. */
 
-/* silu(gate) * up (Llama's MLP). */
+/*
+ * silu(gate) * up (Llama's MLP), silu(g) = g / (1 + exp(-g)).
+ *
+ * exp(-g) goes through a buffer of CHUNK values before the division. Written as one loop, GCC
+ * -O3's partial redundancy elimination gave the clamp's lanes their own constant, so every
+ * vector also divided g by 1 + exp(88) = 1.7e38: a denormal for |g| < 2, a microcode assist
+ * per vector, and 14x the time of this form (16 rows x 1536 on the Xeon: 285 against 20 us).
+ * The values are the one loop's, bit for bit (all 65,536 bfloat16 gates compared).
+ */
 void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
-    SL_GATED_ROWS(silu)
+    enum { CHUNK = 256 };
+    float exp_minus[CHUNK];
+    for (int64_t r = 0; r < rows; ++r) {
+        const bf16 *gate = gate_up + r * 2 * ffn;
+        const bf16 *up = gate + ffn;
+        bf16 *dst = out + r * ffn;
+        for (int64_t i0 = 0; i0 < ffn; i0 += CHUNK) {
+            const int64_t n = ffn - i0 < CHUNK ? ffn - i0 : CHUNK;
+            for (int64_t i = 0; i < n; ++i) exp_minus[i] = exp_approx(-bf16_to_float(gate[i0 + i]));
+            for (int64_t i = 0; i < n; ++i) {
+                const float g = bf16_to_float(gate[i0 + i]);
+                const float activated = bf16_to_float(float_to_bf16(g / (1.0f + exp_minus[i])));
+                dst[i0 + i] = float_to_bf16(activated * bf16_to_float(up[i0 + i]));
+            }
+        }
+    }
 }
 
 /* gelu_tanh(gate) * up (Gemma's MLP). */
 void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn) {
-    SL_GATED_ROWS(gelu_tanh)
+    for (int64_t r = 0; r < rows; ++r) {
+        const bf16 *gate = gate_up + r * 2 * ffn;
+        const bf16 *up = gate + ffn;
+        bf16 *dst = out + r * ffn;
+        for (int64_t i = 0; i < ffn; ++i) {
+            const float activated = bf16_to_float(float_to_bf16(gelu_tanh(bf16_to_float(gate[i]))));
+            dst[i] = float_to_bf16(activated * bf16_to_float(up[i]));
+        }
+    }
 }
