@@ -163,18 +163,30 @@ def _from_pool(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     return torch.stack([pool[:, row] for row in positions])
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("threads", "positions"),
+    [
+        (1, [0, 17, 40, 2]),
+        (2, [0, 17, 40, 2]),  # under SPLIT_MIN_POSITIONS: one thread
+        (2, [0, 170, 250, 2]),
+        (3, [0, 170, 250, 2]),
+        (2, [250, 251, 252, 253]),  # rows of about one length: split at their middles
+        (3, [252]),  # one long row: its KV heads shared by the threads
+    ],
+)
 def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
-    kernels: FusedDecodeKernels, threads: int
+    kernels: FusedDecodeKernels, threads: int, positions: list[int]
 ) -> None:
-    """Each row the same whatever the thread count: the threads split the rows, not a row."""
-    n_heads, n_kv, head_dim, cache_len = 9, 3, 64, 64
-    slots = torch.tensor([3, 0, 5, 1])  # not in slot order
-    positions = torch.tensor([0, 17, 40, 2])
+    """Each row the same whatever the thread count: the threads split the (row, KV head)
+    pairs, never one head's attention."""
+    n_heads, n_kv, head_dim, cache_len = 9, 3, 64, 256
+    count = len(positions)
+    slots = torch.tensor([3, 0, 5, 1][:count])  # not in slot order
+    positions = torch.tensor(positions)
     tables = _scattered_tables(6, cache_len, seed=9)
     keys_before = _random(6, n_kv, cache_len, head_dim, seed=6)
     values_before = _random(6, n_kv, cache_len, head_dim, seed=7)
-    qkv = _random(4, (n_heads + 2 * n_kv) * head_dim, seed=8, scale=2.0)
+    qkv = _random(count, (n_heads + 2 * n_kv) * head_dim, seed=8, scale=2.0)
     angles = torch.arange(cache_len, dtype=torch.float64)[:, None] * (
         1.0 / 10000 ** (torch.arange(0, head_dim // 2, dtype=torch.float64) / (head_dim // 2))
     )
@@ -195,7 +207,7 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
     assert not pooled_keys[:, :KV_BLOCK_SIZE].any()  # the null block is never written
     keys, values = _from_pool(pooled_keys, tables), _from_pool(pooled_values, tables)
 
-    heads = qkv.view(4, -1, head_dim)
+    heads = qkv.view(count, -1, head_dim)
     rotated = apply_rope(
         heads[:, : n_heads + n_kv], cos[positions][:, None], sin[positions][:, None]
     )

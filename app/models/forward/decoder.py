@@ -210,8 +210,9 @@ class DecoderModel:
         eps = hp.rms_norm_eps
         rows = plan.token_rows
         assert rows is not None
-        # torch's threads share the attention (they sit idle between the projections).
-        threads = min(torch.get_num_threads(), rows.count)
+        # torch's threads share the attention (they sit idle between the projections), one
+        # (row, KV head) pair at a time: a single long row is shared too.
+        threads = min(torch.get_num_threads(), rows.count * hp.head_count_kv)
         # Softmax scores of one KV head's query group, every position up to the longest row,
         # per thread.
         scores = torch.empty((threads, hp.group_size * rows.key_length), dtype=torch.float32)

@@ -186,9 +186,21 @@ static void write_rows(const struct attention_args *a, int64_t begin, int64_t en
     }
 }
 
-/* Attention of rows [begin, end), whose keys and values are in the cache. */
-static void attend_rows(const struct attention_args *a, int64_t begin, int64_t end,
-                        float *scores) {
+/* Calls attending fewer positions than this (all rows and KV heads together) run on one
+ * thread: below it a parallel region's fork and join cost more than the split saves. */
+#define SPLIT_MIN_POSITIONS 512
+
+/* How many positions row r attends: all up to its own, or its window's. */
+static inline int64_t attended_length(const struct attention_args *a, int64_t r) {
+    const int64_t position = a->positions[r];
+    return a->window > 0 && position + 1 > a->window ? a->window : position + 1;
+}
+
+/* Attention of units [begin, end), unit u being KV head u % n_kv_heads (its query group) of row
+ * u / n_kv_heads; the rows' keys and values are in the cache. A unit is computed the same way
+ * whichever thread takes it, so the split among threads changes no value. */
+static void attend_units(const struct attention_args *a, int64_t begin, int64_t end,
+                         float *scores) {
     const int64_t head_dim = a->head_dim, n_heads = a->n_heads, n_kv_heads = a->n_kv_heads;
     const int64_t group = n_heads / n_kv_heads;
     const float scale = a->scale;
@@ -201,108 +213,105 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
     }
     const int tiled =
         SL_TILED_ATTENTION && a->block_size == SL_TILE_POSITIONS && head_dim % 64 == 0;
-    for (int64_t r = begin; r < end; ++r) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t r = unit / n_kv_heads, kv = unit % n_kv_heads;
         const int64_t position = a->positions[r];
         /* positions first .. position are attended: all of them, or the window's */
-        const int64_t first = a->window > 0 && position + 1 > a->window ? position + 1 - a->window
-                                                                          : 0;
-        const int64_t length = position + 1 - first;
+        const int64_t length = attended_length(a, r), first = position + 1 - length;
         const bf16 *row = a->qkv + r * a->qkv_stride;
         const bf16 *cos = a->rope_cos + position * head_dim;
         const bf16 *sin = a->rope_sin + position * head_dim;
         const int64_t *table = a->block_tables + r * a->table_stride;
         const int tiled_row = tiled && first == 0;
-        for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
-            for (int64_t g = 0; g < group; ++g) {
-                const bf16 *head = normed_head(row + (kv * group + g) * head_dim, a->q_norm,
-                                               a->eps, normed, head_dim);
-                rope_head(head, cos, sin, query[g], head_dim);
-            }
-            const int64_t blocks = (position + a->block_size) / a->block_size;
+        for (int64_t g = 0; g < group; ++g) {
+            const bf16 *head = normed_head(row + (kv * group + g) * head_dim, a->q_norm,
+                                           a->eps, normed, head_dim);
+            rope_head(head, cos, sin, query[g], head_dim);
+        }
+        const int64_t blocks = (position + a->block_size) / a->block_size;
 #if SL_TILED_ATTENTION
-            if (tiled_row) {
-                sl_tile_scores(query[0], MAX_HEAD_DIM, group, a->keys, table, kv * a->pool_len,
-                               head_dim, length, scale, scores);
-            }
+        if (tiled_row) {
+            sl_tile_scores(query[0], MAX_HEAD_DIM, group, a->keys, table, kv * a->pool_len,
+                           head_dim, length, scale, scores);
+        }
 #endif
-            if (!tiled_row) {
-                /* Scores: each cached key is read once for the whole query group. */
-                struct block_walk keys_walk = walk_from(a, a->keys, table, kv, first, blocks);
-                for (int64_t t = 0; t < length; ++t) {
-                    const bf16 *k = walk_next(&keys_walk, blocks);
-                    for (int64_t g = 0; g < group; ++g) {
-                        scores[g * length + t] = dot_bf16(query[g], k, head_dim) * scale;
-                    }
+        if (!tiled_row) {
+            /* Scores: each cached key is read once for the whole query group. */
+            struct block_walk keys_walk = walk_from(a, a->keys, table, kv, first, blocks);
+            for (int64_t t = 0; t < length; ++t) {
+                const bf16 *k = walk_next(&keys_walk, blocks);
+                for (int64_t g = 0; g < group; ++g) {
+                    scores[g * length + t] = dot_bf16(query[g], k, head_dim) * scale;
                 }
             }
-            /* Softmax per query head. */
-            for (int64_t g = 0; g < group; ++g) {
-                float *s = scores + g * length;
-                /* Max and sum in LANES partial results, so the loops vectorise. */
-                float best_lanes[LANES];
+        }
+        /* Softmax per query head. */
+        for (int64_t g = 0; g < group; ++g) {
+            float *s = scores + g * length;
+            /* Max and sum in LANES partial results, so the loops vectorise. */
+            float best_lanes[LANES];
+            for (int lane = 0; lane < LANES; ++lane) {
+                best_lanes[lane] = s[0];
+            }
+            int64_t t = 0;
+            for (; t + LANES <= length; t += LANES) {
                 for (int lane = 0; lane < LANES; ++lane) {
-                    best_lanes[lane] = s[0];
+                    float v = s[t + lane];
+                    best_lanes[lane] = v > best_lanes[lane] ? v : best_lanes[lane];
                 }
-                int64_t t = 0;
-                for (; t + LANES <= length; t += LANES) {
-                    for (int lane = 0; lane < LANES; ++lane) {
-                        float v = s[t + lane];
-                        best_lanes[lane] = v > best_lanes[lane] ? v : best_lanes[lane];
-                    }
-                }
-                float best = best_lanes[0];
-                for (int lane = 1; lane < LANES; ++lane) {
-                    best = best_lanes[lane] > best ? best_lanes[lane] : best;
-                }
-                for (; t < length; ++t) {
-                    best = s[t] > best ? s[t] : best;
-                }
-                for (t = 0; t < length; ++t) {
-                    s[t] = exp_approx(s[t] - best);
-                }
-                float partial[LANES] = {0};
-                for (t = 0; t + LANES <= length; t += LANES) {
-                    for (int lane = 0; lane < LANES; ++lane) {
-                        partial[lane] += s[t + lane];
-                    }
-                }
-                float total = sum_lanes(partial);
-                for (; t < length; ++t) {
-                    total += s[t];
-                }
-                float inv_total = 1.0f / total;
-                for (int64_t t = 0; t < length; ++t) {
-                    s[t] *= inv_total;
-                }
-                memset(acc[g], 0, (size_t)head_dim * sizeof(float));
             }
+            float best = best_lanes[0];
+            for (int lane = 1; lane < LANES; ++lane) {
+                best = best_lanes[lane] > best ? best_lanes[lane] : best;
+            }
+            for (; t < length; ++t) {
+                best = s[t] > best ? s[t] : best;
+            }
+            for (t = 0; t < length; ++t) {
+                s[t] = exp_approx(s[t] - best);
+            }
+            float partial[LANES] = {0};
+            for (t = 0; t + LANES <= length; t += LANES) {
+                for (int lane = 0; lane < LANES; ++lane) {
+                    partial[lane] += s[t + lane];
+                }
+            }
+            float total = sum_lanes(partial);
+            for (; t < length; ++t) {
+                total += s[t];
+            }
+            float inv_total = 1.0f / total;
+            for (int64_t t = 0; t < length; ++t) {
+                s[t] *= inv_total;
+            }
+            memset(acc[g], 0, (size_t)head_dim * sizeof(float));
+        }
 #if SL_TILED_ATTENTION
-            if (tiled_row) {
-                sl_tile_values(scores, group, a->values, table, kv * a->pool_len, head_dim,
-                               length, acc[0], MAX_HEAD_DIM);
-            }
+        if (tiled_row) {
+            sl_tile_values(scores, group, a->values, table, kv * a->pool_len, head_dim,
+                           length, acc[0], MAX_HEAD_DIM);
+        }
 #endif
-            if (!tiled_row) {
-                /* Weighted sum of the values: each cached value is read once for the group. */
-                struct block_walk values_walk = walk_from(a, a->values, table, kv, first, blocks);
-                for (int64_t t = 0; t < length; ++t) {
-                    const bf16 *v = walk_next(&values_walk, blocks);
+        if (!tiled_row) {
+            /* Weighted sum of the values: each cached value is read once for the group. */
+            struct block_walk values_walk = walk_from(a, a->values, table, kv, first, blocks);
+            for (int64_t t = 0; t < length; ++t) {
+                const bf16 *v = walk_next(&values_walk, blocks);
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    key[d] = bf16_to_float(v[d]);
+                }
+                for (int64_t g = 0; g < group; ++g) {
+                    const float p = scores[g * length + t];
                     for (int64_t d = 0; d < head_dim; ++d) {
-                        key[d] = bf16_to_float(v[d]);
-                    }
-                    for (int64_t g = 0; g < group; ++g) {
-                        const float p = scores[g * length + t];
-                        for (int64_t d = 0; d < head_dim; ++d) {
-                            acc[g][d] += p * key[d];
-                        }
+                        acc[g][d] += p * key[d];
                     }
                 }
             }
-            for (int64_t g = 0; g < group; ++g) {
-                bf16 *dst = a->out + r * n_heads * head_dim + (kv * group + g) * head_dim;
-                for (int64_t d = 0; d < head_dim; ++d) {
-                    dst[d] = float_to_bf16(acc[g][d]);
-                }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+            bf16 *dst = a->out + r * n_heads * head_dim + (kv * group + g) * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) {
+                dst[d] = float_to_bf16(acc[g][d]);
             }
         }
     }
@@ -326,7 +335,8 @@ static void attend_rows(const struct attention_args *a, int64_t begin, int64_t e
  * scores:    float32 workspace, threads * scores_per_thread elements; scores_per_thread at
  *            least group_size * (max position + 1).
  * out:       [rows, n_heads * head_dim] bfloat16, contiguous.
- * threads:   how many OpenMP threads share the rows, split by their lengths.
+ * threads:   how many OpenMP threads share the work: the rows' K/V writes, then the
+ *            attention of each (row, KV head) pair, split by the positions they attend.
  *
  * q_norm, k_norm: NULL, or [head_dim] bfloat16 RMSNorm weights applied to every query head and
  *            every key head before the rotary embedding (Qwen3's per-head q/k norm), rounded as
@@ -353,45 +363,49 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
         table_stride, keys,   values,     pool_len, block_size, out,
         n_heads,  n_kv_heads, head_dim,   q_norm,   k_norm,    eps,
         window,   scale > 0.0f ? scale : 1.0f / sqrtf((float)head_dim)};
+    const int64_t units = rows * n_kv_heads;
+    int64_t total = 0; /* positions to attend, over every unit */
+    for (int64_t r = 0; r < rows; ++r) {
+        total += attended_length(&args, r) * n_kv_heads;
+    }
 #ifndef _OPENMP
     threads = 1; /* built without OpenMP (app/models/kernels/fused_decode.py says when) */
     (void)scores_per_thread;
 #endif
-    if (threads < 2 || rows < 2) {
+    if (threads > units) {
+        threads = units;
+    }
+    if (threads < 2 || total < SPLIT_MIN_POSITIONS) {
         write_rows(&args, 0, rows);
-        attend_rows(&args, 0, rows, scores);
+        attend_units(&args, 0, units, scores);
         return;
-    }
-    if (threads > rows) {
-        threads = rows;
-    }
-    int64_t total = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-        total += positions[r] + 1;
     }
 #ifdef _OPENMP
     /* OpenMP from the process's runtime: torch's libgomp.so.1, already loaded, so these are
      * torch's own worker threads, not a second team competing with them for the cores. */
 #pragma omp parallel num_threads((int)threads)
     {
-        /* Thread i takes the rows that start in its 1/threads of all positions to attend. */
         const int64_t share = omp_get_thread_num(), count = omp_get_num_threads();
-        int64_t begin = rows, end = rows, seen = 0;
-        for (int64_t r = 0; r < rows; ++r) {
-            const int64_t owner = seen * count / total;
-            if (owner == share && begin == rows) {
-                begin = r;
+        write_rows(&args, share * rows / count, (share + 1) * rows / count);
+        /* Thread i takes the units whose middle lies in its 1/count of all the positions to
+         * attend (one row's KV heads can go to different threads: a single long row is
+         * shared too). */
+        int64_t begin = units, end = units, seen = 0;
+        for (int64_t unit = 0; unit < units; ++unit) {
+            const int64_t length = attended_length(&args, unit / n_kv_heads);
+            const int64_t owner = (2 * seen + length) * count / (2 * total);
+            if (owner == share && begin == units) {
+                begin = unit;
             }
             if (owner > share) {
-                end = r;
+                end = unit;
                 break;
             }
-            seen += positions[r] + 1;
+            seen += length;
         }
-        write_rows(&args, begin, end);
 #pragma omp barrier
         if (begin < end) {
-            attend_rows(&args, begin, end, scores + share * scores_per_thread);
+            attend_units(&args, begin, end, scores + share * scores_per_thread);
         }
     }
 #endif
