@@ -85,6 +85,46 @@ static inline float exp_approx(float x) {
     return poly * scale;
 }
 
+/* s[0 .. length) replaced by its softmax, in float32. The max and the sum go through LANES
+ * partial results, so the loops vectorise. */
+static inline void softmax_in_place(float *s, int64_t length) {
+    float best_lanes[LANES];
+    for (int lane = 0; lane < LANES; ++lane) {
+        best_lanes[lane] = s[0];
+    }
+    int64_t t = 0;
+    for (; t + LANES <= length; t += LANES) {
+        for (int lane = 0; lane < LANES; ++lane) {
+            float v = s[t + lane];
+            best_lanes[lane] = v > best_lanes[lane] ? v : best_lanes[lane];
+        }
+    }
+    float best = best_lanes[0];
+    for (int lane = 1; lane < LANES; ++lane) {
+        best = best_lanes[lane] > best ? best_lanes[lane] : best;
+    }
+    for (; t < length; ++t) {
+        best = s[t] > best ? s[t] : best;
+    }
+    for (t = 0; t < length; ++t) {
+        s[t] = exp_approx(s[t] - best);
+    }
+    float partial[LANES] = {0};
+    for (t = 0; t + LANES <= length; t += LANES) {
+        for (int lane = 0; lane < LANES; ++lane) {
+            partial[lane] += s[t + lane];
+        }
+    }
+    float total = sum_lanes(partial);
+    for (; t < length; ++t) {
+        total += s[t];
+    }
+    const float inv_total = 1.0f / total;
+    for (t = 0; t < length; ++t) {
+        s[t] *= inv_total;
+    }
+}
+
 /* Whether fused_attention_tiles.c holds the AVX-512 BF16 inner loops of the attention. */
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define SL_TILED_ATTENTION 1

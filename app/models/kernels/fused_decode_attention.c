@@ -247,43 +247,7 @@ static void attend_units(const struct attention_args *a, int64_t begin, int64_t 
         }
         /* Softmax per query head. */
         for (int64_t g = 0; g < group; ++g) {
-            float *s = scores + g * length;
-            /* Max and sum in LANES partial results, so the loops vectorise. */
-            float best_lanes[LANES];
-            for (int lane = 0; lane < LANES; ++lane) {
-                best_lanes[lane] = s[0];
-            }
-            int64_t t = 0;
-            for (; t + LANES <= length; t += LANES) {
-                for (int lane = 0; lane < LANES; ++lane) {
-                    float v = s[t + lane];
-                    best_lanes[lane] = v > best_lanes[lane] ? v : best_lanes[lane];
-                }
-            }
-            float best = best_lanes[0];
-            for (int lane = 1; lane < LANES; ++lane) {
-                best = best_lanes[lane] > best ? best_lanes[lane] : best;
-            }
-            for (; t < length; ++t) {
-                best = s[t] > best ? s[t] : best;
-            }
-            for (t = 0; t < length; ++t) {
-                s[t] = exp_approx(s[t] - best);
-            }
-            float partial[LANES] = {0};
-            for (t = 0; t + LANES <= length; t += LANES) {
-                for (int lane = 0; lane < LANES; ++lane) {
-                    partial[lane] += s[t + lane];
-                }
-            }
-            float total = sum_lanes(partial);
-            for (; t < length; ++t) {
-                total += s[t];
-            }
-            float inv_total = 1.0f / total;
-            for (int64_t t = 0; t < length; ++t) {
-                s[t] *= inv_total;
-            }
+            softmax_in_place(scores + g * length, length);
             memset(acc[g], 0, (size_t)head_dim * sizeof(float));
         }
 #if SL_TILED_ATTENTION
