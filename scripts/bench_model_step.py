@@ -94,11 +94,13 @@ def main() -> None:
     runners = {}
     if parts & {"decode", "threads", "mixed", "chunks", "agreement"}:
         max_slots = max(max(args.batches), 16)
+        # a decode loop runs its slots' positions on through every trial
+        decoded = args.prompt_len + args.warmup + args.trials * args.steps + 1
         runners = {
             c.name: load_checkpoint(
                 "smollm2",
                 max_num_seqs=max_slots,
-                max_model_len=512,
+                max_model_len=max(512, decoded),
                 dtype=c.dtype,
                 quantization=c.quantization,
             )

@@ -102,14 +102,20 @@ class SideBySide:
 def side_by_side(
     runner: ModelRunner, workload: str, streams: int, k: int, max_tokens: int, rounds: int = 3
 ) -> SideBySide:
-    """The workload's prompts (cycled to ``streams`` requests), off and with ``k``, in
-    ``rounds`` rounds that alternate which goes first: decode tok/s (the tokens after each
-    request's first, over the run's wall time less its steps with prompt chunks: the prefill
-    is the same both ways; the scheduler's drafting and its measuring are counted). Each run
-    is a fresh engine (a server just started: its drafted-token cost not yet measured) after
-    a short warm-up run."""
+    """The workload's prompts, off and with ``k``, in ``rounds`` rounds that alternate which
+    goes first: decode tok/s (the tokens after each request's first, over the runs' wall time
+    less their steps with prompt chunks: the prefill is the same both ways; the scheduler's
+    drafting and its measuring are counted). The prompts go ``streams`` at a time, cycled,
+    until every one has run: at 1 stream each prompt alone, one after another (before
+    2026-12-06 only the first one ran at 1 stream), at 4 the four together, at 16 each four
+    times. Each setting gets a fresh engine per round (a server just started: its
+    drafted-token cost not yet measured) after a short warm-up run."""
     prompts = GROUNDED if workload == "grounded" else FREE_FORM
-    batch = [prompts[i % len(prompts)] for i in range(streams)]
+    waves = -(-len(prompts) // streams)
+    batches = [
+        [prompts[(wave * streams + i) % len(prompts)] for i in range(streams)]
+        for wave in range(waves)
+    ]
     options = SamplingOptions(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     speeds: dict[int, list[float]] = {0: [], k: []}
     outputs: dict[int, list[list[int]]] = {}
@@ -121,12 +127,11 @@ def side_by_side(
             llm = LLM(
                 model, max_num_seqs=runner.capabilities.max_num_seqs, speculative_ngram=setting
             )
-            llm.generate(batch, SamplingOptions(max_tokens=4, temperature=0, ignore_eos=True))
+            llm.generate(batches[0], SamplingOptions(max_tokens=4, temperature=0, ignore_eos=True))
             model.reset()
             started = time.perf_counter()
-            generations = llm.generate(batch, options)
+            tokens = [g.token_ids for batch in batches for g in llm.generate(batch, options)]
             decode_seconds = time.perf_counter() - started - model.prefill_seconds
-            tokens = [g.token_ids for g in generations]
             speeds[setting].append(sum(len(t) - 1 for t in tokens) / decode_seconds)
             identical &= outputs.setdefault(setting, tokens) == tokens
             drafted += model.drafted
