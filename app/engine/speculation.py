@@ -67,6 +67,9 @@ noise of the shared machine). Again with ``MIN_PLAIN_SAMPLES`` (load 1-3): groun
 1 stream (68%) and 1.35x at 4 (84%); free-form 0.97x at 1 stream (rounds 0.96, 1.14, 0.97;
 33%), 1.02x at 16 (1.01-1.03; 77%) and 0.98x at 64 (0.95-1.06; no row drafted: from 32 rows
 the stand-in cost is above a fresh row's acceptance, and no row waits long enough to try).
+On the 2-core AMX Xeon with the GGUF-block kernels (2026-12-06, every grounded prompt run
+alone at 1 stream, docs/MODEL_PERF.md): grounded 1.58x at 1 stream (82%) and 1.11x at 4;
+free-form 1.38x, 1.02x and 0.96x at 1, 16 and 64 streams.
 """
 
 from __future__ import annotations

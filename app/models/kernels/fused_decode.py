@@ -13,8 +13,8 @@ layer between the projections (two RMSNorms, rope, the K/V cache write, SDPA, si
 adds; each a dispatch of a few microseconds of work, see docs/MODEL_PERF.md). These kernels do
 the same work in four calls per layer: ``rms_norm`` twice (each with the residual add before
 it), ``decode_attention`` (rope, K/V write and grouped-query attention of single-token rows,
-reading and writing the paged cache through each row's block table in place, its rows shared
-among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
+reading and writing the paged cache through each row's block table in place, its (row, KV
+head) pairs shared among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
 threads: a decode step takes 0.69-0.84x the eager step's time from 1 to 64 rows and from 40 to
 2000 positions (docs/MODEL_PERF.md).
 
@@ -163,7 +163,9 @@ class FusedDecodeKernels:
                 block_size, head_dim]`` (:class:`app.models.forward.kv_cache.KVCache`).
             scores: float32 workspace, ``[threads, n]`` with ``n >= n_heads / n_kv_heads *
                 (max(positions) + 1)``.
-            threads: OpenMP threads sharing the rows, split by their lengths. They come from
+            threads: OpenMP threads sharing the (row, KV head) pairs, split by the positions
+                they attend (one long row's heads too; calls of fewer than 512 positions stay
+                on one thread); the outputs are the same whatever the split. They come from
                 the process's OpenMP runtime, which is torch's (its ``libgomp.so.1`` is
                 loaded first), so they are torch's own idle intra-op threads.
             qk_norm: None, or ``[n_heads + n_kv_heads, head_dim]``, the per-head RMSNorm weights

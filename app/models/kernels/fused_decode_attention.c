@@ -1,7 +1,7 @@
 /*
  * Decode attention of single-token rows over the paged KV cache, with the rotary embedding,
- * the optional per-head q/k RMSNorm (Qwen3) and the K/V cache write; its rows shared among
- * OpenMP threads. Part of the fused decode library (fused_decode.h says which file holds what).
+ * the optional per-head q/k RMSNorm (Qwen3) and the K/V cache write; its (row, KV head) pairs
+ * shared among OpenMP threads. Part of the fused decode library (fused_decode.h says which file holds what).
  */
 #include <math.h>
 #ifdef _OPENMP
