@@ -227,13 +227,15 @@ def test_decode_attention_writes_the_cache_and_attends_like_sdpa(
 
 
 @pytest.mark.parametrize("window", [1, 5, 16, 17, 40])
+@pytest.mark.parametrize("head_dim", [32, 64])
 def test_a_windowed_row_attends_to_its_window_only(
-    kernels: FusedDecodeKernels, window: int
+    kernels: FusedDecodeKernels, window: int, head_dim: int
 ) -> None:
     """Gemma 3's local layers: with ``window``, a row at position p attends to positions
     p - window + 1 .. p (windows inside one block, across block edges, longer than the row),
-    with the model's own score factor."""
-    n_heads, n_kv, head_dim, cache_len = 4, 1, 32, 64
+    with the model's own score factor. A head of 64 takes the AVX-512 BF16 tiles where the CPU
+    has them, from a window's first position inside a block; 32, the portable loops."""
+    n_heads, n_kv, cache_len = 4, 1, 64
     slots = torch.tensor([2, 0, 1])
     positions = torch.tensor([3, 20, 47])
     tables = _scattered_tables(3, cache_len, seed=4)

@@ -67,32 +67,42 @@ ALWAYS_INLINE __m512 block_scores(const __m512bh *q, const bf16 *keys, int64_t h
 }
 
 ALWAYS_INLINE void head_scores(const __m512bh *q, const bf16 *pool, const int64_t *table,
-                               int64_t head_base, int64_t head_dim, int64_t length,
-                               __m512 scale, float *s, int prefetch, const int pairs) {
-    const int64_t blocks = (length + TILE - 1) / TILE;
+                               int64_t head_base, int64_t head_dim, int64_t skip,
+                               int64_t length, __m512 scale, float *s, int prefetch,
+                               const int pairs) {
+    const int64_t blocks = (skip + length + TILE - 1) / TILE;
     for (int64_t b = 0; b < blocks; ++b) {
         const bf16 *keys = pool + (head_base + table[b] * TILE) * head_dim;
         if (prefetch && b + 1 < blocks) {
             prefetch_block(pool + (head_base + table[b + 1] * TILE) * head_dim, head_dim);
         }
-        /* A block's positions past the row's length hold stale values: their lanes are
-         * computed (each lane only ever sums its own key) and never stored. */
+        /* A block's positions outside the attended ones (a window's start, past the row's
+         * length) hold other values: their lanes are computed (each lane only ever sums its
+         * own key) and never stored. */
         const __m512 scores = _mm512_mul_ps(block_scores(q, keys, head_dim, pairs), scale);
-        const int64_t valid = length - b * TILE < TILE ? length - b * TILE : TILE;
-        _mm512_mask_storeu_ps(s + b * TILE, (__mmask16)((1u << valid) - 1u), scores);
+        const int64_t end = skip + length - b * TILE < TILE ? skip + length - b * TILE : TILE;
+        if (b == 0 && skip > 0) { /* lane j is s[j - skip] */
+            float lanes[TILE];
+            _mm512_storeu_ps(lanes, scores);
+            memcpy(s, lanes + skip, (size_t)(end - skip) * sizeof(float));
+        } else {
+            _mm512_mask_storeu_ps(s + b * TILE - skip, (__mmask16)((1u << end) - 1u), scores);
+        }
     }
 }
 
 /*
- * scores[g * length + t] = scale * (query[g] . key[t]) for t < length, g < group.
+ * scores[g * length + t] = scale * (query[g] . key[skip + t]) for t < length, g < group.
  *
  * query: [group, query_stride] float32, each value exactly a bfloat16 (the rotated heads).
  * pool:  one layer's keys, [n_kv_heads, pool_len, head_dim]; head_base = kv * pool_len.
- * table: the row's block table; blocks of TILE positions. head_dim % 32 == 0, <= 256.
+ * table: the row's block table from the block holding the first attended position, skip
+ *        (< TILE) positions into it (a sliding window's start); blocks of TILE positions.
+ *        head_dim % 32 == 0, <= 256.
  */
 void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, const bf16 *pool,
-                    const int64_t *table, int64_t head_base, int64_t head_dim, int64_t length,
-                    float scale, float *scores) {
+                    const int64_t *table, int64_t head_base, int64_t head_dim, int64_t skip,
+                    int64_t length, float scale, float *scores) {
     const int pairs = (int)(head_dim / 32);
     const __m512 scaled = _mm512_set1_ps(scale);
     for (int64_t g = 0; g < group; ++g) {
@@ -104,10 +114,10 @@ void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, con
         float *s = scores + g * length;
         const int prefetch = g == 0;
         switch (pairs) { /* constant trip counts: the accumulators stay in registers */
-        case 2: head_scores(q, pool, table, head_base, head_dim, length, scaled, s, prefetch, 2); break;
-        case 4: head_scores(q, pool, table, head_base, head_dim, length, scaled, s, prefetch, 4); break;
+        case 2: head_scores(q, pool, table, head_base, head_dim, skip, length, scaled, s, prefetch, 2); break;
+        case 4: head_scores(q, pool, table, head_base, head_dim, skip, length, scaled, s, prefetch, 4); break;
         default:
-            head_scores(q, pool, table, head_base, head_dim, length, scaled, s, prefetch, pairs);
+            head_scores(q, pool, table, head_base, head_dim, skip, length, scaled, s, prefetch, pairs);
         }
     }
 }
@@ -115,9 +125,10 @@ void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, con
 /* The weighted sum of the values for `heads` query heads and VALUE_CHUNK x 16 dimensions from
  * d0, accumulators in registers when heads is a constant (see sl_tile_values). */
 ALWAYS_INLINE void value_chunk(const float *probs, const bf16 *pool, const int64_t *table,
-                               int64_t head_base, int64_t head_dim, int64_t length, int64_t d0,
-                               float *out, int64_t out_stride, const int heads) {
-    const int64_t blocks = (length + TILE - 1) / TILE;
+                               int64_t head_base, int64_t head_dim, int64_t skip,
+                               int64_t length, int64_t d0, float *out, int64_t out_stride,
+                               const int heads) {
+    const int64_t blocks = (skip + length + TILE - 1) / TILE;
     __m512 acc[VALUE_GROUP][VALUE_CHUNK];
     for (int g = 0; g < heads; ++g) {
         for (int c = 0; c < VALUE_CHUNK; ++c) {
@@ -129,15 +140,15 @@ ALWAYS_INLINE void value_chunk(const float *probs, const bf16 *pool, const int64
         if (d0 == 0 && b + 1 < blocks) {
             prefetch_block(pool + (head_base + table[b + 1] * TILE) * head_dim, head_dim);
         }
-        const int64_t valid = length - b * TILE < TILE ? length - b * TILE : TILE;
-        for (int64_t j = 0; j < valid; ++j) {
+        const int64_t end = skip + length - b * TILE < TILE ? skip + length - b * TILE : TILE;
+        for (int64_t j = b == 0 ? skip : 0; j < end; ++j) {
             __m512 v[VALUE_CHUNK];
             for (int c = 0; c < VALUE_CHUNK; ++c) {
                 const __m256i raw =
                     _mm256_loadu_si256((const __m256i *)(values + j * head_dim + c * 16));
                 v[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
             }
-            const int64_t t = b * TILE + j;
+            const int64_t t = b * TILE + j - skip;
             for (int g = 0; g < heads; ++g) {
                 const __m512 p = _mm512_set1_ps(probs[g * length + t]);
                 for (int c = 0; c < VALUE_CHUNK; ++c) {
@@ -154,23 +165,23 @@ ALWAYS_INLINE void value_chunk(const float *probs, const bf16 *pool, const int64
 }
 
 /*
- * out[g * out_stride + d] = sum over t < length of probs[g * length + t] * value[t][d], in
- * order of t, as float32 (the portable loop's order and fused multiply-adds).
+ * out[g * out_stride + d] = sum over t < length of probs[g * length + t] * value[skip + t][d],
+ * in order of t, as float32 (the portable loop's order and fused multiply-adds).
  *
- * pool: one layer's values, laid out as sl_tile_scores's keys. head_dim % 64 == 0, <= 256.
+ * pool, table, skip: as sl_tile_scores's keys. head_dim % 64 == 0, <= 256.
  */
 void sl_tile_values(const float *probs, int64_t group, const bf16 *pool, const int64_t *table,
-                    int64_t head_base, int64_t head_dim, int64_t length, float *out,
-                    int64_t out_stride) {
+                    int64_t head_base, int64_t head_dim, int64_t skip, int64_t length,
+                    float *out, int64_t out_stride) {
     for (int64_t g0 = 0; g0 < group; g0 += VALUE_GROUP) {
         const float *p = probs + g0 * length;
         float *o = out + g0 * out_stride;
         for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * VALUE_CHUNK) {
             switch (group - g0 < VALUE_GROUP ? group - g0 : VALUE_GROUP) {
-            case 1: value_chunk(p, pool, table, head_base, head_dim, length, d0, o, out_stride, 1); break;
-            case 2: value_chunk(p, pool, table, head_base, head_dim, length, d0, o, out_stride, 2); break;
-            case 3: value_chunk(p, pool, table, head_base, head_dim, length, d0, o, out_stride, 3); break;
-            default: value_chunk(p, pool, table, head_base, head_dim, length, d0, o, out_stride, 4);
+            case 1: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 1); break;
+            case 2: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 2); break;
+            case 3: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 3); break;
+            default: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 4);
             }
         }
     }

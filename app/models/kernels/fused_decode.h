@@ -199,11 +199,11 @@ int64_t sl_decode_layers_workspace(const sl_decoder *model, int64_t rows);
 
 #if SL_TILED_ATTENTION
 void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, const bf16 *pool,
-                    const int64_t *table, int64_t head_base, int64_t head_dim, int64_t length,
-                    float scale, float *scores);
+                    const int64_t *table, int64_t head_base, int64_t head_dim, int64_t skip,
+                    int64_t length, float scale, float *scores);
 void sl_tile_values(const float *probs, int64_t group, const bf16 *pool, const int64_t *table,
-                    int64_t head_base, int64_t head_dim, int64_t length, float *out,
-                    int64_t out_stride);
+                    int64_t head_base, int64_t head_dim, int64_t skip, int64_t length,
+                    float *out, int64_t out_stride);
 #endif
 
 #endif /* SLOTSERVE_FUSED_DECODE_H */

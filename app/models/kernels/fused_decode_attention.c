@@ -222,7 +222,10 @@ static void attend_units(const struct attention_args *a, int64_t begin, int64_t 
         const bf16 *cos = a->rope_cos + position * head_dim;
         const bf16 *sin = a->rope_sin + position * head_dim;
         const int64_t *table = a->block_tables + r * a->table_stride;
-        const int tiled_row = tiled && first == 0;
+#if SL_TILED_ATTENTION
+        /* the tiles start at the block holding `first`, skip positions into it */
+        const int64_t *tile_table = table + first / a->block_size, skip = first % a->block_size;
+#endif
         for (int64_t g = 0; g < group; ++g) {
             const bf16 *head = normed_head(row + (kv * group + g) * head_dim, a->q_norm,
                                            a->eps, normed, head_dim);
@@ -230,12 +233,12 @@ static void attend_units(const struct attention_args *a, int64_t begin, int64_t 
         }
         const int64_t blocks = (position + a->block_size) / a->block_size;
 #if SL_TILED_ATTENTION
-        if (tiled_row) {
-            sl_tile_scores(query[0], MAX_HEAD_DIM, group, a->keys, table, kv * a->pool_len,
-                           head_dim, length, scale, scores);
+        if (tiled) {
+            sl_tile_scores(query[0], MAX_HEAD_DIM, group, a->keys, tile_table, kv * a->pool_len,
+                           head_dim, skip, length, scale, scores);
         }
 #endif
-        if (!tiled_row) {
+        if (!tiled) {
             /* Scores: each cached key is read once for the whole query group. */
             struct block_walk keys_walk = walk_from(a, a->keys, table, kv, first, blocks);
             for (int64_t t = 0; t < length; ++t) {
@@ -251,12 +254,12 @@ static void attend_units(const struct attention_args *a, int64_t begin, int64_t 
             memset(acc[g], 0, (size_t)head_dim * sizeof(float));
         }
 #if SL_TILED_ATTENTION
-        if (tiled_row) {
-            sl_tile_values(scores, group, a->values, table, kv * a->pool_len, head_dim,
-                           length, acc[0], MAX_HEAD_DIM);
+        if (tiled) {
+            sl_tile_values(scores, group, a->values, tile_table, kv * a->pool_len, head_dim,
+                           skip, length, acc[0], MAX_HEAD_DIM);
         }
 #endif
-        if (!tiled_row) {
+        if (!tiled) {
             /* Weighted sum of the values: each cached value is read once for the group. */
             struct block_walk values_walk = walk_from(a, a->values, table, kv, first, blocks);
             for (int64_t t = 0; t < length; ++t) {
