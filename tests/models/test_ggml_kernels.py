@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.models.kernels.ggml_quant import KERNEL_TYPES, Isa, QuantSegment, load_ggml_quant
+from app.models.kernels.ggml_quant import (
+    AMX_MIN_ROWS,
+    KERNEL_TYPES,
+    Isa,
+    QuantSegment,
+    load_ggml_quant,
+)
 from app.models.weights.ggml import GGMLEmbedding, GGMLLinear
 
 KERNELS, HOW = load_ggml_quant()
@@ -129,6 +135,35 @@ def test_the_tile_kernels_give_the_same_bits_with_vnni_as_with_avx2(kind: str) -
         avx2 = KERNELS.matmul((segment,), x[:rows], isa=Isa.AVX2)
         vnni = KERNELS.matmul((segment,), x[:rows], isa=Isa.AVX512)
         assert torch.equal(avx2, vnni), f"{kind}, {rows} rows"
+
+
+AMX_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+@pytest.mark.skipif(KERNELS is None or not KERNELS.amx, reason="no AMX-INT8 here (or turned off)")
+@pytest.mark.parametrize("kind", AMX_TYPES)
+def test_the_amx_tiles_give_the_same_bits_as_avx2(kind: str) -> None:
+    """From AMX_MIN_ROWS activation rows the 32-weight formats run on AMX-INT8 tiles (16 weight
+    rows x up to 16 activation rows a block): the same exact integers and float sequence as the
+    AVX2 tiles, so the same bits; groups of 16 activation rows with a tail, two units of 16
+    weight rows with a tail, a bias and a residual rounded to bfloat16."""
+    assert KERNELS is not None
+    columns, n = 608, 37
+    blocks = random_blocks(kind, n, columns, seed=5)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(40, columns, generator=generator)
+    x[1] = torch.where(x[1] > 0, 1e3, -1e3)  # every activation byte at +-127
+    segment = QuantSegment(kind, torch.from_numpy(blocks))
+    for rows in (AMX_MIN_ROWS, 16, 17, 33, 40):
+        avx2 = KERNELS.matmul((segment,), x[:rows], isa=Isa.AVX2)
+        amx = KERNELS.matmul((segment,), x[:rows], isa=Isa.AVX512)
+        assert torch.equal(avx2, amx), f"{kind}, {rows} rows"
+    bias = torch.randn(n, generator=generator)
+    residual = torch.randn(33, n, generator=generator).to(torch.bfloat16)
+    xb = x[:33].to(torch.bfloat16)
+    avx2 = KERNELS.matmul((segment,), xb, bias=bias, residual=residual, isa=Isa.AVX2)
+    amx = KERNELS.matmul((segment,), xb, bias=bias, residual=residual, isa=Isa.AVX512)
+    assert torch.equal(avx2, amx), kind
 
 
 def test_segments_bias_residual_and_bfloat16_rounding() -> None:

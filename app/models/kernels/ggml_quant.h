@@ -161,6 +161,32 @@ SL_DECLARE_KTILES(q5_k)
 SL_DECLARE_KTILES(q6_k)
 int64_t sl_tile8_bytes_q8_k(int64_t k);
 
+/* AMX-INT8 products of the 32-weight formats (ggml_quant_amx.c): sixteen weight rows at a time
+ * against up to sixteen activation rows per tile instruction, the same outputs bit for bit.
+ *   sl_quant_amx_ready(): whether they may run here (CPU, OS permission, SLOTSERVE_GGML_AMX);
+ *   sl_amx_decode16_<fmt>(rows, k, tile, prefetch, ahead): 16 weight rows (rows[j]; a short
+ *       unit repeats its last row) -> a tile of sl_amx_tile_bytes(k) bytes (ggml_quant_tiles.c);
+ *   sl_amx_gemm16(tile, k, x, x_bytes, m, signed_codes, has_mo, out): m activation rows
+ *       (sl_block_q8_1, row stride x_bytes) -> out[i * 16 + n]. */
+int sl_quant_isa_supported(int isa);
+int sl_quant_amx_ready(void);
+int64_t sl_amx_tile_bytes(int64_t k);
+typedef void (*sl_amx_decode_fn)(const uint8_t *const *rows, int64_t k, void *tile,
+                                 const uint8_t *prefetch, int64_t ahead);
+void sl_amx_decode16_q4_0(const uint8_t *const *rows, int64_t k, void *tile,
+                          const uint8_t *prefetch, int64_t ahead);
+void sl_amx_decode16_q4_1(const uint8_t *const *rows, int64_t k, void *tile,
+                          const uint8_t *prefetch, int64_t ahead);
+void sl_amx_decode16_q5_0(const uint8_t *const *rows, int64_t k, void *tile,
+                          const uint8_t *prefetch, int64_t ahead);
+void sl_amx_decode16_q5_1(const uint8_t *const *rows, int64_t k, void *tile,
+                          const uint8_t *prefetch, int64_t ahead);
+void sl_amx_decode16_q8_0(const uint8_t *const *rows, int64_t k, void *tile,
+                          const uint8_t *prefetch, int64_t ahead);
+void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, int64_t x_bytes, int64_t m,
+                   int signed_codes, int has_mo, float *out);
+void sl_amx_release(void);
+
 /* Target attributes of the SIMD functions. */
 #define SL_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SL_TARGET_AVX512                                                                         \

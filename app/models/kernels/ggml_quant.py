@@ -47,6 +47,9 @@ import torch
 from app.models.kernels.build import KernelBuildError, build_library, torch_libgomp
 
 SOURCE_DIR = Path(__file__).parent
+# SL_AMX_MIN_ROWS in ggml_quant_matmul.c: calls of this many activation rows or more take the
+# AMX-INT8 tiles where the CPU has them (SLOTSERVE_GGML_AMX=0 turns them off).
+AMX_MIN_ROWS = 12
 # Every file of the library's source; the cache key hashes them all.
 SOURCES = (
     "ggml_quant.h",
@@ -55,6 +58,7 @@ SOURCES = (
     "ggml_quant_kquants.c",
     "ggml_quant_matmul.c",
     "ggml_quant_tiles.c",
+    "ggml_quant_amx.c",
     "ggml_quant_tiles_body.h",
     "ggml_quant_ktiles.c",
     "ggml_quant_ktiles_body.h",
@@ -274,10 +278,19 @@ class GGMLKernels:
         """Whether this CPU runs ``isa`` (cpuid, and the OS saves its registers)."""
         return bool(self.library.sl_quant_isa_supported(int(isa)))
 
+    @property
+    def amx(self) -> bool:
+        """Whether calls on :attr:`Isa.AVX512` of ``AMX_MIN_ROWS`` rows or more take the
+        AMX-INT8 tiles (the 32-weight formats): the CPU has AMX-INT8, the OS granted the tile
+        state, ``SLOTSERVE_GGML_AMX`` is not 0."""
+        return bool(self.library.sl_quant_amx_ready())
+
 
 def _declare(library: ctypes.CDLL) -> None:
     library.sl_quant_isa_supported.argtypes = [_c_int]
     library.sl_quant_isa_supported.restype = _c_int
+    library.sl_quant_amx_ready.argtypes = []
+    library.sl_quant_amx_ready.restype = _c_int
     library.sl_quant_row_bytes.argtypes = [_c_int, _c_int64]
     library.sl_quant_row_bytes.restype = _c_int64
     library.sl_quant_scratch_bytes.argtypes = [_c_int64, _c_int64]
@@ -353,4 +366,7 @@ def load_ggml_quant() -> tuple[GGMLKernels | None, str]:
     except AttributeError as error:  # a library without the functions declared
         return None, f"build or load failed: {error}"
     threads = f"torch's OpenMP threads ({torch_libgomp()})" if threaded else "one thread"
+    # asked once here, before any thread computes: the kernel grants the tile state then
+    if isa == Isa.AVX512 and library.sl_quant_amx_ready():
+        why += f", AMX-INT8 tiles from {AMX_MIN_ROWS} rows (32-weight formats)"
     return GGMLKernels(library, target, isa, threaded), f"GGUF-block kernels: {why}; {threads}"

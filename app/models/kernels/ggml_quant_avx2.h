@@ -40,10 +40,10 @@ static inline __attribute__((always_inline)) void sl_prefetch_share(const uint8_
 }
 
 /* Eight rows of 32 codes (c[j]: row j's codes of 32 weights) into the tile layout: eight
- * 32-byte vectors at out, vector g holding codes 4g .. 4g + 3 of row j at bytes 4j .. 4j + 3
- * (an 8 x 8 transpose of 4-byte groups). */
+ * 32-byte vectors, vector g at out + g * stride holding codes 4g .. 4g + 3 of row j at bytes
+ * 4j .. 4j + 3 (an 8 x 8 transpose of 4-byte groups). */
 SL_TARGET_AVX2 static inline __attribute__((always_inline)) void
-sl_transpose8_store_avx2(const __m256i c[8], uint8_t *out) {
+sl_transpose8_store_strided_avx2(const __m256i c[8], uint8_t *out, int64_t stride) {
     __m256i t[8], u[8];
 #pragma GCC unroll 4
     for (int j = 0; j < 8; j += 2) {
@@ -57,12 +57,19 @@ sl_transpose8_store_avx2(const __m256i c[8], uint8_t *out) {
         u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]); /* groups 2 | 6 */
         u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]); /* groups 3 | 7 */
     }
-    __m256i *v = (__m256i *)out;
 #pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
-        _mm256_storeu_si256(v + g, _mm256_permute2x128_si256(u[g], u[g + 4], 0x20));
-        _mm256_storeu_si256(v + g + 4, _mm256_permute2x128_si256(u[g], u[g + 4], 0x31));
+        _mm256_storeu_si256((__m256i *)(out + g * stride),
+                            _mm256_permute2x128_si256(u[g], u[g + 4], 0x20));
+        _mm256_storeu_si256((__m256i *)(out + (g + 4) * stride),
+                            _mm256_permute2x128_si256(u[g], u[g + 4], 0x31));
     }
+}
+
+/* The same, the eight vectors contiguous. */
+SL_TARGET_AVX2 static inline __attribute__((always_inline)) void
+sl_transpose8_store_avx2(const __m256i c[8], uint8_t *out) {
+    sl_transpose8_store_strided_avx2(c, out, 32);
 }
 
 /* Eight int32 vectors -> one vector whose lane j is the sum of v[j]'s lanes (exact). */

@@ -144,6 +144,33 @@ TL_EXPORT_DECODE(q5_0, TL_Q5_0)
 TL_EXPORT_DECODE(q5_1, TL_Q5_1)
 TL_EXPORT_DECODE(q8_0, TL_Q8_0)
 
+/* Sixteen rows decoded straight into ggml_quant_amx.c's tile: per block, tile row g (64
+ * bytes) holds group g of rows 0-7 then of rows 8-15; d and mo as 16 float32 lanes. */
+#define TL_EXPORT_AMX_DECODE(name, fmt)                                                            \
+    SL_TARGET_AVX2 void sl_amx_decode16_##name(const uint8_t *const *rows, int64_t k, void *tile,   \
+                                               const uint8_t *prefetch, int64_t ahead) {          \
+        const int64_t nb = k / SL_QK, bs = tl_block_bytes(fmt);                                    \
+        uint8_t *codes = (uint8_t *)tile;                                                          \
+        float *d = (float *)(codes + nb * 512), *mo = d + nb * 16;                                 \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            sl_prefetch_share(prefetch, ahead, nb, b);                                             \
+            for (int h = 0; h < 2; h++) {                                                          \
+                __m256i c[TL_LANES];                                                               \
+                for (int j = 0; j < TL_LANES; j++) c[j] = tl_codes(fmt, rows[8 * h + j] + b * bs); \
+                sl_transpose8_store_strided_avx2(c, codes + b * 512 + h * 32, 64);                 \
+                __m256 vd, vmo;                                                                    \
+                tl_scales(fmt, rows + 8 * h, b * bs, &vd, &vmo);                                   \
+                _mm256_storeu_ps(d + b * 16 + 8 * h, vd);                                          \
+                _mm256_storeu_ps(mo + b * 16 + 8 * h, vmo);                                        \
+            }                                                                                      \
+        }                                                                                          \
+    }
+TL_EXPORT_AMX_DECODE(q4_0, TL_Q4_0)
+TL_EXPORT_AMX_DECODE(q4_1, TL_Q4_1)
+TL_EXPORT_AMX_DECODE(q5_0, TL_Q5_0)
+TL_EXPORT_AMX_DECODE(q5_1, TL_Q5_1)
+TL_EXPORT_AMX_DECODE(q8_0, TL_Q8_0)
+
 /* The gemv and gemm of each instruction set (ggml_quant_tiles_body.h). */
 #define TL_ISA avx2
 #define TL_TARGET SL_TARGET_AVX2
