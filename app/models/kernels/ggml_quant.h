@@ -166,7 +166,7 @@ int64_t sl_tile8_bytes_q8_k(int64_t k);
  *   sl_quant_amx_ready(): whether they may run here (CPU, OS permission, SLOTSERVE_GGML_AMX);
  *   sl_amx_decode16_<fmt>(rows, k, tile, prefetch, ahead): 16 weight rows (rows[j]; a short
  *       unit repeats its last row) -> a tile of sl_amx_tile_bytes(k) bytes (ggml_quant_tiles.c);
- *   sl_amx_gemm16(tile, k, x, x_bytes, m, signed_codes, has_mo, out): m activation rows
+ *   sl_amx_gemm16(tile, k, x, x_bytes, m, signed_codes, out): m activation rows
  *       (sl_block_q8_1, row stride x_bytes) -> out[i * 16 + n]. */
 int sl_quant_isa_supported(int isa);
 int sl_quant_amx_ready(void);
@@ -184,7 +184,7 @@ void sl_amx_decode16_q5_1(const uint8_t *const *rows, int64_t k, void *tile,
 void sl_amx_decode16_q8_0(const uint8_t *const *rows, int64_t k, void *tile,
                           const uint8_t *prefetch, int64_t ahead);
 void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, int64_t x_bytes, int64_t m,
-                   int signed_codes, int has_mo, float *out);
+                   int signed_codes, float *out);
 void sl_amx_release(void);
 
 /* Target attributes of the SIMD functions. */

@@ -85,10 +85,11 @@ SL_TARGET_AMX static void sl_amx_configure(int m) {
 /*
  * out[i * 16 + n] for i < m, n < 16: activation row i (x + i * x_bytes, sl_block_q8_1 blocks)
  * against the 16 weight rows of `tile` (sl_amx_tile_bytes(k) bytes, sl_amx_decode16's layout).
- * signed_codes: Q8_0 (TDPBSSD); has_mo: the formats whose offset or minimum runs as macc.
+ * signed_codes: Q8_0 (TDPBSSD), the one format without an offset or minimum (macc); the others'
+ * codes are unsigned (TDPBSUD).
  */
 SL_TARGET_AMX void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, int64_t x_bytes,
-                                 int64_t m, int signed_codes, int has_mo, float *out) {
+                                 int64_t m, int signed_codes, float *out) {
     const int64_t nb = k / SL_QK;
     const uint8_t *codes = (const uint8_t *)tile;
     const float *d = (const float *)(codes + nb * 512);
@@ -131,7 +132,7 @@ SL_TARGET_AMX void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, 
                     const __m512 scale = _mm512_mul_ps(vd, _mm512_set1_ps(block->d));
                     const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[b - b0][r]));
                     acc[r] = _mm512_fmadd_ps(isum, scale, acc[r]);
-                    if (has_mo) macc[r] = _mm512_fmadd_ps(vmo, _mm512_set1_ps(block->s), macc[r]);
+                    if (!signed_codes) macc[r] = _mm512_fmadd_ps(vmo, _mm512_set1_ps(block->s), macc[r]);
                 }
             }
         }
@@ -152,9 +153,8 @@ SL_TARGET_AMX void sl_amx_release(void) {
 #else
 int sl_quant_amx_ready(void) { return 0; }
 void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, int64_t x_bytes, int64_t m,
-                   int signed_codes, int has_mo, float *out) {
-    (void)tile, (void)k, (void)x, (void)x_bytes, (void)m, (void)signed_codes, (void)has_mo,
-        (void)out;
+                   int signed_codes, float *out) {
+    (void)tile, (void)k, (void)x, (void)x_bytes, (void)m, (void)signed_codes, (void)out;
 }
 void sl_amx_release(void) {}
 #endif

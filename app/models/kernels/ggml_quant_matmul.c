@@ -213,8 +213,7 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
         for (int j = 0; j < 16; j++) /* a short unit repeats its last row */
             row_at[j] = w + (j < rows ? j : rows - 1) * row_bytes;
         format->amx_decode(row_at, k, tile, w + 16 * row_bytes, 16 * row_bytes);
-        sl_amx_gemm16(tile, k, xq, xq_bytes, m, format->signed_codes, !format->signed_codes,
-                      out);
+        sl_amx_gemm16(tile, k, xq, xq_bytes, m, format->signed_codes, out);
         for (int64_t i = 0; i < m; i++)
             sl_store_row(out + i * 16, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
         return;
