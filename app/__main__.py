@@ -15,12 +15,12 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand
 
-from app.api.server import create_app, drain_app
-from app.batch import command as batch_command
 from app.batch.config import BatchConfig
 from app.config import ServerConfig
-from app.models.loading import inspect_model
 from app.models.refusal import ModelRefused
+
+# The flags are parsed before torch and the app are imported (~1.5 s of one core), so that the
+# model's memory can be faulted in on the other core meanwhile (Serve.cli_cmd).
 
 logger = logging.getLogger("app")
 
@@ -102,6 +102,10 @@ class Serve(ServerConfig):
                 file=sys.stderr,
             )
             raise SystemExit(2)
+        _fault_in_the_blocks_ahead(config)
+        from app.api.server import create_app, drain_app
+        from app.models.loading import inspect_model
+
         # The model is checked before the port opens: a model that cannot be served is one
         # line naming the path and the reason, and exit status 2 (no traceback, no server).
         try:
@@ -123,6 +127,24 @@ class Serve(ServerConfig):
             ),
         )
         server.run()
+
+
+def _fault_in_the_blocks_ahead(config: ServerConfig) -> None:
+    """Starts faulting in the memory a GGUF model's blocks will be copied into
+    (:mod:`app.models.weights.block_arena_prefault`), while the app is imported."""
+    if config.quantization not in ("auto", "gguf") or config.device == "cuda":
+        return
+    from app.models.weights.block_arena_prefault import reserve
+
+    model = config.model
+    if model == "smollm2":
+        from app.models.load.smollm2 import smollm2_gguf_path
+
+        try:
+            model = str(smollm2_gguf_path())
+        except (OSError, ImportError):
+            return
+    reserve(model)
 
 
 def port_in_use(host: str, port: int) -> str | None:
@@ -150,6 +172,8 @@ class Batch(BatchConfig):
     engine in this process; one OpenAI batch output line per input line, in input order."""
 
     def cli_cmd(self) -> None:
+        from app.batch import command as batch_command
+
         raise SystemExit(batch_command.main(self))
 
 

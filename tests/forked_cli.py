@@ -315,6 +315,8 @@ def _serve() -> None:
     check it holds one thread, say ready, then fork a child per request."""
     environment = dict(os.environ)
     import app.__main__  # noqa: F401  (the imports every child shares)
+    import app.api.server  # noqa: F401  (imported by `serve` once its flags are parsed)
+    import app.models.loading  # noqa: F401
 
     # ``-m app`` executes app/__main__.py afresh as ``__main__`` (runpy warns when the module is
     # already imported): keep what it imports, not the module

@@ -62,13 +62,17 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
         import torch  # the real model's modules
 
         from app.models.load.plan import load_runner
+        from app.models.weights.block_arena_prefault import release_unclaimed
 
         if config.torch_threads is not None:
             torch.set_num_threads(config.torch_threads)
         if plan is None:
             plan = inspect_model(config)
             assert plan is not None  # not the mock
-        runner = load_runner(plan)
+        try:
+            runner = load_runner(plan)
+        finally:
+            release_unclaimed()  # memory faulted in for an arena this load did not take
         if config.warmup:
             budget = (
                 config.max_num_batched_tokens or runner.capabilities.default_max_num_batched_tokens

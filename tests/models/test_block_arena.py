@@ -4,7 +4,9 @@ pages keeps the file's mapped bytes instead."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 from make_random_gguf import write_random_gguf
 
 from app.models.kernels.ggml_quant import load_ggml_quant
-from app.models.weights import block_arena
+from app.models.weights import block_arena, block_arena_prefault
 from app.models.weights.block_arena import ALIGN, BlockArena, huge_pages_mode
 from app.models.weights.ggml import GGMLLinear
 from tests.models.stepping import load_on_blocks
@@ -40,9 +42,9 @@ def test_the_kernels_mode_is_read_from_sysfs(
 ) -> None:
     path = tmp_path / "enabled"
     path.write_text(setting)
-    monkeypatch.setattr(block_arena, "THP_SETTING", path)
+    monkeypatch.setattr(block_arena_prefault, "THP_SETTING", path)
     assert huge_pages_mode() == mode
-    monkeypatch.setattr(block_arena, "THP_SETTING", tmp_path / "missing")
+    monkeypatch.setattr(block_arena_prefault, "THP_SETTING", tmp_path / "missing")
     assert huge_pages_mode() is None
 
 
@@ -99,7 +101,7 @@ def test_every_projection_computes_on_blocks_in_the_arena(random_file: Path, cap
 def test_without_huge_pages_the_blocks_stay_the_files_mapping(
     random_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
-    monkeypatch.setattr(block_arena, "THP_SETTING", tmp_path / "missing")
+    monkeypatch.setattr(block_arena_prefault, "THP_SETTING", tmp_path / "missing")
     with caplog.at_level("INFO", logger="app.models.load.plan"):
         runner = load_on_blocks(random_file, wide_copies="off")
     assert "copied into 2 MiB pages" not in caplog.text
@@ -136,3 +138,74 @@ def _vm_flags(info: str) -> list[str]:
         if line.startswith("VmFlags:"):
             return line.split()[1:]
     return []
+
+
+def test_the_command_line_faults_the_arena_in_ahead_and_the_load_claims_it(
+    random_file: Path, caplog
+) -> None:
+    if huge_pages_mode() is None or load_ggml_quant()[0] is None:
+        pytest.skip("no transparent huge pages or no GGUF-block kernels here")
+    assert block_arena_prefault.reserve(str(random_file))
+    _join_fault_in_threads()
+    with caplog.at_level("INFO", logger="app.models.load.plan"):
+        ahead = load_on_blocks(random_file, wide_copies="off")
+    assert "faulted in while the server imported" in caplog.text
+    assert not block_arena_prefault._reserved  # claimed
+    plain = load_on_blocks(random_file, wide_copies="off")
+    for got, want in zip(_segments(ahead), _segments(plain), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_the_fault_in_makes_the_whole_mapping_resident(random_file: Path) -> None:
+    if huge_pages_mode() is None:
+        pytest.skip("no transparent huge pages here")
+    assert block_arena_prefault.reserve(str(random_file))
+    _join_fault_in_threads()
+    size = block_arena_prefault.arena_bytes(random_file.stat().st_size)
+    mapping = block_arena_prefault.claim(random_file, size)
+    assert mapping is not None and len(mapping) == size
+    address = ctypes.addressof((ctypes.c_char * size).from_buffer(mapping))
+    info = next(i for lo, hi, i, _ in _maps() if lo <= address < hi)
+    rss_kib = int(next(line.split()[1] for line in info.splitlines() if line.startswith("Rss:")))
+    assert rss_kib * 1024 >= size  # every page present before anything was copied
+
+
+def test_nothing_is_reserved_for_what_the_load_would_not_copy(
+    random_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\x08" + bytes(64))
+    assert not block_arena_prefault.reserve(str(tmp_path / "model.safetensors"))  # not GGUF
+    assert not block_arena_prefault.reserve(str(tmp_path / "missing.gguf"))
+    assert not block_arena_prefault.reserve(str(tmp_path))  # a Hugging Face directory
+    assert not block_arena_prefault.reserve("mock")
+    monkeypatch.setattr(block_arena_prefault, "_available_bytes", lambda: 2 * 2**20)
+    assert not block_arena_prefault.reserve(str(random_file))  # more than half the memory
+    monkeypatch.undo()
+    monkeypatch.setattr(block_arena_prefault, "THP_SETTING", tmp_path / "missing")
+    assert not block_arena_prefault.reserve(str(random_file))
+    assert not block_arena_prefault._reserved
+
+
+def test_a_reservation_for_another_size_or_not_taken_is_released(random_file: Path) -> None:
+    if huge_pages_mode() is None:
+        pytest.skip("no transparent huge pages here")
+    size = block_arena_prefault.arena_bytes(random_file.stat().st_size)
+    assert block_arena_prefault.reserve(str(random_file))
+    assert block_arena_prefault.claim(random_file, size + (2 << 20)) is None  # file rewritten
+    assert block_arena_prefault.claim(random_file, size) is None  # handed over once at most
+    assert block_arena_prefault.reserve(str(random_file))
+    block_arena_prefault.release_unclaimed()
+    assert not block_arena_prefault._reserved
+    _join_fault_in_threads()
+
+
+def _join_fault_in_threads() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "block-arena-prefault":
+            thread.join(timeout=60)
+
+
+def _segments(runner) -> list[torch.Tensor]:
+    weights = runner.model.weights
+    linears = [p for layer in weights.layers for p in (layer.qkv, layer.down)]
+    return [s.blocks for p in linears for s in p.segments]

@@ -36,7 +36,7 @@ from app.models.load.memory import (
 from app.models.load.source import ModelSource, open_model
 from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
-from app.models.weights.block_arena import BlockArena
+from app.models.weights.block_arena import BlockArena, release_unclaimed
 from app.models.weights.build import load_weights
 from app.models.weights.ggml import blocks_max_rows
 from app.models.weights.int4 import int4_kernel_status
@@ -310,6 +310,8 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
     )
     gguf = quantization is Quantization.GGUF
     arena = BlockArena.for_file(source.path) if gguf and source.path.is_file() else None
+    if arena is None:
+        release_unclaimed()  # memory the command line faulted in for blocks not kept here
     weights = load_weights(
         source.tensors,
         dtype=plan.dtype,
@@ -330,6 +332,7 @@ def load_runner(plan: LoadPlan) -> ModelRunner:
         # transparent huge pages to copy them into) they are the weights, so they stay.
         source.checkpoint.release_pages()
     if arena is not None:
+        arena.close()
         logger.info("blocks: %s", arena.describe())
     weight_kernels = describe_weight_kernels(weights, ggml_how)
     if weight_kernels:
