@@ -22,11 +22,13 @@ from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.tokenizers import (
     TextTokenizer,
     UnsupportedTokenizerError,
+    gguf_spm,
     load_gguf_tokenizer,
     load_hf_tokenizer,
 )
 from app.models.tokenizers.gguf_bpe import build_gguf_bpe
-from app.models.tokenizers.gguf_vocab import GGUFVocab
+from app.models.tokenizers.gguf_spm import spm_merges
+from app.models.tokenizers.gguf_vocab import GGUFTokenType, GGUFVocab
 from tests.checkpoints import smollm2_tokenizer_files, smollm2_transformers_tokenizer
 from tests.gguf_convert import write_vocab_gguf
 from tests.vocabularies import (
@@ -259,6 +261,81 @@ def test_gguf_spm_bos_spaces_and_bytes(spm) -> None:
     assert b"".join(pieces) == " 🦙".encode() and all(len(p) == 1 for p in pieces[-4:])
     with pytest.raises(UnicodeDecodeError):
         pieces[-4].decode("utf-8")
+
+
+def test_spm_merges_rank_splits_by_score_then_id_then_cut() -> None:
+    """Every split of a mergeable token into two mergeable tokens, best score first; equal
+    scores by token id (not by text), a token's splits left to right; a BYTE token is no merge
+    result, and a text stored twice ranks as its last id (as SentencePiece's table reads)."""
+    normal, byte = GGUFTokenType.NORMAL, GGUFTokenType.BYTE
+    table = [
+        ("a", 0.0, normal),
+        ("b", 0.0, normal),
+        ("c", 0.0, normal),
+        ("bc", -1.0, normal),  # id 3: before "ab" at the same score
+        ("ab", -1.0, normal),
+        ("abc", -2.0, normal),
+        ("cb", -0.5, byte),  # not a merge result
+        ("ca", -0.5, normal),
+        ("cc", -9.0, normal),
+        ("cc", -0.25, normal),  # the same text again: its last id and score count
+    ]
+    vocab = GGUFVocab(
+        model="llama",
+        pre="default",
+        tokens=tuple(t for t, _, _ in table),
+        token_types=tuple(k for _, _, k in table),
+        scores=tuple(s for _, s, _ in table),
+        merges=(),
+        bos_token_id=None,
+        eos_token_id=None,
+        unknown_token_id=None,
+        end_of_turn_ids=frozenset(),
+        add_bos_token=None,
+        add_eos_token=None,
+        add_space_prefix=None,
+        chat_template=None,
+    )
+    assert spm_merges(vocab) == [
+        ("c", "c"),
+        ("c", "a"),
+        ("b", "c"),
+        ("a", "b"),
+        ("a", "bc"),
+        ("ab", "c"),
+    ]
+
+
+def test_a_large_vocabularys_merges_are_ranked_once_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spm_files
+) -> None:
+    """From CACHE_FROM_TOKENS tokens the ranked merges are kept on disk: a second build reads
+    them (the ranking is not run), the same tokenizer; an unreadable file is ranked again."""
+    monkeypatch.setenv("SLOTSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gguf_spm, "CACHE_FROM_TOKENS", 0)
+    vocab = GGUFVocab.read(GGUFFile(spm_files[1]))
+    first = gguf_spm.cached_spm_merges(vocab)
+    assert first == gguf_spm.spm_merges(vocab) and len(first) > 10
+    (kept,) = tmp_path.glob("spm-merges-*.pickle")
+
+    def not_again(vocab: GGUFVocab) -> list[tuple[str, str]]:
+        raise AssertionError("ranked again")
+
+    monkeypatch.setattr(gguf_spm, "spm_merges", not_again)
+    assert gguf_spm.cached_spm_merges(vocab) == first
+    built = gguf_spm.build_gguf_spm(vocab)
+    assert built.encode("hello world") == load_gguf_tokenizer(GGUFFile(spm_files[1])).encode(
+        "hello world"
+    )
+    monkeypatch.undo()
+    monkeypatch.setenv("SLOTSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gguf_spm, "CACHE_FROM_TOKENS", 0)
+    kept.write_bytes(b"not a pickle")
+    assert gguf_spm.cached_spm_merges(vocab) == first
+    assert kept.read_bytes() != b"not a pickle"  # written again
+    other = dataclasses.replace(vocab, scores=tuple(-s for s in vocab.scores))
+    assert gguf_spm.cached_spm_merges(other) == gguf_spm.spm_merges(other)
+    assert len(list(tmp_path.glob("spm-merges-*.pickle"))) == 2  # keyed by the scores too
 
 
 def test_gguf_spm_keys_override_the_defaults(tmp_path: Path, spm_files) -> None:

@@ -27,34 +27,81 @@ llama.cpp's rules (``llama-vocab.cpp``), and how we build each with Hugging Face
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
 import re
+from array import array
+from operator import itemgetter
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, normalizers
 
+from app.models.kernels.build import cache_dir
 from app.models.tokenizers.gguf_vocab import GGUFTokenType, GGUFVocab, add_gguf_added_tokens
 from app.models.tokenizers.text_tokenizer import TextTokenizer
 
 SPACE = "\u2581"  # ▁
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _MERGEABLE = (GGUFTokenType.NORMAL, GGUFTokenType.UNDEFINED)
+# Vocabularies from this size on keep their ranked merges on disk (cached_spm_merges): Gemma 3's
+# 262k tokens take ~1.2 s to rank and 0.15 s to read back; Llama 2's 32k, 0.15 s to rank.
+CACHE_FROM_TOKENS = 100_000
 
 
 def spm_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:
-    """BPE merges that reproduce SentencePiece's score-driven merging, best first."""
-    score_by_token = {
-        token: (vocab.scores[i] if vocab.scores else 0.0, i)
+    """BPE merges that reproduce SentencePiece's score-driven merging, best first: every split
+    of a mergeable token into two mergeable tokens, ranked by the token's score (highest
+    first), then its id, then where it is cut. The tokens are sorted once, each followed by its
+    splits in order, rather than every split sorted (the same list: the ids make the order
+    total): Gemma 3's 262k tokens have 513k splits, ranked in ~1.2 s the other way."""
+    scores = vocab.scores
+    rank = {
+        token: (-(scores[i] if scores else 0.0), i)
         for i, (token, kind) in enumerate(zip(vocab.tokens, vocab.token_types, strict=True))
         if kind in _MERGEABLE
     }
-    ranked: list[tuple[float, int, int, str, str]] = []
-    for token, (score, token_id) in score_by_token.items():
+    merges: list[tuple[str, str]] = []
+    add = merges.append
+    for token, _ in sorted(rank.items(), key=itemgetter(1)):
         for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in score_by_token and right in score_by_token:
-                ranked.append((-score, token_id, cut, left, right))
-    ranked.sort()
-    return [(left, right) for _, _, _, left, right in ranked]
+            left = token[:cut]
+            if left in rank:
+                right = token[cut:]
+                if right in rank:
+                    add((left, right))
+    return merges
+
+
+def cached_spm_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:
+    """:func:`spm_merges` of a large vocabulary (``CACHE_FROM_TOKENS``), ranked once per
+    machine and kept in the cache directory (``$SLOTSERVE_CACHE_DIR``, default
+    ``~/.cache/slotserve``, beside the compiled kernels) under a hash of its tokens, their
+    types and scores. A cache file that cannot be read is ranked again; one that cannot be
+    written is skipped."""
+    if len(vocab.tokens) < CACHE_FROM_TOKENS:
+        return spm_merges(vocab)
+    digest = hashlib.sha256("\x00".join(vocab.tokens).encode("utf-8", "surrogatepass"))
+    digest.update(array("d", vocab.scores).tobytes())
+    digest.update(bytes(vocab.token_types))
+    path = cache_dir() / f"spm-merges-{digest.hexdigest()[:32]}.pickle"
+    try:
+        with path.open("rb") as file:
+            merges = pickle.load(file)
+        if isinstance(merges, list):
+            return merges
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError):
+        pass
+    merges = spm_merges(vocab)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with partial.open("wb") as file:
+            pickle.dump(merges, file, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(partial, path)  # whole or absent, for a process reading it meanwhile
+    except OSError:
+        partial.unlink(missing_ok=True)
+    return merges
 
 
 def spm_token_bytes(text: str, kind: GGUFTokenType) -> bytes:
@@ -81,7 +128,7 @@ def build_gguf_spm(vocab: GGUFVocab) -> TextTokenizer:
     hf = HFTokenizer(
         models.BPE(
             vocab={token: i for i, token in enumerate(vocab.tokens)},
-            merges=spm_merges(vocab),
+            merges=cached_spm_merges(vocab),
             unk_token=unknown,
             fuse_unk=True,
             byte_fallback=True,
