@@ -209,3 +209,20 @@ def _segments(runner) -> list[torch.Tensor]:
     weights = runner.model.weights
     linears = [p for layer in weights.layers for p in (layer.qkv, layer.down)]
     return [s.blocks for p in linears for s in p.segments]
+
+
+def test_closing_gives_back_the_pages_past_the_last_matrix() -> None:
+    arena = BlockArena(8 << 20, block_arena_prefault.new_arena_mapping(8 << 20))
+    blocks = np.full((3, 1000), 7, dtype=np.uint8)
+    kept = arena.take(blocks)
+    arena._raw[arena.used :].fill_(1)  # resident, as a mapping faulted in ahead is
+    before = _rss_kib(kept.data_ptr())
+    arena.close()
+    assert torch.equal(kept, torch.from_numpy(blocks))  # the matrix's page stays
+    assert _rss_kib(kept.data_ptr()) <= before - 4 * 1024  # most of 8 MiB went back
+    assert int(arena._raw[-1]) == 0  # (a page given back reads as zeros)
+
+
+def _rss_kib(address: int) -> int:
+    info = next(i for lo, hi, i, _ in _maps() if lo <= address < hi)
+    return int(next(line.split()[1] for line in info.splitlines() if line.startswith("Rss:")))

@@ -345,10 +345,11 @@ class GGUFRows:
 
 
 def release_view_pages(view: np.ndarray) -> None:
-    """``madvise(MADV_DONTNEED)`` over the whole pages inside ``view``'s bytes, a view of a
-    read-only file mapping: they stop counting in this process's resident memory, and nothing
-    is lost (a later read faults them in again from the page cache). Best effort: a platform
-    without ``madvise`` keeps them."""
+    """``madvise(MADV_DONTNEED)`` over the whole pages inside ``view``'s bytes: they stop
+    counting in this process's resident memory. For a view of a read-only file mapping nothing
+    is lost (a later read faults them in again from the page cache); anonymous memory reads
+    back as zeros (the block arena's unused end). Best effort: a platform without ``madvise``
+    keeps them."""
     page = mmap.PAGESIZE
     start = -(-view.ctypes.data // page) * page
     stop = (view.ctypes.data + view.nbytes) // page * page

@@ -128,5 +128,10 @@ class BlockArena:
         return out
 
     def close(self) -> None:
-        """Stops the copying threads (the arena's memory stays, held by its tensors)."""
+        """Stops the copying threads and gives back the whole pages past the last matrix (the
+        arena is sized by the file, and faulted in whole when it was reserved ahead); the
+        matrices' memory stays, held by their tensors."""
         self._copiers.shutdown(wait=True)
+        tail = self._raw[self._used :]
+        if tail.numel():
+            release_view_pages(tail.numpy())  # whole pages only: the last matrix's stays
