@@ -169,6 +169,13 @@ int64_t sl_tile8_bytes_q8_k(int64_t k);
  *   sl_amx_gemm16(tile, k, x, x_bytes, m, signed_codes, out): m activation rows
  *       (sl_block_q8_1, row stride x_bytes) -> out[i * 16 + n]. */
 int sl_quant_isa_supported(int isa);
+/* Where the tile kernels prefetch the weight rows they read next (ggml_quant_matmul.c): 1 into
+ * L2, 0 into L1; sl_prefetch_l2 set once at load, before any thread computes, and
+ * sl_prefetch_l2_now by each call from it and its row count. sl_quant_cpu_is_intel: the CPU's
+ * vendor, which the loader decides by. */
+extern int sl_prefetch_l2, sl_prefetch_l2_now;
+void sl_quant_set_prefetch_l2(int l2);
+int sl_quant_cpu_is_intel(void);
 int sl_quant_amx_ready(void);
 int64_t sl_amx_tile_bytes(int64_t k);
 typedef void (*sl_amx_decode_fn)(const uint8_t *const *rows, int64_t k, void *tile,

@@ -291,6 +291,10 @@ def _declare(library: ctypes.CDLL) -> None:
     library.sl_quant_isa_supported.restype = _c_int
     library.sl_quant_amx_ready.argtypes = []
     library.sl_quant_amx_ready.restype = _c_int
+    library.sl_quant_set_prefetch_l2.argtypes = [_c_int]
+    library.sl_quant_set_prefetch_l2.restype = None
+    library.sl_quant_cpu_is_intel.argtypes = []
+    library.sl_quant_cpu_is_intel.restype = _c_int
     library.sl_quant_row_bytes.argtypes = [_c_int, _c_int64]
     library.sl_quant_row_bytes.restype = _c_int64
     library.sl_quant_scratch_bytes.argtypes = [_c_int64, _c_int64]
@@ -349,6 +353,28 @@ def best_isa(library: ctypes.CDLL) -> tuple[Isa, str]:
     return Isa.SCALAR, "scalar C"
 
 
+def prefetch_level(library: ctypes.CDLL) -> str:
+    """Sets where the tile kernels prefetch the rows they read next (L2 on Intel CPUs, L1
+    elsewhere; ``SLOTSERVE_GGML_PREFETCH=l1|l2`` chooses) and says which, for the log. On the
+    2-core AMX Xeon (family 6 model 167, a 480 MiB L3) L1 stalled the one-row gemv on the
+    prefetches (perf: a third of its samples after one, the fill buffers full); L2 took a SmolLM2
+    one-row step from 6.9 to 6.2 ms, Gemma 3's Q8_0 head at one row from 8.9-9.5 to 7.0-7.3 ms.
+    Zen 4 fills L2 on PREFETCHT1 but is reported to drop such prefetches at times (Wang et al.
+    2024, arXiv:2411.02814), and L1 is what was measured on the EPYC: off Intel it stays.
+
+    Raises:
+        KernelBuildError: ``SLOTSERVE_GGML_PREFETCH`` is set to something else.
+    """
+    forced = os.environ.get("SLOTSERVE_GGML_PREFETCH", "").strip().lower()
+    if forced not in ("", "l1", "l2"):
+        raise KernelBuildError(f"SLOTSERVE_GGML_PREFETCH={forced!r}: expected l1 or l2")
+    intel = bool(library.sl_quant_cpu_is_intel())
+    to_l2 = forced == "l2" or (not forced and intel)
+    library.sl_quant_set_prefetch_l2(int(to_l2))
+    why = "SLOTSERVE_GGML_PREFETCH" if forced else ("an Intel CPU" if intel else "not Intel")
+    return f"prefetch into {'L2' if to_l2 else 'L1'} ({why})"
+
+
 @functools.cache
 def load_ggml_quant() -> tuple[GGMLKernels | None, str]:
     """Build (once per machine, cached on disk) and load the kernels.
@@ -361,6 +387,7 @@ def load_ggml_quant() -> tuple[GGMLKernels | None, str]:
         library, target, threaded = build_library("ggml_quant", SOURCE_DIR, SOURCES, CFLAGS)
         _declare(library)
         isa, why = best_isa(library)
+        why += f", {prefetch_level(library)}"
     except KernelBuildError as error:
         return None, str(error)
     except AttributeError as error:  # a library without the functions declared

@@ -31,12 +31,17 @@ sl_nibble_codes_avx2(const uint8_t *qs, const uint8_t *qh) {
 }
 
 /* Block b's share of prefetching `ahead` bytes from `prefetch` over a pass of nb blocks: the
- * tile kernels spread the next tiles' cache lines over the blocks of this one. */
+ * tile kernels spread the next tiles' cache lines over the blocks of this one, into L2
+ * (PREFETCHT1) where sl_prefetch_l2_now says so, else into L1 (PREFETCHT0); see
+ * ggml_quant_matmul.c. */
 static inline __attribute__((always_inline)) void sl_prefetch_share(const uint8_t *prefetch, int64_t ahead,
                                                                      int64_t nb, int64_t b) {
     const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;
-    for (int64_t l = b * per_block; l < (b + 1) * per_block && l < lines; l++)
-        _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
+    const int64_t first = b * per_block, end = first + per_block < lines ? first + per_block : lines;
+    if (sl_prefetch_l2_now)
+        for (int64_t l = first; l < end; l++) _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T1);
+    else
+        for (int64_t l = first; l < end; l++) _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T0);
 }
 
 /* Eight rows of 32 codes (c[j]: row j's codes of 32 weights) into the tile layout: eight

@@ -17,15 +17,12 @@
 /* Weight rows per unit of work handed to a thread: 16 rows of a 2048-wide Q4_K matrix are
  * 18 KiB, which stay in L1/L2 while every activation row of the call is dotted with them. */
 #define SL_TILE_ROWS 16
-/* Values converted from bfloat16 at a time before they are quantised (a multiple of 256). */
-#define SL_CHUNK 256
+#define SL_CHUNK 256 /* values converted from bfloat16 at a time to be quantised (x 256) */
 
 /* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
- * more rows decode each tile once and run them all against it. One: the gemv reads and unpacks
- * the eight rows again for each activation row, and from two rows the decoded tile is cheaper
- * (2-core AMX Xeon, a SmolLM2 layer's four Q4_1 projections, 2 threads, best of 15: AVX2 1.19x
- * at 2 rows and 1.49x at 3 against a limit of 3, AVX-512 VNNI 1.35x and 1.75x; its Q8_0 LM head
- * 0.97x / 1.11x at 2 rows and 1.11x / 1.37x at 3). Either way gives the same bits. */
+ * more decode each tile once and run them all against it: from two rows the decoded tile is
+ * cheaper (AMX Xeon, SmolLM2's Q4_1 projections: AVX2 1.19x at 2 rows, 1.49x at 3 against a
+ * limit of 3, VNNI 1.35x, 1.75x; its Q8_0 head 0.97x, 1.11x). The same bits either way. */
 #define SL_GEMV_MAX_ROWS 1
 /* The K formats' gemv shares each super-block's unpacking between up to SL_ROWS activation
  * rows, and up to 8 rows (two passes) it is cheaper than decoding the tile: a 1B Q4_K layer's
@@ -33,10 +30,9 @@
  * 3.2 (docs/MODEL_PERF.md). Either way gives the same bits. */
 #define SL_KGEMV_MAX_ROWS 8
 /* Calls of at least this many activation rows take the AMX-INT8 tiles where the CPU and OS
- * allow them (sl_quant_amx_ready) and the format has them: the same bits, and from here on
- * faster (2-core AMX Xeon, 2 threads, time with AMX / without: SmolLM2's Q8_0 head 0.82x at
- * 12 rows, 0.77x at 16, 0.79x at 64; its layer's four Q4_1 projections 0.82-1.03x at 12,
- * 0.84-1.04x at 16, 0.87x at 64, cache-resident and noisy; at 6 rows 1.06-1.19x). */
+ * allow them (sl_quant_amx_ready) and the format has them: the same bits, faster from here
+ * (AMX Xeon, time with AMX / without: SmolLM2's Q8_0 head 0.82x at 12 rows, 0.77x at 16,
+ * 0.79x at 64; its Q4_1 projections 0.82-1.03x at 12, 0.87x at 64; at 6 rows 1.06-1.19x). */
 #define SL_AMX_MIN_ROWS 12
 
 typedef struct {
@@ -96,6 +92,15 @@ static const sl_quantize_row_fn sl_quantize_q8_1[3] = {
     sl_quantize_q8_1_scalar, sl_quantize_q8_1_avx2, sl_quantize_q8_1_avx512};
 static const sl_quantize_row_fn sl_quantize_q8_k[3] = {
     sl_quantize_q8_k_scalar, sl_quantize_q8_k_avx2, sl_quantize_q8_k_avx512};
+
+/* Where the tile kernels' software prefetches put the next weight rows: 1 L2 (PREFETCHT1), 0
+ * L1 (PREFETCHT0); the loader decides (ggml_quant.py, prefetch_level, with the measurements),
+ * for calls of up to SL_PREFETCH_L2_ROWS activation rows: a Gemma 3 step of 64 rows took 137-144
+ * ms prefetching into L1 and 148-149 into L2, one of 16 rows 36.7 and 33.7 (AMX Xeon). */
+#define SL_PREFETCH_L2_ROWS 16
+int sl_prefetch_l2 = 0, sl_prefetch_l2_now = 0; /* the loader's choice; this call's */
+void sl_quant_set_prefetch_l2(int l2) { sl_prefetch_l2 = l2 != 0; }
+int sl_quant_cpu_is_intel(void) { return __builtin_cpu_init(), __builtin_cpu_is("intel") != 0; }
 
 /* Whether this CPU (and its OS, which must save the wide registers) runs `isa`. */
 int sl_quant_isa_supported(int isa) {
@@ -302,6 +307,7 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
     uint8_t *q8_k = q8_1 + m * q8_1_bytes;
     if (threads < 1) threads = 1;
     const int amx = isa == SL_ISA_AVX512 && sl_quant_amx_ready();
+    sl_prefetch_l2_now = sl_prefetch_l2 && m <= SL_PREFETCH_L2_ROWS; /* (calls are not concurrent) */
 
 #pragma omp parallel num_threads(threads)
     {
