@@ -52,9 +52,9 @@ CACHE_FROM_TOKENS = 100_000
 def spm_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:
     """BPE merges that reproduce SentencePiece's score-driven merging, best first: every split
     of a mergeable token into two mergeable tokens, ranked by the token's score (highest
-    first), then its id, then where it is cut. The tokens are sorted once, each followed by its
-    splits in order, rather than every split sorted (the same list: the ids make the order
-    total): Gemma 3's 262k tokens have 513k splits, ranked in ~1.2 s the other way."""
+    first), then its id, then where it is cut (the tokens sorted once, each followed by its
+    splits in order: the ids make the order total). Gemma 3's 262k tokens have 513k splits,
+    ~1.2 s of Python, most of it finding them: see :func:`cached_spm_merges`."""
     scores = vocab.scores
     rank = {
         token: (-(scores[i] if scores else 0.0), i)
@@ -77,8 +77,9 @@ def cached_spm_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:
     """:func:`spm_merges` of a large vocabulary (``CACHE_FROM_TOKENS``), ranked once per
     machine and kept in the cache directory (``$SLOTSERVE_CACHE_DIR``, default
     ``~/.cache/slotserve``, beside the compiled kernels) under a hash of its tokens, their
-    types and scores. A cache file that cannot be read is ranked again; one that cannot be
-    written is skipped."""
+    types and scores, as a pickle (the directory is trusted as the kernels' libraries there
+    are). A cache file that cannot be read is ranked again; one that cannot be written is
+    skipped."""
     if len(vocab.tokens) < CACHE_FROM_TOKENS:
         return spm_merges(vocab)
     digest = hashlib.sha256("\x00".join(vocab.tokens).encode("utf-8", "surrogatepass"))
