@@ -226,7 +226,7 @@ def test_the_prefetch_level_follows_the_vendor_or_the_setting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The tile kernels prefetch the next rows into L2 on Intel CPUs and into L1 elsewhere
-    (calls of more than 16 rows always into L1); SLOTSERVE_GGML_PREFETCH=l1|l2 chooses, anything
+    (calls of more than 32 rows always into L1); SLOTSERVE_GGML_PREFETCH=l1|l2 chooses, anything
     else leaves the kernels unloaded with its name in the reason. Where the rows go changes no
     output."""
     assert KERNELS is not None
@@ -243,8 +243,8 @@ def test_the_prefetch_level_follows_the_vendor_or_the_setting(
             assert f"prefetch into L{1 + to_l2} (SLOTSERVE_GGML_PREFETCH)" in how
             assert level.value == to_l2
             outputs.append([KERNELS.matmul((segment,), x[:rows]) for rows in (1, 9)])
-            assert now.value == to_l2  # a call of up to 16 rows prefetches where the CPU says
-            KERNELS.matmul((segment,), torch.randn(17, 608))
+            assert now.value == to_l2  # a call of up to 32 rows prefetches where the CPU says
+            KERNELS.matmul((segment,), torch.randn(33, 608))
             assert now.value == 0  # wider calls into L1 (Gemma 3 at 64 rows: faster)
         assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
         monkeypatch.setenv("SLOTSERVE_GGML_PREFETCH", "L3")

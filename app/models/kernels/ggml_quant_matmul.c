@@ -95,9 +95,9 @@ static const sl_quantize_row_fn sl_quantize_q8_k[3] = {
 
 /* Where the tile kernels' software prefetches put the next weight rows: 1 L2 (PREFETCHT1), 0
  * L1 (PREFETCHT0); the loader decides (ggml_quant.py, prefetch_level, with the measurements),
- * for calls of up to SL_PREFETCH_L2_ROWS activation rows: a Gemma 3 step of 64 rows took 137-144
- * ms prefetching into L1 and 148-149 into L2, one of 16 rows 36.7 and 33.7 (AMX Xeon). */
-#define SL_PREFETCH_L2_ROWS 16
+ * for calls of up to SL_PREFETCH_L2_ROWS activation rows: Gemma 3 steps (AMX Xeon) of 64 rows
+ * 137-145 ms into L1, 144-149 into L2; 32 rows 56-58 and 53-55; 16 rows 36.7 and 33.7. */
+#define SL_PREFETCH_L2_ROWS 32
 int sl_prefetch_l2 = 0, sl_prefetch_l2_now = 0; /* the loader's choice; this call's */
 void sl_quant_set_prefetch_l2(int l2) { sl_prefetch_l2 = l2 != 0; }
 int sl_quant_cpu_is_intel(void) { return __builtin_cpu_init(), __builtin_cpu_is("intel") != 0; }
