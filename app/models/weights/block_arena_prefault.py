@@ -22,6 +22,8 @@ import os
 import threading
 from pathlib import Path
 
+import psutil
+
 HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (include/uapi/asm-generic/mman-common.h)
@@ -127,12 +129,5 @@ def _populate(mapping: mmap.mmap) -> None:
 
 
 def _available_bytes() -> int:
-    """MemAvailable of /proc/meminfo (bytes); the physical pages free where there is none."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """Memory available now (bytes), as the load's own check reads it (psutil)."""
+    return int(psutil.virtual_memory().available)
