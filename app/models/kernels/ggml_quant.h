@@ -194,6 +194,70 @@ void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, int64_t x_byte
                    int signed_codes, float *out);
 void sl_amx_release(void);
 
+/*
+ * Rows interleaved eight at a time ("x8"; qtype | SL_X8): the 32-weight formats' blocks
+ * repacked once at load (sl_quant_repack8), the same bytes in another order. Rows 8G .. 8G + 7
+ * of a matrix (a full group) keep their byte range, and block b of the group sits at
+ * group + b * 8 * block_bytes, holding the eight rows' fields side by side:
+ *     d[8] (fp16), then m[8] (fp16; Q4_1, Q5_1), then qh[8] (uint32; Q5_0, Q5_1), then the
+ *     codes in chunks of 32 bytes: chunk c holds bytes 4c .. 4c + 3 of each row j's qs at
+ *     bytes 4j .. 4j + 3 (4 chunks for the nibble formats, 8 for Q8_0).
+ * So one 32-byte load gives eight rows' codes in the tile kernels' lanes (the low nibbles are
+ * weights 4c .. 4c + 3, the high ones 16 + 4c ..), and the scales of eight rows are one load:
+ * the one-row gemv needs no horizontal sums and no per-row scale inserts. The rows past the
+ * last full group stay in the file's layout at their own offsets. The idea of repacking rows
+ * interleaved at load is llama.cpp's (ggml-cpu/repack.cpp, "block_q4_0x8"); this layout and
+ * its code are our own.
+ */
+#define SL_X8 0x100
+typedef struct {
+    int bytes;                      /* bytes of a block in the file */
+    int m_at, qh_at, qs_at;         /* a file block's fields (-1: none) */
+    int x8_m_at, x8_qh_at, x8_codes; /* offsets in an x8 block of eight rows */
+    int chunks;                     /* 4-byte pieces of qs per row: 4, or 8 for Q8_0 */
+} sl_x8_fields;
+
+/* The fields of a 32-weight format (qtype without SL_X8); bytes 0 for any other type. */
+static inline sl_x8_fields sl_x8_fields_of(int qtype) {
+    switch (qtype) {
+    case SL_TYPE_Q4_0: return (sl_x8_fields){18, -1, -1, 2, -1, -1, 16, 4};
+    case SL_TYPE_Q4_1: return (sl_x8_fields){20, 2, -1, 4, 16, -1, 32, 4};
+    case SL_TYPE_Q5_0: return (sl_x8_fields){22, -1, 2, 6, -1, 16, 48, 4};
+    case SL_TYPE_Q5_1: return (sl_x8_fields){24, 2, 4, 8, 16, 32, 64, 4};
+    case SL_TYPE_Q8_0: return (sl_x8_fields){34, -1, -1, 2, -1, -1, 16, 8};
+    default: return (sl_x8_fields){0, -1, -1, -1, -1, -1, 0, 0};
+    }
+}
+
+/* x8 kernels (ggml_quant_tiles.c; `group`: the first byte of a full group of eight rows):
+ *   sl_gemv8x_<fmt>_<isa>(group, k, x, out, prefetch, ahead): sl_gemv8's outputs, bit for bit;
+ *   sl_decode8x_<fmt>(group, k, tile, prefetch, ahead): sl_decode8's tile;
+ *   sl_amx_decode16x_<fmt>(group, k, tile, prefetch, ahead): two groups (16 rows from group)
+ *       into sl_amx_decode16's tile.
+ * And ggml_quant_rows.c: sl_x8_row_to_file(qtype, group, j, k, out), row j of a group in the
+ * file's layout (k / 32 blocks at out). */
+typedef void (*sl_gemv8x_fn)(const uint8_t *group, int64_t k, const void *x, float *out,
+                             const uint8_t *prefetch, int64_t ahead);
+typedef void (*sl_decode8x_fn)(const uint8_t *group, int64_t k, void *tile,
+                               const uint8_t *prefetch, int64_t ahead);
+#define SL_DECLARE_X8(fmt)                                                                       \
+    void sl_gemv8x_##fmt##_avx2(const uint8_t *group, int64_t k, const void *x, float *out,      \
+                                const uint8_t *prefetch, int64_t ahead);                         \
+    void sl_gemv8x_##fmt##_avx512(const uint8_t *group, int64_t k, const void *x, float *out,    \
+                                  const uint8_t *prefetch, int64_t ahead);                       \
+    void sl_decode8x_##fmt(const uint8_t *group, int64_t k, void *tile, const uint8_t *prefetch, \
+                           int64_t ahead);                                                       \
+    void sl_amx_decode16x_##fmt(const uint8_t *group, int64_t k, void *tile,                     \
+                                const uint8_t *prefetch, int64_t ahead);
+SL_DECLARE_X8(q4_0)
+SL_DECLARE_X8(q4_1)
+SL_DECLARE_X8(q5_0)
+SL_DECLARE_X8(q5_1)
+SL_DECLARE_X8(q8_0)
+void sl_x8_row_to_file(int qtype, const uint8_t *group, int j, int64_t k, uint8_t *out);
+sl_dequantize_row_fn sl_quant_dequantizer(int qtype);
+int64_t sl_quant_row_bytes(int qtype, int64_t k);
+
 /* Target attributes of the SIMD functions. */
 #define SL_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SL_TARGET_AVX512                                                                         \
@@ -245,6 +309,22 @@ static inline void sl_kq_scales_mins(const uint8_t *p, uint8_t sc[8], uint8_t m[
         sc[j + 4] = (uint8_t)((p[j + 8] & 0x0F) | ((p[j] >> 6) << 4));
         m[j + 4] = (uint8_t)((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
     }
+}
+
+static inline float sl_bf16_to_fp32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float -> bfloat16, round to nearest even (torch's rounding), NaN kept quiet. */
+static inline uint16_t sl_fp32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
 }
 
 static inline uint16_t sl_read_u16(const uint8_t *p) {

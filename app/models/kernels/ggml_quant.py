@@ -39,12 +39,13 @@ import ctypes
 import functools
 import os
 from dataclasses import dataclass
-from enum import IntEnum
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from app.models.kernels.build import KernelBuildError, build_library, torch_libgomp
+from app.models.kernels.ggml_quant_cpu import Isa, best_isa, declare, prefetch_level
 
 SOURCE_DIR = Path(__file__).parent
 # SL_AMX_MIN_ROWS in ggml_quant_matmul.c: calls of this many activation rows or more take the
@@ -62,6 +63,7 @@ SOURCES = (
     "ggml_quant_tiles_body.h",
     "ggml_quant_ktiles.c",
     "ggml_quant_ktiles_body.h",
+    "ggml_quant_rows.c",
 )
 # No -march: each SIMD function carries its own target attribute and is picked by cpuid.
 CFLAGS: tuple[str, ...] = ()
@@ -79,32 +81,30 @@ KERNEL_TYPES = {
 }
 
 
-class Isa(IntEnum):
-    """The instruction sets of the kernels (``enum sl_isa``), worst to best."""
-
-    SCALAR = 0
-    AVX2 = 1
-    AVX512 = 2
-
-    @property
-    def describe(self) -> str:
-        return {
-            Isa.SCALAR: "scalar C",
-            Isa.AVX2: "AVX2 maddubs",
-            Isa.AVX512: "AVX-512 VNNI dpbusd",
-        }[self]
-
-
-_c_void_p, _c_int, _c_int64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+# SL_X8: a qtype's flag for rows repacked eight at a time at load (ggml_quant.h, "x8"): the
+# 32-weight formats, whose one-row gemv then reads one stream with no horizontal sums or scale
+# inserts (1.45x its speed on SmolLM2's Q4_1 projections from L3, one thread, AMX Xeon).
+X8 = 0x100
+# bytes of a block of 32 weights, per type with that layout
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
+INTERLEAVED_TYPES = frozenset(_BLOCK_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
 class QuantSegment:
     """One weight matrix in its file's blocks: ``blocks`` uint8 ``[rows, row_bytes]`` (CPU,
-    contiguous), ``tensor_type`` one of :data:`KERNEL_TYPES`."""
+    contiguous), ``tensor_type`` one of :data:`KERNEL_TYPES`; ``interleaved``: the blocks were
+    repacked by :meth:`GGMLKernels.repack8` (each full group of eight rows interleaved, the
+    same bytes in another order), else the file's layout."""
 
     tensor_type: str
     blocks: torch.Tensor
+    interleaved: bool = False
+
+    @property
+    def qtype(self) -> int:
+        """The type id the kernels take: ggml's, with :data:`X8` for interleaved blocks."""
+        return KERNEL_TYPES[self.tensor_type] | (X8 if self.interleaved else 0)
 
     @property
     def rows(self) -> int:
@@ -131,6 +131,7 @@ class GGMLKernels:
     path: Path
     isa: Isa
     threaded: bool
+    repack: bool = True  # interleave the 32-weight formats' rows at load (SLOTSERVE_GGML_REPACK)
 
     def row_bytes(self, tensor_type: str, columns: int) -> int:
         """Bytes of one row of ``columns`` weights in ``tensor_type``.
@@ -160,7 +161,7 @@ class GGMLKernels:
         count = len(segments)
         return PreparedSegments(
             segments,
-            (ctypes.c_int32 * count)(*(KERNEL_TYPES[s.tensor_type] for s in segments)),
+            (ctypes.c_int32 * count)(*(s.qtype for s in segments)),
             (ctypes.c_void_p * count)(*(s.blocks.data_ptr() for s in segments)),
             (ctypes.c_int64 * count)(*(s.rows for s in segments)),
             sum(s.rows for s in segments),
@@ -261,8 +262,9 @@ class GGMLKernels:
             raise ValueError(f"out must be contiguous {dtype} {shape}")
         ids = ids.to(torch.int64).contiguous()
         status = self.library.sl_quant_dequantize_rows(
-            KERNEL_TYPES[segment.tensor_type],
+            segment.qtype,
             segment.blocks.data_ptr(),
+            segment.rows,
             columns,
             ids.data_ptr(),
             ids.shape[0],
@@ -271,8 +273,40 @@ class GGMLKernels:
             torch.get_num_threads(),
         )
         if status != 0:
-            raise ValueError(f"{segment.tensor_type} rows of {columns} are not decoded here")
+            raise ValueError(
+                f"{segment.tensor_type} rows of {columns} are not decoded here (or an id is "
+                f"outside its {segment.rows} rows)"
+            )
         return out
+
+    def interleaves(self, tensor_type: str, rows: int) -> bool:
+        """Whether a load repacks a matrix of ``rows`` rows in ``tensor_type`` (a 32-weight
+        format, at least one group of eight rows, SIMD kernels, and :attr:`repack` on)."""
+        return (
+            self.repack and self.isa >= Isa.AVX2 and tensor_type in INTERLEAVED_TYPES and rows >= 8
+        )
+
+    def repack8(self, tensor_type: str, blocks: np.ndarray, out: np.ndarray) -> None:
+        """``blocks`` (uint8 ``[rows, row_bytes]`` in the file's layout, C-contiguous) written
+        into ``out`` (the same shape, not overlapping) with each full group of eight rows
+        interleaved (ggml_quant.h, "x8"); the rows after the last full group as they are. A
+        matrix repacked in parts of whole groups is the same as repacked at once.
+
+        Raises:
+            ValueError: not a type with that layout, or shapes that do not fit.
+        """
+        rows, row_bytes = blocks.shape
+        columns = row_bytes // _BLOCK_BYTES.get(tensor_type, row_bytes + 1) * 32  # 0: refused
+        if (
+            out.shape != blocks.shape
+            or not (blocks.flags.c_contiguous and out.flags.c_contiguous)
+            or tensor_type not in INTERLEAVED_TYPES
+            or self.library.sl_quant_repack8(
+                KERNEL_TYPES[tensor_type], blocks.ctypes.data, out.ctypes.data, rows, columns
+            )
+            != 0
+        ):
+            raise ValueError(f"{tensor_type} blocks {blocks.shape} are not repacked here")
 
     def supports(self, isa: Isa) -> bool:
         """Whether this CPU runs ``isa`` (cpuid, and the OS saves its registers)."""
@@ -286,95 +320,6 @@ class GGMLKernels:
         return bool(self.library.sl_quant_amx_ready())
 
 
-def _declare(library: ctypes.CDLL) -> None:
-    library.sl_quant_isa_supported.argtypes = [_c_int]
-    library.sl_quant_isa_supported.restype = _c_int
-    library.sl_quant_amx_ready.argtypes = []
-    library.sl_quant_amx_ready.restype = _c_int
-    library.sl_quant_set_prefetch_l2.argtypes = [_c_int]
-    library.sl_quant_set_prefetch_l2.restype = None
-    library.sl_quant_cpu_is_intel.argtypes = []
-    library.sl_quant_cpu_is_intel.restype = _c_int
-    library.sl_quant_row_bytes.argtypes = [_c_int, _c_int64]
-    library.sl_quant_row_bytes.restype = _c_int64
-    library.sl_quant_scratch_bytes.argtypes = [_c_int64, _c_int64]
-    library.sl_quant_scratch_bytes.restype = _c_int64
-    library.sl_quant_matmul.argtypes = [
-        _c_int,  # isa
-        _c_int,  # n_segments
-        _c_void_p,  # qtypes
-        _c_void_p,  # weights
-        _c_void_p,  # seg_rows
-        _c_int64,  # k
-        _c_void_p,  # x
-        _c_int,  # x_bf16
-        _c_int64,  # m
-        _c_int64,  # ldx
-        _c_void_p,  # bias
-        _c_void_p,  # residual
-        _c_int64,  # ldr
-        _c_void_p,  # y
-        _c_int,  # y_bf16
-        _c_int64,  # ldy
-        _c_void_p,  # scratch
-        _c_int,  # threads
-    ]
-    library.sl_quant_matmul.restype = _c_int
-    library.sl_quant_dequantize_rows.argtypes = [
-        _c_int,
-        _c_void_p,
-        _c_int64,
-        _c_void_p,
-        _c_int64,
-        _c_void_p,
-        _c_int,  # bfloat16 out
-        _c_int,  # threads
-    ]
-    library.sl_quant_dequantize_rows.restype = _c_int
-
-
-def best_isa(library: ctypes.CDLL) -> tuple[Isa, str]:
-    """The instruction set the kernels use here, and why: ``SLOTSERVE_GGML_ISA`` when set (and
-    the CPU has it), else the best one cpuid reports."""
-    forced = os.environ.get("SLOTSERVE_GGML_ISA", "").strip().lower()
-    if forced:
-        try:
-            isa = Isa[forced.upper()]
-        except KeyError:
-            raise KernelBuildError(
-                f"SLOTSERVE_GGML_ISA={forced!r}: expected scalar, avx2 or avx512"
-            ) from None
-        if not library.sl_quant_isa_supported(int(isa)):
-            raise KernelBuildError(f"SLOTSERVE_GGML_ISA={forced}: this CPU does not have it")
-        return isa, f"{isa.describe} (SLOTSERVE_GGML_ISA)"
-    for isa in reversed(Isa):
-        if library.sl_quant_isa_supported(int(isa)):
-            return isa, f"{isa.describe} (cpuid)"
-    return Isa.SCALAR, "scalar C"
-
-
-def prefetch_level(library: ctypes.CDLL) -> str:
-    """Sets where the tile kernels prefetch the rows they read next (L2 on Intel CPUs, L1
-    elsewhere; ``SLOTSERVE_GGML_PREFETCH=l1|l2`` chooses) and says which, for the log. On the
-    2-core AMX Xeon (family 6 model 167, a 480 MiB L3) L1 stalled the one-row gemv on the
-    prefetches (perf: a third of its samples after one, the fill buffers full); L2 took a SmolLM2
-    one-row step from 6.9 to 6.2 ms, Gemma 3's Q8_0 head at one row from 8.9-9.5 to 7.0-7.3 ms.
-    Zen 4 fills L2 on PREFETCHT1 but is reported to drop such prefetches at times (Wang et al.
-    2024, arXiv:2411.02814), and L1 is what was measured on the EPYC: off Intel it stays.
-
-    Raises:
-        KernelBuildError: ``SLOTSERVE_GGML_PREFETCH`` is set to something else.
-    """
-    forced = os.environ.get("SLOTSERVE_GGML_PREFETCH", "").strip().lower()
-    if forced not in ("", "l1", "l2"):
-        raise KernelBuildError(f"SLOTSERVE_GGML_PREFETCH={forced!r}: expected l1 or l2")
-    intel = bool(library.sl_quant_cpu_is_intel())
-    to_l2 = forced == "l2" or (not forced and intel)
-    library.sl_quant_set_prefetch_l2(int(to_l2))
-    why = "SLOTSERVE_GGML_PREFETCH" if forced else ("an Intel CPU" if intel else "not Intel")
-    return f"prefetch into {'L2' if to_l2 else 'L1'} ({why})"
-
-
 @functools.cache
 def load_ggml_quant() -> tuple[GGMLKernels | None, str]:
     """Build (once per machine, cached on disk) and load the kernels.
@@ -385,15 +330,23 @@ def load_ggml_quant() -> tuple[GGMLKernels | None, str]:
     """
     try:
         library, target, threaded = build_library("ggml_quant", SOURCE_DIR, SOURCES, CFLAGS)
-        _declare(library)
+        declare(library)
         isa, why = best_isa(library)
         why += f", {prefetch_level(library)}"
     except KernelBuildError as error:
         return None, str(error)
     except AttributeError as error:  # a library without the functions declared
         return None, f"build or load failed: {error}"
+    repack = os.environ.get("SLOTSERVE_GGML_REPACK", "1").strip() != "0"
+    if isa >= Isa.AVX2:
+        why += (
+            ", the 32-weight formats' rows interleaved 8 at a time at load"
+            if repack
+            else ", rows in the file's layout (SLOTSERVE_GGML_REPACK=0)"
+        )
     threads = f"torch's OpenMP threads ({torch_libgomp()})" if threaded else "one thread"
     # asked once here, before any thread computes: the kernel grants the tile state then
     if isa == Isa.AVX512 and library.sl_quant_amx_ready():
         why += f", AMX-INT8 tiles from {AMX_MIN_ROWS} rows (32-weight formats)"
-    return GGMLKernels(library, target, isa, threaded), f"GGUF-block kernels: {why}; {threads}"
+    kernels = GGMLKernels(library, target, isa, threaded, repack)
+    return kernels, f"GGUF-block kernels: {why}; {threads}"

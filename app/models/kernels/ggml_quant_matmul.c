@@ -53,18 +53,23 @@ typedef struct {
     /* AMX-INT8 products (ggml_quant_amx.c), or NULL; Q8_0's codes are signed */
     sl_amx_decode_fn amx_decode;
     int signed_codes;
+    /* the same on rows interleaved eight at a time (SL_X8), or NULL: no such layout */
+    sl_gemv8x_fn gemv8x[3];
+    sl_decode8x_fn decode8x, amx_decode16x;
 } sl_format;
 
 #define SL_FORMAT_TILES(fmt, bytes, signed_codes)                                                \
     { SL_QK, bytes, 0, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                  \
       {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, {NULL, NULL, NULL},                  \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
-      sl_tile8_bytes_q8_1, sl_amx_decode16_##fmt, signed_codes }
+      sl_tile8_bytes_q8_1, sl_amx_decode16_##fmt, signed_codes,                                  \
+      {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512}, sl_decode8x_##fmt,               \
+      sl_amx_decode16x_##fmt }
 #define SL_FORMAT_KTILES(fmt, bytes)                                                             \
     { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
       {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
-      sl_tile8_bytes_q8_k, NULL, 0 }
+      sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, NULL, NULL }
 
 static const sl_format *sl_format_of(int qtype) {
     static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0);
@@ -135,22 +140,6 @@ int64_t sl_quant_scratch_bytes(int64_t m, int64_t k) {
     return m * (sl_q8_1_row_bytes(k) + (k % SL_QK_K == 0 ? sl_q8_k_row_bytes(k) : 0));
 }
 
-static inline float sl_bf16_to_fp32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* float -> bfloat16, round to nearest even (torch's rounding), NaN kept quiet. */
-static inline uint16_t sl_fp32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 /* Quantise activation row `row` (float32 or bfloat16) into one activation format. Values are
  * widened SL_CHUNK at a time (a multiple of both block sizes), so the result is the same as
  * quantising the whole float32 row. */
@@ -191,9 +180,10 @@ static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t colu
 }
 
 /* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the tile kernels of `isa`, for all m
- * activation rows, stored from `column`. The decoded tile lives in a buffer of the thread's. */
+ * activation rows, stored from `column`; its first x8_rows rows (0, 8 or 16) are full groups
+ * interleaved (SL_X8). The decoded tile lives in a buffer of the thread's. */
 static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_t *w,
-                         int64_t row_bytes, int64_t rows, int64_t k, const uint8_t *xq,
+                         int64_t x8_rows, int64_t row_bytes, int64_t rows, int64_t k, const uint8_t *xq,
                          int64_t xq_bytes, int64_t m, int64_t column, const float *bias,
                          const void *residual, int64_t ldr, void *y, int y_bf16, int64_t ldy) {
     static _Thread_local void *tile = NULL;
@@ -202,7 +192,7 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
     const int gemm = m > gemv_max_rows;
     const int64_t tile_bytes = format->tile_bytes(k);
     /* AMX: the 16 rows decoded into one tile, then m x 16 outputs at once */
-    amx = amx && format->amx_decode != NULL && m >= SL_AMX_MIN_ROWS;
+    amx = amx && format->amx_decode != NULL && m >= SL_AMX_MIN_ROWS && x8_rows != 8;
     const int64_t needed =
         amx ? sl_amx_tile_bytes(k) + m * 16 * (int64_t)sizeof(float) : tile_bytes;
     if (gemm && needed > capacity) {
@@ -217,7 +207,10 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
         const uint8_t *row_at[16];
         for (int j = 0; j < 16; j++) /* a short unit repeats its last row */
             row_at[j] = w + (j < rows ? j : rows - 1) * row_bytes;
-        format->amx_decode(row_at, k, tile, w + 16 * row_bytes, 16 * row_bytes);
+        if (x8_rows == 16)
+            format->amx_decode16x(w, k, tile, w + 16 * row_bytes, 16 * row_bytes);
+        else
+            format->amx_decode(row_at, k, tile, w + 16 * row_bytes, 16 * row_bytes);
         sl_amx_gemm16(tile, k, xq, xq_bytes, m, format->signed_codes, out);
         for (int64_t i = 0; i < m; i++)
             sl_store_row(out + i * 16, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
@@ -228,6 +221,7 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
         const uint8_t *row_at[8];
         for (int j = 0; j < 8; j++) /* a tail tile repeats its last row */
             row_at[j] = w + (r0 + (j < lanes ? j : lanes - 1)) * row_bytes;
+        const uint8_t *group = r0 < x8_rows ? w + r0 * row_bytes : NULL; /* x8 */
         float out[SL_GEMM_ROWS][8];
         if ((!gemm || capacity < tile_bytes) && format->gemvn8[isa] != NULL) {
             for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
@@ -245,13 +239,20 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
         if (!gemm || capacity < tile_bytes) {
             for (int64_t i = 0; i < m; i++) {
                 /* prefetch two tiles ahead while the first activation row runs */
-                format->gemv8[isa](row_at, k, xq + i * xq_bytes, out[0],
-                              w + (r0 + 2 * 8) * row_bytes, i == 0 ? 8 * row_bytes : 0);
+                const uint8_t *next = w + (r0 + 2 * 8) * row_bytes;
+                const int64_t ahead = i == 0 ? 8 * row_bytes : 0;
+                if (group != NULL)
+                    format->gemv8x[isa](group, k, xq + i * xq_bytes, out[0], next, ahead);
+                else
+                    format->gemv8[isa](row_at, k, xq + i * xq_bytes, out[0], next, ahead);
                 sl_store_row(out[0], lanes, i, column + r0, bias, residual, ldr, y, y_bf16, ldy);
             }
             continue;
         }
-        format->decode8(row_at, k, tile, w + (r0 + 2 * 8) * row_bytes, 8 * row_bytes);
+        if (group != NULL)
+            format->decode8x(group, k, tile, w + (r0 + 2 * 8) * row_bytes, 8 * row_bytes);
+        else
+            format->decode8(row_at, k, tile, w + (r0 + 2 * 8) * row_bytes, 8 * row_bytes);
         for (int64_t i0 = 0; i0 < m; i0 += SL_GEMM_ROWS) {
             const int group = m - i0 < SL_GEMM_ROWS ? (int)(m - i0) : SL_GEMM_ROWS;
             const void *x_rows[SL_GEMM_ROWS];
@@ -272,8 +273,9 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
  * bfloat16, stride ldy; bias: NULL or n float32. scratch: sl_quant_scratch_bytes(m, k) bytes,
  * or NULL: a buffer of the calling thread's own, kept between calls and grown as needed.
  * threads: the OpenMP team (the process's, torch's own libgomp when linked with -fopenmp).
- * Returns 0, -1 when a segment's format is not computed here or k does not fit it, -2 when
- * the scratch buffer cannot be allocated.
+ * A qtype with SL_X8 set: that segment's full groups of eight rows are interleaved (ggml_quant.h).
+ * Returns 0, -1 when a segment's format (or layout) is not computed here or k does not fit it,
+ * -2 when the scratch buffer (or the portable code's rows gathered from x8) cannot be allocated.
  */
 int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *const *weights,
                     const int64_t *seg_rows, int64_t k, const void *x, int x_bf16, int64_t m,
@@ -281,9 +283,10 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
                     int y_bf16, int64_t ldy, void *scratch, int threads) {
     int need_q8_1 = 0, need_q8_k = 0;
     int64_t n = 0, tiles = 0;
-    for (int s = 0; s < n_segments; s++) {
-        const sl_format *format = sl_format_of(qtypes[s]);
-        if (format == NULL || sl_quant_row_bytes(qtypes[s], k) < 0) return -1;
+    for (int s = 0; s < n_segments; s++) { /* (SL_X8: only where the format has the layout) */
+        const sl_format *format = sl_format_of(qtypes[s] & ~SL_X8);
+        if (format == NULL || sl_quant_row_bytes(qtypes[s] & ~SL_X8, k) < 0) return -1;
+        if ((qtypes[s] & SL_X8) && format->decode8x == NULL) return -1;
         need_q8_k |= format->q8k;
         need_q8_1 |= !format->q8k;
         n += seg_rows[s];
@@ -308,8 +311,9 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
     if (threads < 1) threads = 1;
     const int amx = isa == SL_ISA_AVX512 && sl_quant_amx_ready();
     sl_prefetch_l2_now = sl_prefetch_l2 && m <= SL_PREFETCH_L2_ROWS; /* (calls are not concurrent) */
+    int no_memory = 0;
 
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) reduction(| : no_memory)
     {
         /* Activations: each thread quantises a share of the rows. */
 #pragma omp for schedule(static)
@@ -337,7 +341,7 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
                 first -= seg_tiles;
                 column += seg_rows[s];
             }
-            const sl_format *format = sl_format_of(qtypes[s]);
+            const sl_format *format = sl_format_of(qtypes[s] & ~SL_X8);
             const sl_vec_dot_fn dot = format->dot[isa];
             const int64_t row_bytes = k / format->block_size * format->block_bytes;
             const int64_t row0 = first * SL_TILE_ROWS;
@@ -347,54 +351,43 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
             const uint8_t *xq = format->q8k ? q8_k : q8_1;
             const int64_t xq_bytes = format->q8k ? q8_k_bytes : q8_1_bytes;
             column += row0;
+            /* rows of this unit in full interleaved groups (row0 is a multiple of 16) */
+            const int64_t full = (qtypes[s] & SL_X8) ? seg_rows[s] / 8 * 8 - row0 : 0;
+            const int64_t x8_rows = full < 0 ? 0 : full < rows ? full : rows;
             if (format->gemm8[isa] != NULL) {
-                sl_tile_unit(format, isa, amx, w, row_bytes, rows, k, xq, xq_bytes, m, column,
-                             bias, residual, ldr, y, y_bf16, ldy);
+                sl_tile_unit(format, isa, amx, w, x8_rows, row_bytes, rows, k, xq, xq_bytes, m,
+                             column, bias, residual, ldr, y, y_bf16, ldy);
                 continue;
             }
-            for (int64_t i = 0; i < m; i++) { /* the portable C: one dot product per output */
+            /* the portable C: one dot product per output, an x8 row gathered first */
+            static _Thread_local uint8_t *file_rows = NULL;
+            static _Thread_local int64_t file_capacity = 0;
+            if (x8_rows * row_bytes > file_capacity) {
+                uint8_t *grown = (uint8_t *)realloc(file_rows, (size_t)(x8_rows * row_bytes));
+                if (grown == NULL) {
+                    no_memory = 1;
+                    continue;
+                }
+                file_rows = grown;
+                file_capacity = x8_rows * row_bytes;
+            }
+            for (int64_t r = 0; r < x8_rows; r++)
+                sl_x8_row_to_file(qtypes[s] & ~SL_X8, w + r / 8 * 8 * row_bytes, (int)(r % 8), k,
+                                  file_rows + r * row_bytes);
+            for (int64_t i = 0; i < m; i++) {
                 float out[SL_TILE_ROWS];
                 for (int64_t r = 0; r < rows; r++)
-                    out[r] = dot(k, w + r * row_bytes, xq + i * xq_bytes);
+                    out[r] = dot(k, (r < x8_rows ? file_rows : w) + r * row_bytes, xq + i * xq_bytes);
                 sl_store_row(out, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
             }
         }
         if (amx) sl_amx_release();
     }
-    return 0;
+    return no_memory ? -2 : 0;
 }
 
-/* k float32 values rounded to bfloat16 (vectorised where the CPU allows: SL_TARGET_CLONES). */
-SL_TARGET_CLONES static void sl_row_to_bf16(const float *row, uint16_t *out, int64_t k) {
-    for (int64_t j = 0; j < k; j++) out[j] = sl_fp32_to_bf16(row[j]);
-}
-
-/* Rows ids[0..n_ids) of a matrix of k columns in `qtype` decoded into out (n_ids rows of k
- * float32 or bfloat16 values): token lookups (a few rows), and a whole matrix decoded for one
- * wide call (thousands, split over `threads` of the OpenMP team). Returns 0, or -1 for a
- * format not here or no memory. */
-int sl_quant_dequantize_rows(int qtype, const void *w, int64_t k, const int64_t *ids,
-                             int64_t n_ids, void *out, int out_bf16, int threads) {
+/* The row decode of `qtype` (without SL_X8), or NULL for a type not computed here. */
+sl_dequantize_row_fn sl_quant_dequantizer(int qtype) {
     const sl_format *format = sl_format_of(qtype);
-    const int64_t row_bytes = sl_quant_row_bytes(qtype, k);
-    if (format == NULL || row_bytes < 0) return -1;
-    if (threads < 1 || n_ids < 64) threads = 1;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *row = out_bf16 ? (float *)malloc((size_t)k * sizeof(float)) : NULL;
-        failed = out_bf16 && row == NULL;
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < n_ids; i++) {
-            const uint8_t *source = (const uint8_t *)w + ids[i] * row_bytes;
-            if (!out_bf16) {
-                format->dequantize(k, source, (float *)out + i * k);
-            } else if (row != NULL) {
-                format->dequantize(k, source, row);
-                sl_row_to_bf16(row, (uint16_t *)out + i * k, k);
-            }
-        }
-        free(row);
-    }
-    return failed ? -1 : 0;
+    return format == NULL ? NULL : format->dequantize;
 }

@@ -129,6 +129,105 @@ SL_TARGET_AVX2 TL_INLINE __m256i tl_group_x(int fmt, const sl_block_q8_1 *x, int
     return fmt == TL_Q8_0 ? _mm256_sign_epi8(xb, cv) : xb;
 }
 
+/* The x8 layout (ggml_quant.h): the SL_TYPE of a tile format, for its fields. */
+static inline sl_x8_fields tl_x8(int fmt) {
+    static const int qtypes[] = {SL_TYPE_Q4_0, SL_TYPE_Q4_1, SL_TYPE_Q5_0, SL_TYPE_Q5_1, SL_TYPE_Q8_0};
+    return sl_x8_fields_of(qtypes[fmt]);
+}
+
+/* d and mo of an x8 block's eight rows, as tl_scales computes them from the file's rows. */
+SL_TARGET_AVX2 TL_INLINE void tl_x8_scales(int fmt, const uint8_t *blk, __m256 *d, __m256 *mo) {
+    *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    if (fmt == TL_Q4_1 || fmt == TL_Q5_1)
+        *mo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    else if (fmt == TL_Q4_0)
+        *mo = _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+    else if (fmt == TL_Q5_0)
+        *mo = _mm256_mul_ps(*d, _mm256_set1_ps(-16.0f));
+    else
+        *mo = _mm256_setzero_ps();
+}
+
+/* 0x10 in byte t of lane j where bit `shift` + t of lane j's qh is set (t < 4). */
+SL_TARGET_AVX2 TL_INLINE __m256i tl_x8_high(__m256i qh, int shift) {
+    /* each lane's byte 0 copied to its four bytes */
+    const __m256i byte0 = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404,
+                                            0x08080808, 0x0C0C0C0C);
+    const __m256i low_byte = _mm256_shuffle_epi8(_mm256_srl_epi32(qh, _mm_cvtsi32_si128(shift)), byte0);
+    const __m256i bit = _mm256_set1_epi32(0x08040201);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(low_byte, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* Chunk c of an x8 block of a 4- or 5-bit format as two tile groups: *lo = group c (weights
+ * 4c .. 4c + 3 of each row), *hi = group 4 + c (weights 16 + 4c ..), unsigned codes. */
+SL_TARGET_AVX2 TL_INLINE void tl_x8_codes(int fmt, const uint8_t *blk, int c, __m256i *lo, __m256i *hi) {
+    const sl_x8_fields f = tl_x8(fmt);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + f.x8_codes + 32 * c));
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    *lo = _mm256_and_si256(v, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if (tl_is5(fmt)) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + f.x8_qh_at));
+        *lo = _mm256_or_si256(*lo, tl_x8_high(qh, 4 * c));
+        *hi = _mm256_or_si256(*hi, tl_x8_high(qh, 16 + 4 * c));
+    }
+}
+
+/* An x8 block's codes and scales into a tile block: codes at `codes` (group g at g * stride),
+ * d and mo (8 floats each). */
+SL_TARGET_AVX2 TL_INLINE void tl_x8_decode_block(int fmt, const uint8_t *blk, uint8_t *codes,
+                                                 int64_t stride, float *d, float *mo) {
+    if (fmt == TL_Q8_0) {
+#pragma GCC unroll 8
+        for (int g = 0; g < TL_GROUPS; g++)
+            _mm256_storeu_si256((__m256i *)(codes + g * stride),
+                                _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g)));
+    } else {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256i lo, hi;
+            tl_x8_codes(fmt, blk, c, &lo, &hi);
+            _mm256_storeu_si256((__m256i *)(codes + c * stride), lo);
+            _mm256_storeu_si256((__m256i *)(codes + (4 + c) * stride), hi);
+        }
+    }
+    __m256 vd, vmo;
+    tl_x8_scales(fmt, blk, &vd, &vmo);
+    _mm256_storeu_ps(d, vd);
+    _mm256_storeu_ps(mo, vmo);
+}
+
+/* The x8 decodes: sl_decode8's tile from one group, sl_amx_decode16's from two. */
+#define TL_EXPORT_X8_DECODE(name, fmt)                                                             \
+    SL_TARGET_AVX2 void sl_decode8x_##name(const uint8_t *group, int64_t k, void *tile,             \
+                                           const uint8_t *prefetch, int64_t ahead) {              \
+        const int64_t nb = k / SL_QK, gbs = 8 * tl_block_bytes(fmt);                               \
+        uint8_t *codes = (uint8_t *)tile;                                                          \
+        float *d = (float *)(codes + nb * TL_TILE_BLOCK_BYTES), *mo = d + nb * TL_LANES;           \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            sl_prefetch_share(prefetch, ahead, nb, b);                                             \
+            tl_x8_decode_block(fmt, group + b * gbs, codes + b * TL_TILE_BLOCK_BYTES, 32,          \
+                               d + b * TL_LANES, mo + b * TL_LANES);                               \
+        }                                                                                          \
+    }                                                                                              \
+    SL_TARGET_AVX2 void sl_amx_decode16x_##name(const uint8_t *group, int64_t k, void *tile,        \
+                                                const uint8_t *prefetch, int64_t ahead) {         \
+        const int64_t nb = k / SL_QK, gbs = 8 * tl_block_bytes(fmt);                               \
+        uint8_t *codes = (uint8_t *)tile;                                                          \
+        float *d = (float *)(codes + nb * 512), *mo = d + nb * 16;                                 \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            sl_prefetch_share(prefetch, ahead, nb, b);                                             \
+            for (int h = 0; h < 2; h++)                                                            \
+                tl_x8_decode_block(fmt, group + h * nb * gbs + b * gbs, codes + b * 512 + h * 32,  \
+                                   64, d + b * 16 + 8 * h, mo + b * 16 + 8 * h);                   \
+        }                                                                                          \
+    }
+TL_EXPORT_X8_DECODE(q4_0, TL_Q4_0)
+TL_EXPORT_X8_DECODE(q4_1, TL_Q4_1)
+TL_EXPORT_X8_DECODE(q5_0, TL_Q5_0)
+TL_EXPORT_X8_DECODE(q5_1, TL_Q5_1)
+TL_EXPORT_X8_DECODE(q8_0, TL_Q8_0)
+
 /* The tile decode (the same layout for both instruction sets' gemm). */
 #define TL_EXPORT_DECODE(name, fmt)                                                                \
     SL_TARGET_AVX2 void sl_decode8_##name##_avx2(const uint8_t *const *rows, int64_t k, void *tile, \

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -96,11 +97,17 @@ class BlockArena:
         """Bytes handed out so far, alignment included."""
         return self._used
 
-    def take(self, blocks: np.ndarray) -> torch.Tensor:
+    def take(
+        self,
+        blocks: np.ndarray,
+        repack: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    ) -> torch.Tensor:
         """``blocks`` (uint8 ``[rows, bytes per row]``, C-contiguous) copied into the arena:
         a tensor of the same shape over the arena's memory. A view of a file's mapping has
         its pages released once copied (``MADV_DONTNEED``: a private read-only mapping loses
-        nothing, a later read faults them in again from the page cache).
+        nothing, a later read faults them in again from the page cache). ``repack``: writes
+        a part of whole groups of eight rows (and the last part) into the arena in place of
+        the copy (:meth:`app.models.kernels.ggml_quant.GGMLKernels.repack8`).
 
         Raises:
             MemoryError: the arena is full (more bytes than the file holds).
@@ -115,10 +122,14 @@ class BlockArena:
         # a few MiB at a time, each part of a file's view released once copied: the load never
         # holds a whole matrix twice (an LM head is tens of MiB)
         step = max(1, COPY_BYTES // max(1, blocks.nbytes // max(1, len(blocks))))
+        step = -(-step // 8) * 8  # whole groups of eight rows, for a repack
 
         def copy(first: int) -> None:
             part = blocks[first : first + step]
-            np.copyto(target[first : first + step], part, casting="no")
+            if repack is not None:
+                repack(part, target[first : first + step])
+            else:
+                np.copyto(target[first : first + step], part, casting="no")
             if mapped:
                 release_view_pages(part)
 

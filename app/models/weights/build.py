@@ -1,20 +1,17 @@
 """Building :class:`app.models.weights.record.ModelWeights` from a checkpoint, in one weight format.
 
-Per layer, in Hugging Face layout (:class:`app.models.checkpoints.model_tensors.ModelTensors`): Q,
-K and V
-are stacked into one projection, gate and up into another (one matmul each), with the RMSNorm
-weight folded into their input columns (``W @ (g * x) == (W * g) @ x``), so the forward's
-normalisation is a per-token scale (see :mod:`app.models.forward.decoder`). Biases, where the file
-has
-them, go into the projection. int4 keeps the norms apart (a per-column factor would break the
-32-column groups of the codes).
+Per layer, in Hugging Face layout (:class:`app.models.checkpoints.model_tensors.ModelTensors`):
+Q, K and V are stacked into one projection, gate and up into another (one matmul each), with
+the RMSNorm weight folded into their input columns (``W @ (g * x) == (W * g) @ x``), so the
+forward's normalisation is a per-token scale (see :mod:`app.models.forward.decoder`). Biases,
+where the file has them, go into the projection. int4 keeps the norms apart (a per-column
+factor would break the 32-column groups of the codes).
 
 Embedding and LM head (tied: one matrix for both):
 
 * dense, packed for oneDNN: the packed head cannot serve lookups, so the lookup reads the file's
   rows (:class:`app.models.weights.embeddings.FileRowsEmbedding`; ``F.linear`` would reorder the
-  matrix
-  on every call: 1.2-2x slower, docs/MODEL_PERF.md);
+  matrix on every call: 1.2-2x slower, docs/MODEL_PERF.md);
 * dense, not packed: tied to the very tensor;
 * int8 / int4: an int8 head; tied, the lookup reads its int8 rows;
 * gguf: the file's blocks when the kernels compute their type (tied: the lookup decodes rows of
@@ -31,6 +28,7 @@ An untied embedding on the CPU is read from the file's rows (no copy in memory).
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 import torch
@@ -129,8 +127,7 @@ class _LayerBuilder:
         wide_copies: bool = False,
         decode_wide_calls: bool = False,
     ) -> None:
-        self.tensors = tensors
-        self.wide_copies = wide_copies
+        self.tensors, self.wide_copies = tensors, wide_copies
         self.dense_from_rows = DENSE_FROM_ROWS if decode_wide_calls and not wide_copies else 0
         self.blocks_max_rows = blocks_max_rows()  # beside a wide copy
         self.dtype, self.device = dtype, device
@@ -275,14 +272,17 @@ class _LayerBuilder:
         return dense_projection(weight, self.kernel, bias)
 
     def _segment(self, part: str, i: int | None) -> QuantSegment:
-        """The blocks of one matrix in Hugging Face row order: the file's mapped bytes where the
-        rows are stored in that order (nothing is copied or read at load: the first step
-        faults the pages in, as llama.cpp's mmap load does), a copy where llama.cpp's Q/K
-        permutation is undone. Mapping saved ~1.4 s of the 1B Q4_K file's load (603 MiB)."""
+        """The blocks of one matrix in Hugging Face row order (llama.cpp's Q/K permutation
+        undone): copied into the arena where there is one (the 32-weight formats' rows
+        interleaved on the way, ``GGMLKernels.repack8``), else the file's mapped bytes (or
+        the process's copy of reordered rows), faulted in by the first step."""
         blocks = self.tensors.raw_blocks(part, i)
-        assert blocks is not None  # a GGUF checkpoint (checked by the plan)
+        assert blocks is not None and self.ggml is not None  # GGUF blocks (checked by the plan)
         kind = self.tensors.tensor_type(part, i)
         blocks = np.ascontiguousarray(blocks, dtype=np.uint8)  # no copy for the file's view
+        if self.arena is not None and self.ggml.interleaves(kind, blocks.shape[0]):
+            taken = self.arena.take(blocks, partial(self.ggml.repack8, kind))
+            return QuantSegment(kind, taken, interleaved=True)
         if self.arena is not None:
             return QuantSegment(kind, self.arena.take(blocks))
         if blocks.flags.writeable:  # rows reordered: the process's own copy

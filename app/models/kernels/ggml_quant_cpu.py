@@ -1,0 +1,124 @@
+"""The GGUF-block library's C side as Python sees it (:mod:`app.models.kernels.ggml_quant`):
+the functions' ctypes signatures, and what the library runs on this CPU, chosen at run time:
+the instruction set (cpuid, or ``SLOTSERVE_GGML_ISA``) and where its kernels prefetch."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from enum import IntEnum
+
+from app.models.kernels.build import KernelBuildError
+
+__all__ = ["Isa", "best_isa", "declare", "prefetch_level"]
+
+
+class Isa(IntEnum):
+    """The instruction sets of the kernels (``enum sl_isa``), worst to best."""
+
+    SCALAR = 0
+    AVX2 = 1
+    AVX512 = 2
+
+    @property
+    def describe(self) -> str:
+        return {
+            Isa.SCALAR: "scalar C",
+            Isa.AVX2: "AVX2 maddubs",
+            Isa.AVX512: "AVX-512 VNNI dpbusd",
+        }[self]
+
+
+_c_void_p, _c_int, _c_int64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+
+
+def declare(library: ctypes.CDLL) -> None:
+    library.sl_quant_isa_supported.argtypes = [_c_int]
+    library.sl_quant_isa_supported.restype = _c_int
+    library.sl_quant_amx_ready.argtypes = []
+    library.sl_quant_amx_ready.restype = _c_int
+    library.sl_quant_set_prefetch_l2.argtypes = [_c_int]
+    library.sl_quant_set_prefetch_l2.restype = None
+    library.sl_quant_cpu_is_intel.argtypes = []
+    library.sl_quant_cpu_is_intel.restype = _c_int
+    library.sl_quant_row_bytes.argtypes = [_c_int, _c_int64]
+    library.sl_quant_row_bytes.restype = _c_int64
+    library.sl_quant_scratch_bytes.argtypes = [_c_int64, _c_int64]
+    library.sl_quant_scratch_bytes.restype = _c_int64
+    library.sl_quant_matmul.argtypes = [
+        _c_int,  # isa
+        _c_int,  # n_segments
+        _c_void_p,  # qtypes
+        _c_void_p,  # weights
+        _c_void_p,  # seg_rows
+        _c_int64,  # k
+        _c_void_p,  # x
+        _c_int,  # x_bf16
+        _c_int64,  # m
+        _c_int64,  # ldx
+        _c_void_p,  # bias
+        _c_void_p,  # residual
+        _c_int64,  # ldr
+        _c_void_p,  # y
+        _c_int,  # y_bf16
+        _c_int64,  # ldy
+        _c_void_p,  # scratch
+        _c_int,  # threads
+    ]
+    library.sl_quant_matmul.restype = _c_int
+    library.sl_quant_repack8.argtypes = [_c_int, _c_void_p, _c_void_p, _c_int64, _c_int64]
+    library.sl_quant_repack8.restype = _c_int
+    library.sl_quant_dequantize_rows.argtypes = [
+        _c_int,
+        _c_void_p,
+        _c_int64,  # rows of the matrix
+        _c_int64,
+        _c_void_p,
+        _c_int64,
+        _c_void_p,
+        _c_int,  # bfloat16 out
+        _c_int,  # threads
+    ]
+    library.sl_quant_dequantize_rows.restype = _c_int
+
+
+def best_isa(library: ctypes.CDLL) -> tuple[Isa, str]:
+    """The instruction set the kernels use here, and why: ``SLOTSERVE_GGML_ISA`` when set (and
+    the CPU has it), else the best one cpuid reports."""
+    forced = os.environ.get("SLOTSERVE_GGML_ISA", "").strip().lower()
+    if forced:
+        try:
+            isa = Isa[forced.upper()]
+        except KeyError:
+            raise KernelBuildError(
+                f"SLOTSERVE_GGML_ISA={forced!r}: expected scalar, avx2 or avx512"
+            ) from None
+        if not library.sl_quant_isa_supported(int(isa)):
+            raise KernelBuildError(f"SLOTSERVE_GGML_ISA={forced}: this CPU does not have it")
+        return isa, f"{isa.describe} (SLOTSERVE_GGML_ISA)"
+    for isa in reversed(Isa):
+        if library.sl_quant_isa_supported(int(isa)):
+            return isa, f"{isa.describe} (cpuid)"
+    return Isa.SCALAR, "scalar C"
+
+
+def prefetch_level(library: ctypes.CDLL) -> str:
+    """Sets where the tile kernels prefetch the rows they read next (L2 on Intel CPUs, L1
+    elsewhere; ``SLOTSERVE_GGML_PREFETCH=l1|l2`` chooses) and says which, for the log. On the
+    2-core AMX Xeon (family 6 model 167, a 480 MiB L3) L1 stalled the one-row gemv on the
+    prefetches (perf: a third of its samples after one, the fill buffers full); L2 took a SmolLM2
+    one-row step from 6.9 to 6.2 ms, Gemma 3's Q8_0 head at one row from 8.9-9.5 to 7.0-7.3 ms.
+    Zen 4 fills L2 on PREFETCHT1 but is reported to drop such prefetches at times (Wang et al.
+    2024, arXiv:2411.02814), and L1 is what was measured on the EPYC: off Intel it stays.
+
+    Raises:
+        KernelBuildError: ``SLOTSERVE_GGML_PREFETCH`` is set to something else.
+    """
+    forced = os.environ.get("SLOTSERVE_GGML_PREFETCH", "").strip().lower()
+    if forced not in ("", "l1", "l2"):
+        raise KernelBuildError(f"SLOTSERVE_GGML_PREFETCH={forced!r}: expected l1 or l2")
+    intel = bool(library.sl_quant_cpu_is_intel())
+    to_l2 = forced == "l2" or (not forced and intel)
+    library.sl_quant_set_prefetch_l2(int(to_l2))
+    why = "SLOTSERVE_GGML_PREFETCH" if forced else ("an Intel CPU" if intel else "not Intel")
+    return f"prefetch into {'L2' if to_l2 else 'L1'} ({why})"

@@ -1,0 +1,149 @@
+"""Rows interleaved eight at a time ("x8", ``ggml_quant.h``): the 32-weight formats' blocks
+repacked at load into the same bytes in another order, which every kernel reads as it reads
+the file's rows. Each check is exact: the repacked matrix gives the file's outputs bit for bit
+(the same integers and the same float sequence per output, so the tolerance of
+``test_ggml_kernels`` against gguf's decoder carries over), on every instruction set this CPU
+has, for the one-row gemv, the decoded tiles, the AMX tiles and the portable C, with a tail of
+rows past the last full group."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from make_random_gguf import write_random_gguf
+
+from app.models.kernels.ggml_quant import INTERLEAVED_TYPES, Isa, QuantSegment, load_ggml_quant
+from app.models.load import plan
+from app.models.weights import block_arena
+from app.models.weights.block_arena import BlockArena, huge_pages_mode
+from app.models.weights.ggml import GGMLLinear
+from tests.models.stepping import load_on_blocks, sequence_logits
+from tests.models.test_ggml_kernels import random_blocks
+
+KERNELS, HOW = load_ggml_quant()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"GGUF-block kernels: {HOW}")
+ISAS = [isa for isa in Isa if KERNELS is not None and KERNELS.supports(isa)]
+KINDS = sorted(INTERLEAVED_TYPES)
+
+
+def repacked(kind: str, blocks: np.ndarray) -> QuantSegment:
+    assert KERNELS is not None
+    out = np.empty_like(blocks)
+    KERNELS.repack8(kind, blocks, out)
+    return QuantSegment(kind, torch.from_numpy(out), interleaved=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_repack_moves_every_byte_and_rows_decode_as_the_files(kind: str) -> None:
+    """Full groups change order (nothing is lost: the bytes are a permutation of each group's),
+    the tail stays; every row decodes as the file's row does."""
+    blocks = random_blocks(kind, 21, 608, seed=1)
+    segment = repacked(kind, blocks)
+    out = segment.blocks.numpy()
+    assert not np.array_equal(out[:16], blocks[:16])
+    for group in (0, 8):
+        assert np.array_equal(
+            np.sort(out[group : group + 8], axis=None),
+            np.sort(blocks[group : group + 8], axis=None),
+        )
+    assert np.array_equal(out[16:], blocks[16:])  # rows past the last full group
+    file = QuantSegment(kind, torch.from_numpy(blocks))
+    ids = torch.tensor([0, 7, 8, 15, 16, 20, 3])
+    for dtype in (torch.float32, torch.bfloat16):
+        got = KERNELS.dequantize_rows(segment, 608, ids, dtype)  # type: ignore[union-attr]
+        assert torch.equal(got, KERNELS.dequantize_rows(file, 608, ids, dtype))  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="outside its 21 rows"):
+        KERNELS.dequantize_rows(segment, 608, torch.tensor([21]), torch.float32)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: Isa) -> None:
+    """1-64 activation rows (the gemv, the decoded tiles, AMX from 12 rows where the CPU has
+    it), 37 weight rows (two full units, a unit of one group and a 5-row tail) and 64, two
+    widths, activations at the codes' extremes, a bias and a bfloat16 residual."""
+    assert KERNELS is not None
+    generator = torch.Generator().manual_seed(7)
+    for columns, n in ((96, 37), (608, 64)):
+        blocks = random_blocks(kind, n, columns, seed=n)
+        file, x8 = QuantSegment(kind, torch.from_numpy(blocks)), repacked(kind, blocks)
+        x = torch.randn(64, columns, generator=generator)
+        x[2] = torch.where(x[2] > 0, 1e3, -1e3)  # every activation byte at +-127
+        for rows in (1, 2, 3, 7, 12, 16, 33, 64):
+            want = KERNELS.matmul((file,), x[:rows], isa=isa)
+            got = KERNELS.matmul((x8,), x[:rows], isa=isa)
+            assert torch.equal(got, want), f"{kind} {isa.name} {n}x{columns}, {rows} rows"
+        bias = torch.randn(n, generator=generator)
+        residual = torch.randn(5, n, generator=generator).to(torch.bfloat16)
+        xb = x[:5].to(torch.bfloat16)
+        want = KERNELS.matmul((file,), xb, bias=bias, residual=residual, isa=isa)
+        got = KERNELS.matmul((x8,), xb, bias=bias, residual=residual, isa=isa)
+        assert torch.equal(got, want), f"{kind} {isa.name} with a bias and a residual"
+
+
+def test_segments_of_both_layouts_in_one_call() -> None:
+    """A fused projection whose segments are interleaved, in the file's layout and a K format
+    (which has no x8 layout) computes each as alone."""
+    assert KERNELS is not None
+    parts = (
+        repacked("Q4_1", random_blocks("Q4_1", 24, 512, 1)),
+        QuantSegment("Q8_0", torch.from_numpy(random_blocks("Q8_0", 16, 512, 2))),
+        QuantSegment("Q4_K", torch.from_numpy(random_blocks("Q4_K", 8, 512, 3))),
+    )
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3))
+    together = GGMLLinear(KERNELS, parts, 512)(x)
+    alone = torch.cat([KERNELS.matmul((s,), x) for s in parts], dim=1)
+    assert torch.equal(together, alone)
+
+
+def test_the_arena_repacks_a_matrix_in_parts_of_whole_groups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert KERNELS is not None
+    monkeypatch.setattr(block_arena, "COPY_BYTES", 700)  # 35 rows of 20 bytes -> parts of 40
+    blocks = random_blocks("Q4_1", 101, 32, seed=4)
+    whole = repacked("Q4_1", blocks).blocks
+    got = BlockArena(1 << 20).take(blocks, lambda part, out: KERNELS.repack8("Q4_1", part, out))
+    assert torch.equal(got, whole)
+    with pytest.raises(ValueError, match="not repacked here"):
+        KERNELS.repack8("Q4_K", random_blocks("Q4_K", 8, 256, 1), np.empty((8, 144), np.uint8))
+
+
+@pytest.fixture(scope="module")
+def legacy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("x8") / "model.gguf"
+    shape = {"hidden": 256, "ffn": 512, "layers": 2, "heads": 4, "kv_heads": 2}
+    return write_random_gguf(out, types="Q4_1,Q5_0,Q8_0", **shape)
+
+
+@pytest.mark.skipif(huge_pages_mode() is None, reason="no transparent huge pages: no arena")
+def test_a_model_loads_interleaved_and_computes_the_files_logits(
+    legacy_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default load repacks every 32-weight matrix (projections and the tied head and
+    embedding) as it copies it; SLOTSERVE_GGML_REPACK=0's load keeps the file's layout. Prompt
+    chunk and decode logits are the same bits."""
+    assert KERNELS is not None and KERNELS.isa >= Isa.AVX2
+    x8 = load_on_blocks(legacy_file, wide_copies="off")
+    monkeypatch.setattr(
+        plan, "load_ggml_quant", lambda: (dataclasses.replace(KERNELS, repack=False), HOW)
+    )
+    file = load_on_blocks(legacy_file, wide_copies="off")
+    interleaved = [s.interleaved for s in _segments(x8)]
+    assert all(interleaved) and not any(s.interleaved for s in _segments(file))
+    tokens = [1, 17, 400, 9000, 33, 2, 5000, 12, 7, 7, 300]
+    want = sequence_logits(file.model, tokens, chunk=5)
+    assert torch.equal(sequence_logits(x8.model, tokens, chunk=5), want)
+
+
+def _segments(runner) -> list[QuantSegment]:
+    weights = runner.model.weights
+    linears = [p for layer in weights.layers for p in (layer.qkv, layer.attn_output)]
+    linears += [p for layer in weights.layers for p in (layer.gate_up, layer.down)]
+    linears.append(weights.lm_head)
+    assert all(isinstance(p, GGMLLinear) for p in linears)
+    return [s for p in linears for s in p.segments]
