@@ -63,12 +63,13 @@ def test_the_repack_moves_every_byte_and_rows_decode_as_the_files(kind: str) -> 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: Isa) -> None:
-    """1-64 activation rows (the gemv, the decoded tiles, AMX from 12 rows where the CPU has
-    it), 37 weight rows (two full units, a unit of one group and a 5-row tail) and 64, two
-    widths, activations at the codes' extremes, a bias and a bfloat16 residual."""
+    """1-64 activation rows (the gemv of one row and of several, the decoded tiles, AMX from
+    16 rows where the CPU has it), 37 weight rows (two full units, then a 5-row tail), 24 (a
+    unit of one group) and 64, two widths, activations at the codes' extremes, a bias and a
+    bfloat16 residual."""
     assert KERNELS is not None
     generator = torch.Generator().manual_seed(7)
-    for columns, n in ((96, 37), (608, 64)):
+    for columns, n in ((96, 37), (96, 24), (608, 64)):
         blocks = random_blocks(kind, n, columns, seed=n)
         file, x8 = QuantSegment(kind, torch.from_numpy(blocks)), repacked(kind, blocks)
         x = torch.randn(64, columns, generator=generator)

@@ -169,7 +169,7 @@ int64_t sl_tile8_bytes_q8_k(int64_t k);
  *   sl_amx_gemm16(tile, k, x, x_bytes, m, signed_codes, out): m activation rows
  *       (sl_block_q8_1, row stride x_bytes) -> out[i * 16 + n]. */
 int sl_quant_isa_supported(int isa);
-/* Where the tile kernels prefetch the weight rows they read next (ggml_quant_matmul.c): 1 into
+/* Where the tile kernels prefetch the weight rows they read next (ggml_quant_cpu.c): 1 into
  * L2, 0 into L1; sl_prefetch_l2 set once at load, before any thread computes, and
  * sl_prefetch_l2_now by each call from it and its row count. sl_quant_cpu_is_intel: the CPU's
  * vendor, which the loader decides by. */
@@ -240,7 +240,18 @@ typedef void (*sl_gemv8x_fn)(const uint8_t *group, int64_t k, const void *x, flo
                              const uint8_t *prefetch, int64_t ahead);
 typedef void (*sl_decode8x_fn)(const uint8_t *group, int64_t k, void *tile,
                                const uint8_t *prefetch, int64_t ahead);
+/*   sl_gemvn8x_<fmt>_<isa>(group, k, x, n_x, out, out_stride, prefetch, ahead): n_x <=
+ *       SL_GEMM_ROWS activation rows, each chunk unpacked once for all: the same bits. */
+typedef void (*sl_gemvn8x_fn)(const uint8_t *group, int64_t k, const void *const *x, int n_x,
+                              float *out, int64_t out_stride, const uint8_t *prefetch,
+                              int64_t ahead);
 #define SL_DECLARE_X8(fmt)                                                                       \
+    void sl_gemvn8x_##fmt##_avx2(const uint8_t *group, int64_t k, const void *const *x, int n_x, \
+                                 float *out, int64_t out_stride, const uint8_t *prefetch,        \
+                                 int64_t ahead);                                                 \
+    void sl_gemvn8x_##fmt##_avx512(const uint8_t *group, int64_t k, const void *const *x,        \
+                                   int n_x, float *out, int64_t out_stride,                      \
+                                   const uint8_t *prefetch, int64_t ahead);                      \
     void sl_gemv8x_##fmt##_avx2(const uint8_t *group, int64_t k, const void *x, float *out,      \
                                 const uint8_t *prefetch, int64_t ahead);                         \
     void sl_gemv8x_##fmt##_avx512(const uint8_t *group, int64_t k, const void *x, float *out,    \

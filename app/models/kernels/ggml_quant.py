@@ -64,6 +64,7 @@ SOURCES = (
     "ggml_quant_ktiles.c",
     "ggml_quant_ktiles_body.h",
     "ggml_quant_rows.c",
+    "ggml_quant_cpu.c",
 )
 # No -march: each SIMD function carries its own target attribute and is picked by cpuid.
 CFLAGS: tuple[str, ...] = ()
@@ -347,6 +348,6 @@ def load_ggml_quant() -> tuple[GGMLKernels | None, str]:
     threads = f"torch's OpenMP threads ({torch_libgomp()})" if threaded else "one thread"
     # asked once here, before any thread computes: the kernel grants the tile state then
     if isa == Isa.AVX512 and library.sl_quant_amx_ready():
-        why += f", AMX-INT8 tiles from {AMX_MIN_ROWS} rows (32-weight formats)"
+        why += f", AMX-INT8 tiles from {AMX_MIN_ROWS} rows (32-weight formats; 16 interleaved)"
     kernels = GGMLKernels(library, target, isa, threaded, repack)
     return kernels, f"GGUF-block kernels: {why}; {threads}"

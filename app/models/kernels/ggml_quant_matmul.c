@@ -34,6 +34,14 @@
  * (AMX Xeon, time with AMX / without: SmolLM2's Q8_0 head 0.82x at 12 rows, 0.77x at 16,
  * 0.79x at 64; its Q4_1 projections 0.82-1.03x at 12, 0.87x at 64; at 6 rows 1.06-1.19x). */
 #define SL_AMX_MIN_ROWS 12
+/* On interleaved rows from 16: the x8 gemv below is faster at 12 (SmolLM2's projections 12.7
+ * against 13.4-14.1 ms) and as fast at 16. */
+#define SL_AMX_MIN_ROWS_X8 16
+/* Calls of 2 to this many activation rows on interleaved rows (SL_X8) take the x8 gemv, each
+ * chunk unpacked once per 8 activation rows, instead of decoding a tile: the same bits, faster
+ * (AMX Xeon, SmolLM2's 121 projections; AVX2: 0.78-0.86x the time at 2-64 rows, equal at 128;
+ * VNNI: 0.87-0.93x at 2-12 rows, equal at 16, 1.06-1.10x at 32-64), per instruction set. */
+static const int sl_x8_gemv_max_rows[3] = {0, 64, 16};
 
 typedef struct {
     int block_size;  /* weights per block */
@@ -55,6 +63,7 @@ typedef struct {
     int signed_codes;
     /* the same on rows interleaved eight at a time (SL_X8), or NULL: no such layout */
     sl_gemv8x_fn gemv8x[3];
+    sl_gemvn8x_fn gemvn8x[3];
     sl_decode8x_fn decode8x, amx_decode16x;
 } sl_format;
 
@@ -63,13 +72,14 @@ typedef struct {
       {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, {NULL, NULL, NULL},                  \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
       sl_tile8_bytes_q8_1, sl_amx_decode16_##fmt, signed_codes,                                  \
-      {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512}, sl_decode8x_##fmt,               \
+      {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512},                                  \
+      {NULL, sl_gemvn8x_##fmt##_avx2, sl_gemvn8x_##fmt##_avx512}, sl_decode8x_##fmt,             \
       sl_amx_decode16x_##fmt }
 #define SL_FORMAT_KTILES(fmt, bytes)                                                             \
     { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
       {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
-      sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, NULL, NULL }
+      sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, NULL, NULL}, NULL, NULL }
 
 static const sl_format *sl_format_of(int qtype) {
     static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0);
@@ -98,30 +108,10 @@ static const sl_quantize_row_fn sl_quantize_q8_1[3] = {
 static const sl_quantize_row_fn sl_quantize_q8_k[3] = {
     sl_quantize_q8_k_scalar, sl_quantize_q8_k_avx2, sl_quantize_q8_k_avx512};
 
-/* Where the tile kernels' software prefetches put the next weight rows: 1 L2 (PREFETCHT1), 0
- * L1 (PREFETCHT0); the loader decides (ggml_quant.py, prefetch_level, with the measurements),
- * for calls of up to SL_PREFETCH_L2_ROWS activation rows: Gemma 3 steps (AMX Xeon) of 64 rows
- * 137-145 ms into L1, 144-149 into L2; 32 rows 56-58 and 53-55; 16 rows 36.7 and 33.7. */
+/* Calls of up to this many activation rows prefetch where the loader chose (sl_prefetch_l2,
+ * ggml_quant_cpu.c), wider ones into L1: Gemma 3 steps (AMX Xeon) of 64 rows 137-145 ms into
+ * L1, 144-149 into L2; 32 rows 56-58 and 53-55; 16 rows 36.7 and 33.7. */
 #define SL_PREFETCH_L2_ROWS 32
-int sl_prefetch_l2 = 0, sl_prefetch_l2_now = 0; /* the loader's choice; this call's */
-void sl_quant_set_prefetch_l2(int l2) { sl_prefetch_l2 = l2 != 0; }
-int sl_quant_cpu_is_intel(void) { return __builtin_cpu_init(), __builtin_cpu_is("intel") != 0; }
-
-/* Whether this CPU (and its OS, which must save the wide registers) runs `isa`. */
-int sl_quant_isa_supported(int isa) {
-    __builtin_cpu_init();
-    switch (isa) {
-    case SL_ISA_SCALAR: return 1;
-    case SL_ISA_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case SL_ISA_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma");
-    default: return 0;
-    }
-}
 
 /* Bytes of one row of k weights in `qtype`, or -1 when the format is not computed here or k
  * is not a whole number of its blocks. */
@@ -192,7 +182,8 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
     const int gemm = m > gemv_max_rows;
     const int64_t tile_bytes = format->tile_bytes(k);
     /* AMX: the 16 rows decoded into one tile, then m x 16 outputs at once */
-    amx = amx && format->amx_decode != NULL && m >= SL_AMX_MIN_ROWS && x8_rows != 8;
+    amx = amx && format->amx_decode != NULL && x8_rows != 8 &&
+          m >= (x8_rows ? SL_AMX_MIN_ROWS_X8 : SL_AMX_MIN_ROWS);
     const int64_t needed =
         amx ? sl_amx_tile_bytes(k) + m * 16 * (int64_t)sizeof(float) : tile_bytes;
     if (gemm && needed > capacity) {
@@ -233,6 +224,19 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
                 for (int g = 0; g < group; g++)
                     sl_store_row(out[g], lanes, i0 + g, column + r0, bias, residual, ldr, y, y_bf16,
                                  ldy);
+            }
+            continue;
+        }
+        if (group != NULL && m > 1 && m <= sl_x8_gemv_max_rows[isa]) { /* x8, no decode pass */
+            for (int64_t i0 = 0; i0 < m; i0 += SL_GEMM_ROWS) {
+                const int n_x = m - i0 < SL_GEMM_ROWS ? (int)(m - i0) : SL_GEMM_ROWS;
+                const void *x_rows[SL_GEMM_ROWS];
+                for (int g = 0; g < n_x; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
+                format->gemvn8x[isa](group, k, x_rows, n_x, out[0], 8,
+                                     w + (r0 + 2 * 8) * row_bytes, i0 == 0 ? 8 * row_bytes : 0);
+                for (int g = 0; g < n_x; g++)
+                    sl_store_row(out[g], lanes, i0 + g, column + r0, bias, residual, ldr, y,
+                                 y_bf16, ldy);
             }
             continue;
         }

@@ -119,6 +119,58 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemv_x8)(int fmt, const uint8_t *group, int6
     _mm256_storeu_ps(out, _mm256_add_ps(acc, macc));
 }
 
+/* gemv of R activation rows on an x8 group: each chunk's codes unpacked once for all R (no
+ * decode pass through a tile), then tl_gemv_x8's integers and float sequence per row, so the
+ * same bits as one row at a time. */
+TL_TARGET TL_INLINE void TL_NAME(tl_gemvn_x8)(int fmt, int R, const uint8_t *group, int64_t nb,
+                                              const sl_block_q8_1 *const x[SL_GEMM_ROWS], float *out,
+                                              int64_t out_stride, const uint8_t *prefetch, int64_t ahead) {
+    const int64_t gbs = 8 * tl_block_bytes(fmt);
+    __m256 acc[SL_GEMM_ROWS], macc[SL_GEMM_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        sl_prefetch_share(prefetch, ahead, nb, b);
+        const uint8_t *blk = group + b * gbs;
+        __m256i isum[SL_GEMM_ROWS];
+        if (fmt == TL_Q8_0) {
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) isum[r] = TL_NAME(tl_x8_isum)(fmt, blk, x[r] + b);
+        } else {
+            __m256i codes[TL_GROUPS];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) tl_x8_codes(fmt, blk, c, &codes[c], &codes[4 + c]);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+#if TL_VNNI
+                isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = 0; g < TL_GROUPS; g++)
+                    isum[r] = _mm256_dpbusd_epi32(isum[r], codes[g], tl_group_x(fmt, x[r] + b, g, codes[g]));
+#else
+                const __m256i ones = _mm256_set1_epi16(1);
+                const int run = tl_is5(fmt) ? 4 : 8;
+                isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+                for (int g0 = 0; g0 < TL_GROUPS; g0 += run) {
+                    __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int g = g0; g < g0 + run; g++)
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[g], tl_group_x(fmt, x[r] + b, g, codes[g])));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16, ones));
+                }
+#endif
+            }
+        }
+        __m256 d, mo;
+        tl_x8_scales(fmt, blk, &d, &mo);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) tl_finish_block(fmt, isum[r], d, mo, x[r] + b, &acc[r], &macc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * out_stride, _mm256_add_ps(acc[r], macc[r]));
+}
+
 /* The integer sums of one block for R activation rows from the tile: lane j = row j's. */
 TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *codes,
                                                 const sl_block_q8_1 *const x[SL_GEMM_ROWS], int64_t b,
@@ -224,11 +276,25 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemm_rows)(int fmt, int n_x, const uint8_t *
 #undef TL_GEMM_MOST
 
 /* The exported entry points, one per format (see ggml_quant.h, sl_tile_fns). */
+#define TL_GEMVN_X8(fmt, n)                                                                        \
+    TL_NAME(tl_gemvn_x8)(fmt, n, group, k / SL_QK, xr, out, out_stride, prefetch, ahead);         \
+    break;
 #define TL_EXPORT(name, fmt)                                                                       \
     TL_TARGET void TL_EXPORTED(sl_gemv8_, name)(const uint8_t *const *rows, int64_t k,             \
                                                 const void *x, float *out,                         \
                                                 const uint8_t *prefetch, int64_t ahead) {          \
         TL_NAME(tl_gemv)(fmt, rows, k / SL_QK, (const sl_block_q8_1 *)x, out, prefetch, ahead);    \
+    }                                                                                              \
+    TL_TARGET void TL_EXPORTED(sl_gemvn8x_, name)(const uint8_t *group, int64_t k,                 \
+                                                  const void *const *x, int n_x, float *out,       \
+                                                  int64_t out_stride, const uint8_t *prefetch,     \
+                                                  int64_t ahead) {                                 \
+        const sl_block_q8_1 *const *xr = (const sl_block_q8_1 *const *)x;                          \
+        switch (n_x) {                                                                             \
+        case 1: TL_GEMVN_X8(fmt, 1) case 2: TL_GEMVN_X8(fmt, 2) case 3: TL_GEMVN_X8(fmt, 3)        \
+        case 4: TL_GEMVN_X8(fmt, 4) case 5: TL_GEMVN_X8(fmt, 5) case 6: TL_GEMVN_X8(fmt, 6)        \
+        case 7: TL_GEMVN_X8(fmt, 7) default: TL_GEMVN_X8(fmt, 8)                                   \
+        }                                                                                          \
     }                                                                                              \
     TL_TARGET void TL_EXPORTED(sl_gemv8x_, name)(const uint8_t *group, int64_t k, const void *x,   \
                                                  float *out, const uint8_t *prefetch,              \
@@ -252,6 +318,7 @@ TL_EXPORT(q5_1, TL_Q5_1)
 TL_EXPORT(q8_0, TL_Q8_0)
 
 #undef TL_EXPORT
+#undef TL_GEMVN_X8
 #undef TL_EXPORTED
 #undef TL_EXPORTED_PASTE2
 #undef TL_EXPORTED_PASTE
