@@ -41,7 +41,8 @@ def repacked(kind: str, blocks: np.ndarray) -> QuantSegment:
 def test_the_repack_moves_every_byte_and_rows_decode_as_the_files(kind: str) -> None:
     """Full groups change order (nothing is lost: the bytes are a permutation of each group's),
     the tail stays; every row decodes as the file's row does."""
-    blocks = random_blocks(kind, 21, 608, seed=1)
+    columns = 768 if kind == "Q4_K" else 608
+    blocks = random_blocks(kind, 21, columns, seed=1)
     segment = repacked(kind, blocks)
     out = segment.blocks.numpy()
     assert not np.array_equal(out[:16], blocks[:16])
@@ -54,10 +55,10 @@ def test_the_repack_moves_every_byte_and_rows_decode_as_the_files(kind: str) -> 
     file = QuantSegment(kind, torch.from_numpy(blocks))
     ids = torch.tensor([0, 7, 8, 15, 16, 20, 3])
     for dtype in (torch.float32, torch.bfloat16):
-        got = KERNELS.dequantize_rows(segment, 608, ids, dtype)  # type: ignore[union-attr]
-        assert torch.equal(got, KERNELS.dequantize_rows(file, 608, ids, dtype))  # type: ignore[union-attr]
+        got = KERNELS.dequantize_rows(segment, columns, ids, dtype)  # type: ignore[union-attr]
+        assert torch.equal(got, KERNELS.dequantize_rows(file, columns, ids, dtype))  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="outside its 21 rows"):
-        KERNELS.dequantize_rows(segment, 608, torch.tensor([21]), torch.float32)  # type: ignore[union-attr]
+        KERNELS.dequantize_rows(segment, columns, torch.tensor([21]), torch.float32)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
@@ -69,7 +70,8 @@ def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: I
     bfloat16 residual."""
     assert KERNELS is not None
     generator = torch.Generator().manual_seed(7)
-    for columns, n in ((96, 37), (96, 24), (608, 64)):
+    widths = (256, 256, 768) if kind == "Q4_K" else (96, 96, 608)
+    for columns, n in zip(widths, (37, 24, 64), strict=True):
         blocks = random_blocks(kind, n, columns, seed=n)
         file, x8 = QuantSegment(kind, torch.from_numpy(blocks)), repacked(kind, blocks)
         x = torch.randn(64, columns, generator=generator)
@@ -111,31 +113,29 @@ def test_the_arena_repacks_a_matrix_in_parts_of_whole_groups(
     got = BlockArena(1 << 20).take(blocks, lambda part, out: KERNELS.repack8("Q4_1", part, out))
     assert torch.equal(got, whole)
     with pytest.raises(ValueError, match="not repacked here"):
-        KERNELS.repack8("Q4_K", random_blocks("Q4_K", 8, 256, 1), np.empty((8, 144), np.uint8))
-
-
-@pytest.fixture(scope="module")
-def legacy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("x8") / "model.gguf"
-    shape = {"hidden": 256, "ffn": 512, "layers": 2, "heads": 4, "kv_heads": 2}
-    return write_random_gguf(out, types="Q4_1,Q5_0,Q8_0", **shape)
+        KERNELS.repack8("Q6_K", random_blocks("Q6_K", 8, 256, 1), np.empty((8, 210), np.uint8))
 
 
 @pytest.mark.skipif(huge_pages_mode() is None, reason="no transparent huge pages: no arena")
+@pytest.mark.parametrize("types", ["Q4_1,Q5_0,Q8_0", "Q4_K,Q6_K,Q4_0"])
 def test_a_model_loads_interleaved_and_computes_the_files_logits(
-    legacy_file: Path, monkeypatch: pytest.MonkeyPatch
+    types: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default load repacks every 32-weight matrix (projections and the tied head and
-    embedding) as it copies it; SLOTSERVE_GGML_REPACK=0's load keeps the file's layout. Prompt
-    chunk and decode logits are the same bits."""
+    """The default load repacks every matrix of a type with the layout (projections and the
+    tied head and embedding) as it copies it, and no other (Q6_K); SLOTSERVE_GGML_REPACK=0's
+    load keeps the file's layout. Prompt chunk and decode logits are the same bits."""
     assert KERNELS is not None and KERNELS.isa >= Isa.AVX2
-    x8 = load_on_blocks(legacy_file, wide_copies="off")
+    shape = {"hidden": 256, "ffn": 512, "layers": 2, "heads": 4, "kv_heads": 2}
+    path = write_random_gguf(tmp_path / "model.gguf", types=types, **shape)
+    x8 = load_on_blocks(path, wide_copies="off")
     monkeypatch.setattr(
         plan, "load_ggml_quant", lambda: (dataclasses.replace(KERNELS, repack=False), HOW)
     )
-    file = load_on_blocks(legacy_file, wide_copies="off")
-    interleaved = [s.interleaved for s in _segments(x8)]
-    assert all(interleaved) and not any(s.interleaved for s in _segments(file))
+    file = load_on_blocks(path, wide_copies="off")
+    kinds = {s.tensor_type for s in _segments(x8)}
+    assert kinds == set(types.split(","))
+    assert all(s.interleaved == (s.tensor_type in KINDS) for s in _segments(x8))
+    assert not any(s.interleaved for s in _segments(file))
     tokens = [1, 17, 400, 9000, 33, 2, 5000, 12, 7, 7, 300]
     want = sequence_logits(file.model, tokens, chunk=5)
     assert torch.equal(sequence_logits(x8.model, tokens, chunk=5), want)

@@ -195,37 +195,41 @@ void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, int64_t x_byte
 void sl_amx_release(void);
 
 /*
- * Rows interleaved eight at a time ("x8"; qtype | SL_X8): the 32-weight formats' blocks
- * repacked once at load (sl_quant_repack8), the same bytes in another order. Rows 8G .. 8G + 7
- * of a matrix (a full group) keep their byte range, and block b of the group sits at
+ * Rows interleaved eight at a time ("x8"; qtype | SL_X8): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K
+ * blocks repacked once at load (sl_quant_repack8), the same bytes in another order. Rows 8G ..
+ * 8G + 7 of a matrix (a full group) keep their byte range, and block b of the group sits at
  * group + b * 8 * block_bytes, holding the eight rows' fields side by side:
- *     d[8] (fp16), then m[8] (fp16; Q4_1, Q5_1), then qh[8] (uint32; Q5_0, Q5_1), then the
- *     codes in chunks of 32 bytes: chunk c holds bytes 4c .. 4c + 3 of each row j's qs at
- *     bytes 4j .. 4j + 3 (4 chunks for the nibble formats, 8 for Q8_0).
+ *     d[8] (fp16), then m[8] (fp16: Q4_1 and Q5_1's m, Q4_K's dmin), then the side words in
+ *     chunks of 32 bytes (Q5_0, Q5_1: qh, one chunk; Q4_K: its 12 scale bytes, three), then
+ *     the codes in chunks of 32 bytes: chunk c holds bytes 4c .. 4c + 3 of each row j's qs at
+ *     bytes 4j .. 4j + 3 (4 chunks for the 4- and 5-bit formats, 8 for Q8_0, 32 for Q4_K);
+ *     side chunk c holds side word c of each row the same way.
  * So one 32-byte load gives eight rows' codes in the tile kernels' lanes (the low nibbles are
- * weights 4c .. 4c + 3, the high ones 16 + 4c ..), and the scales of eight rows are one load:
- * the one-row gemv needs no horizontal sums and no per-row scale inserts. The rows past the
- * last full group stay in the file's layout at their own offsets. The idea of repacking rows
- * interleaved at load is llama.cpp's (ggml-cpu/repack.cpp, "block_q4_0x8"); this layout and
- * its code are our own.
+ * weights 4c .. 4c + 3, the high ones 16 + 4c ..; Q4_K: of its sub-block pair c / 8), and the
+ * scales of eight rows are one load: the one-row gemv needs no horizontal sums and no per-row
+ * scale inserts. The rows past the last full group stay in the file's layout at their own
+ * offsets. The idea of repacking rows interleaved at load is llama.cpp's
+ * (ggml-cpu/repack.cpp, "block_q4_0x8"); this layout and its code are our own.
  */
 #define SL_X8 0x100
 typedef struct {
-    int bytes;                      /* bytes of a block in the file */
-    int m_at, qh_at, qs_at;         /* a file block's fields (-1: none) */
-    int x8_m_at, x8_qh_at, x8_codes; /* offsets in an x8 block of eight rows */
-    int chunks;                     /* 4-byte pieces of qs per row: 4, or 8 for Q8_0 */
+    int bytes, weights;           /* bytes and weights of a block (0, 0: no x8 layout) */
+    int m_at, side_at, qs_at;     /* a file block's fields (-1: none) */
+    int side_words;               /* 4-byte side words per row: qh 1, Q4_K's scales 3 */
+    int x8_m_at, x8_side_at, x8_codes; /* offsets in an x8 block of eight rows */
+    int chunks;                   /* 4-byte pieces of qs per row */
 } sl_x8_fields;
 
-/* The fields of a 32-weight format (qtype without SL_X8); bytes 0 for any other type. */
+/* The fields of a type with an x8 layout (qtype without SL_X8); bytes 0 for any other. */
 static inline sl_x8_fields sl_x8_fields_of(int qtype) {
     switch (qtype) {
-    case SL_TYPE_Q4_0: return (sl_x8_fields){18, -1, -1, 2, -1, -1, 16, 4};
-    case SL_TYPE_Q4_1: return (sl_x8_fields){20, 2, -1, 4, 16, -1, 32, 4};
-    case SL_TYPE_Q5_0: return (sl_x8_fields){22, -1, 2, 6, -1, 16, 48, 4};
-    case SL_TYPE_Q5_1: return (sl_x8_fields){24, 2, 4, 8, 16, 32, 64, 4};
-    case SL_TYPE_Q8_0: return (sl_x8_fields){34, -1, -1, 2, -1, -1, 16, 8};
-    default: return (sl_x8_fields){0, -1, -1, -1, -1, -1, 0, 0};
+    case SL_TYPE_Q4_0: return (sl_x8_fields){18, 32, -1, -1, 2, 0, -1, -1, 16, 4};
+    case SL_TYPE_Q4_1: return (sl_x8_fields){20, 32, 2, -1, 4, 0, 16, -1, 32, 4};
+    case SL_TYPE_Q5_0: return (sl_x8_fields){22, 32, -1, 2, 6, 1, -1, 16, 48, 4};
+    case SL_TYPE_Q5_1: return (sl_x8_fields){24, 32, 2, 4, 8, 1, 16, 32, 64, 4};
+    case SL_TYPE_Q8_0: return (sl_x8_fields){34, 32, -1, -1, 2, 0, -1, -1, 16, 8};
+    case SL_TYPE_Q4_K: return (sl_x8_fields){144, 256, 2, 4, 16, 3, 16, 32, 128, 32};
+    default: return (sl_x8_fields){0, 0, -1, -1, -1, 0, -1, -1, 0, 0};
     }
 }
 
@@ -235,7 +239,7 @@ static inline sl_x8_fields sl_x8_fields_of(int qtype) {
  *   sl_amx_decode16x_<fmt>(group, k, tile, prefetch, ahead): two groups (16 rows from group)
  *       into sl_amx_decode16's tile.
  * And ggml_quant_rows.c: sl_x8_row_to_file(qtype, group, j, k, out), row j of a group in the
- * file's layout (k / 32 blocks at out). */
+ * file's layout (its blocks at out). */
 typedef void (*sl_gemv8x_fn)(const uint8_t *group, int64_t k, const void *x, float *out,
                              const uint8_t *prefetch, int64_t ahead);
 typedef void (*sl_decode8x_fn)(const uint8_t *group, int64_t k, void *tile,
@@ -265,6 +269,12 @@ SL_DECLARE_X8(q4_1)
 SL_DECLARE_X8(q5_0)
 SL_DECLARE_X8(q5_1)
 SL_DECLARE_X8(q8_0)
+void sl_gemvn8x_q4_k_avx2(const uint8_t *group, int64_t k, const void *const *x, int n_x, float *out,
+                          int64_t out_stride, const uint8_t *prefetch, int64_t ahead);
+void sl_gemvn8x_q4_k_avx512(const uint8_t *group, int64_t k, const void *const *x, int n_x,
+                            float *out, int64_t out_stride, const uint8_t *prefetch, int64_t ahead);
+void sl_decode8x_q4_k(const uint8_t *group, int64_t k, void *tile, const uint8_t *prefetch,
+                      int64_t ahead);
 void sl_x8_row_to_file(int qtype, const uint8_t *group, int j, int64_t k, uint8_t *out);
 sl_dequantize_row_fn sl_quant_dequantizer(int qtype);
 int64_t sl_quant_row_bytes(int qtype, int64_t k);

@@ -65,6 +65,8 @@ SOURCES = (
     "ggml_quant_ktiles_body.h",
     "ggml_quant_rows.c",
     "ggml_quant_cpu.c",
+    "ggml_quant_dispatch.h",
+    "ggml_quant_ktiles_x8_body.h",
 )
 # No -march: each SIMD function carries its own target attribute and is picked by cpuid.
 CFLAGS: tuple[str, ...] = ()
@@ -86,9 +88,16 @@ KERNEL_TYPES = {
 # 32-weight formats, whose one-row gemv then reads one stream with no horizontal sums or scale
 # inserts (1.45x its speed on SmolLM2's Q4_1 projections from L3, one thread, AMX Xeon).
 X8 = 0x100
-# bytes of a block of 32 weights, per type with that layout
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
-INTERLEAVED_TYPES = frozenset(_BLOCK_BYTES)
+# (bytes, weights) of a block, per type with that layout
+_BLOCKS = {
+    "Q4_0": (18, 32),
+    "Q4_1": (20, 32),
+    "Q5_0": (22, 32),
+    "Q5_1": (24, 32),
+    "Q8_0": (34, 32),
+    "Q4_K": (144, 256),
+}
+INTERLEAVED_TYPES = frozenset(_BLOCKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +306,8 @@ class GGMLKernels:
             ValueError: not a type with that layout, or shapes that do not fit.
         """
         rows, row_bytes = blocks.shape
-        columns = row_bytes // _BLOCK_BYTES.get(tensor_type, row_bytes + 1) * 32  # 0: refused
+        block_bytes, block_weights = _BLOCKS.get(tensor_type, (row_bytes + 1, 0))
+        columns = row_bytes // block_bytes * block_weights  # 0: refused
         if (
             out.shape != blocks.shape
             or not (blocks.flags.c_contiguous and out.flags.c_contiguous)

@@ -334,6 +334,9 @@ KT_EXPORT(q4_k, KT_Q4_K)
 KT_EXPORT(q5_k, KT_Q5_K)
 KT_EXPORT(q6_k, KT_Q6_K)
 
+/* Q4_K on rows interleaved eight at a time (its gemv of one or more rows) */
+#include "ggml_quant_ktiles_x8_body.h"
+
 #undef KT_EXPORT
 #undef KT_EXPORTED
 #undef KT_EXPORTED_PASTE2

@@ -19,29 +19,7 @@
 #define SL_TILE_ROWS 16
 #define SL_CHUNK 256 /* values converted from bfloat16 at a time to be quantised (x 256) */
 
-/* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
- * more decode each tile once and run them all against it: from two rows the decoded tile is
- * cheaper (AMX Xeon, SmolLM2's Q4_1 projections: AVX2 1.19x at 2 rows, 1.49x at 3 against a
- * limit of 3, VNNI 1.35x, 1.75x; its Q8_0 head 0.97x, 1.11x). The same bits either way. */
-#define SL_GEMV_MAX_ROWS 1
-/* The K formats' gemv shares each super-block's unpacking between up to SL_ROWS activation
- * rows, and up to 8 rows (two passes) it is cheaper than decoding the tile: a 1B Q4_K layer's
- * projections at 8 rows 4.2 against 4.8 ms with VNNI on the AMX Xeon, at 4 rows 2.3 against
- * 3.2 (docs/MODEL_PERF.md). Either way gives the same bits. */
-#define SL_KGEMV_MAX_ROWS 8
-/* Calls of at least this many activation rows take the AMX-INT8 tiles where the CPU and OS
- * allow them (sl_quant_amx_ready) and the format has them: the same bits, faster from here
- * (AMX Xeon, time with AMX / without: SmolLM2's Q8_0 head 0.82x at 12 rows, 0.77x at 16,
- * 0.79x at 64; its Q4_1 projections 0.82-1.03x at 12, 0.87x at 64; at 6 rows 1.06-1.19x). */
-#define SL_AMX_MIN_ROWS 12
-/* On interleaved rows from 16: the x8 gemv below is faster at 12 (SmolLM2's projections 12.7
- * against 13.4-14.1 ms) and as fast at 16. */
-#define SL_AMX_MIN_ROWS_X8 16
-/* Calls of 2 to this many activation rows on interleaved rows (SL_X8) take the x8 gemv, each
- * chunk unpacked once per 8 activation rows, instead of decoding a tile: the same bits, faster
- * (AMX Xeon, SmolLM2's 121 projections; AVX2: 0.78-0.86x the time at 2-64 rows, equal at 128;
- * VNNI: 0.87-0.93x at 2-12 rows, equal at 16, 1.06-1.10x at 32-64), per instruction set. */
-static const int sl_x8_gemv_max_rows[3] = {0, 64, 16};
+#include "ggml_quant_dispatch.h" /* which kernels a call takes, by its row count */
 
 typedef struct {
     int block_size;  /* weights per block */
@@ -75,11 +53,11 @@ typedef struct {
       {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512},                                  \
       {NULL, sl_gemvn8x_##fmt##_avx2, sl_gemvn8x_##fmt##_avx512}, sl_decode8x_##fmt,             \
       sl_amx_decode16x_##fmt }
-#define SL_FORMAT_KTILES(fmt, bytes)                                                             \
+#define SL_FORMAT_KTILES(fmt, bytes, x8_avx2, x8_avx512, x8_decode)                          \
     { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
       {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
-      sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, NULL, NULL}, NULL, NULL }
+      sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, x8_avx2, x8_avx512}, x8_decode, NULL }
 
 static const sl_format *sl_format_of(int qtype) {
     static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0);
@@ -87,9 +65,10 @@ static const sl_format *sl_format_of(int qtype) {
     static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, 22, 0);
     static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, 24, 0);
     static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, 34, 1);
-    static const sl_format q4_k = SL_FORMAT_KTILES(q4_k, 144);
-    static const sl_format q5_k = SL_FORMAT_KTILES(q5_k, 176);
-    static const sl_format q6_k = SL_FORMAT_KTILES(q6_k, 210);
+    static const sl_format q4_k = SL_FORMAT_KTILES(q4_k, 144, sl_gemvn8x_q4_k_avx2,
+                                                   sl_gemvn8x_q4_k_avx512, sl_decode8x_q4_k);
+    static const sl_format q5_k = SL_FORMAT_KTILES(q5_k, 176, NULL, NULL, NULL);
+    static const sl_format q6_k = SL_FORMAT_KTILES(q6_k, 210, NULL, NULL, NULL);
     switch (qtype) {
     case SL_TYPE_Q4_0: return &q4_0;
     case SL_TYPE_Q4_1: return &q4_1;
@@ -214,20 +193,10 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
             row_at[j] = w + (r0 + (j < lanes ? j : lanes - 1)) * row_bytes;
         const uint8_t *group = r0 < x8_rows ? w + r0 * row_bytes : NULL; /* x8 */
         float out[SL_GEMM_ROWS][8];
-        if ((!gemm || capacity < tile_bytes) && format->gemvn8[isa] != NULL) {
-            for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
-                const int group = m - i0 < SL_ROWS ? (int)(m - i0) : SL_ROWS;
-                const void *x_rows[SL_ROWS];
-                for (int g = 0; g < group; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
-                format->gemvn8[isa](row_at, k, x_rows, group, out[0], 8,
-                                    w + (r0 + 2 * 8) * row_bytes, i0 == 0 ? 8 * row_bytes : 0);
-                for (int g = 0; g < group; g++)
-                    sl_store_row(out[g], lanes, i0 + g, column + r0, bias, residual, ldr, y, y_bf16,
-                                 ldy);
-            }
-            continue;
-        }
-        if (group != NULL && m > 1 && m <= sl_x8_gemv_max_rows[isa]) { /* x8, no decode pass */
+        /* x8: a gemv of several rows, no decode pass (and wherever no tile buffer was had) */
+        const int x8_max = format->q8k ? sl_kx8_gemv_max_rows[isa] : sl_x8_gemv_max_rows[isa];
+        const int no_tile = !gemm || capacity < tile_bytes;
+        if (group != NULL && (m <= x8_max || no_tile) && (m > 1 || format->gemv8x[isa] == NULL)) {
             for (int64_t i0 = 0; i0 < m; i0 += SL_GEMM_ROWS) {
                 const int n_x = m - i0 < SL_GEMM_ROWS ? (int)(m - i0) : SL_GEMM_ROWS;
                 const void *x_rows[SL_GEMM_ROWS];
@@ -240,7 +209,20 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
             }
             continue;
         }
-        if (!gemm || capacity < tile_bytes) {
+        if (group == NULL && no_tile && format->gemvn8[isa] != NULL) { /* the K formats' */
+            for (int64_t i0 = 0; i0 < m; i0 += SL_ROWS) {
+                const int n_x = m - i0 < SL_ROWS ? (int)(m - i0) : SL_ROWS;
+                const void *x_rows[SL_ROWS];
+                for (int g = 0; g < n_x; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
+                format->gemvn8[isa](row_at, k, x_rows, n_x, out[0], 8,
+                                    w + (r0 + 2 * 8) * row_bytes, i0 == 0 ? 8 * row_bytes : 0);
+                for (int g = 0; g < n_x; g++)
+                    sl_store_row(out[g], lanes, i0 + g, column + r0, bias, residual, ldr, y, y_bf16,
+                                 ldy);
+            }
+            continue;
+        }
+        if (no_tile || (group != NULL && m == 1)) { /* one row at a time */
             for (int64_t i = 0; i < m; i++) {
                 /* prefetch two tiles ahead while the first activation row runs */
                 const uint8_t *next = w + (r0 + 2 * 8) * row_bytes;

@@ -15,7 +15,7 @@ static void sl_x8_move_block(const sl_x8_fields *f, uint8_t *file, uint8_t *x8, 
     (to_x8 ? memcpy(x8 + (x8_at), file + (file_at), n) : memcpy(file + (file_at), x8 + (x8_at), n))
     SL_MOVE(0, 2 * j, 2); /* d */
     if (f->m_at >= 0) SL_MOVE(f->m_at, f->x8_m_at + 2 * j, 2);
-    if (f->qh_at >= 0) SL_MOVE(f->qh_at, f->x8_qh_at + 4 * j, 4);
+    for (int c = 0; c < f->side_words; c++) SL_MOVE(f->side_at + 4 * c, f->x8_side_at + 32 * c + 4 * j, 4);
     for (int c = 0; c < f->chunks; c++) SL_MOVE(f->qs_at + 4 * c, f->x8_codes + 32 * c + 4 * j, 4);
 #undef SL_MOVE
 }
@@ -27,8 +27,8 @@ static void sl_x8_move_block(const sl_x8_fields *f, uint8_t *file, uint8_t *x8, 
  * layout or k not whole blocks. */
 int sl_quant_repack8(int qtype, const void *src, void *dst, int64_t rows, int64_t k) {
     const sl_x8_fields f = sl_x8_fields_of(qtype);
-    if (f.bytes == 0 || k <= 0 || k % SL_QK != 0 || rows < 0) return -1;
-    const int64_t nb = k / SL_QK, row_bytes = nb * f.bytes, full = rows / 8 * 8;
+    if (f.bytes == 0 || k <= 0 || k % f.weights != 0 || rows < 0) return -1;
+    const int64_t nb = k / f.weights, row_bytes = nb * f.bytes, full = rows / 8 * 8;
     const uint8_t *in = (const uint8_t *)src;
     uint8_t *out = (uint8_t *)dst;
     for (int64_t g = 0; g < full; g += 8) {
@@ -43,10 +43,10 @@ int sl_quant_repack8(int qtype, const void *src, void *dst, int64_t rows, int64_
 }
 
 /* Row j (< 8) of the x8 group at `group` (rows of k weights in `qtype`, without SL_X8) written
- * in the file's layout at out (k / 32 blocks). */
+ * in the file's layout at out (its blocks). */
 void sl_x8_row_to_file(int qtype, const uint8_t *group, int j, int64_t k, uint8_t *out) {
     const sl_x8_fields f = sl_x8_fields_of(qtype);
-    for (int64_t b = 0; b < k / SL_QK; b++)
+    for (int64_t b = 0; b < k / f.weights; b++)
         sl_x8_move_block(&f, out + b * f.bytes, (uint8_t *)(group + b * 8 * f.bytes), j, 0);
 }
 

@@ -167,7 +167,7 @@ SL_TARGET_AVX2 TL_INLINE void tl_x8_codes(int fmt, const uint8_t *blk, int c, __
     *lo = _mm256_and_si256(v, low4);
     *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     if (tl_is5(fmt)) {
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + f.x8_qh_at));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + f.x8_side_at));
         *lo = _mm256_or_si256(*lo, tl_x8_high(qh, 4 * c));
         *hi = _mm256_or_si256(*hi, tl_x8_high(qh, 16 + 4 * c));
     }

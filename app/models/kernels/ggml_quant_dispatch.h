@@ -1,0 +1,38 @@
+/*
+ * Which kernels a call of sl_quant_matmul (ggml_quant_matmul.c) takes, by its activation row
+ * count, and the measurements behind each threshold. Every choice gives the same bits (the
+ * same integers, the same float sequence per output): these only decide the speed. Included by
+ * ggml_quant_matmul.c alone.
+ */
+#ifndef SL_GGML_QUANT_DISPATCH_H
+#define SL_GGML_QUANT_DISPATCH_H
+
+/* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
+ * more decode each tile once and run them all against it: from two rows the decoded tile is
+ * cheaper (AMX Xeon, SmolLM2's Q4_1 projections: AVX2 1.19x at 2 rows, 1.49x at 3 against a
+ * limit of 3, VNNI 1.35x, 1.75x; its Q8_0 head 0.97x, 1.11x). The same bits either way. */
+#define SL_GEMV_MAX_ROWS 1
+/* The K formats' gemv shares each super-block's unpacking between up to SL_ROWS activation
+ * rows, and up to 8 rows (two passes) it is cheaper than decoding the tile: a 1B Q4_K layer's
+ * projections at 8 rows 4.2 against 4.8 ms with VNNI on the AMX Xeon, at 4 rows 2.3 against
+ * 3.2 (docs/MODEL_PERF.md). Either way gives the same bits. */
+#define SL_KGEMV_MAX_ROWS 8
+/* Calls of at least this many activation rows take the AMX-INT8 tiles where the CPU and OS
+ * allow them (sl_quant_amx_ready) and the format has them: the same bits, faster from here
+ * (AMX Xeon, time with AMX / without: SmolLM2's Q8_0 head 0.82x at 12 rows, 0.77x at 16,
+ * 0.79x at 64; its Q4_1 projections 0.82-1.03x at 12, 0.87x at 64; at 6 rows 1.06-1.19x). */
+#define SL_AMX_MIN_ROWS 12
+/* On interleaved rows from 16: the x8 gemv below is faster at 12 (SmolLM2's projections 12.7
+ * against 13.4-14.1 ms) and as fast at 16. */
+#define SL_AMX_MIN_ROWS_X8 16
+/* Calls of 2 to this many activation rows on interleaved rows (SL_X8) take the x8 gemv, each
+ * chunk unpacked once per 8 activation rows, instead of decoding a tile: the same bits, faster
+ * (AMX Xeon, SmolLM2's 121 projections; AVX2: 0.78-0.86x the time at 2-64 rows, equal at 128;
+ * VNNI: 0.87-0.93x at 2-12 rows, equal at 16, 1.06-1.10x at 32-64), per instruction set. */
+static const int sl_x8_gemv_max_rows[3] = {0, 64, 16};
+/* The same for Q4_K (SL_ROWS rows a pass; more decode the tile from x8 without a transpose):
+ * the 1B file's Q4_K projections, x8 against the file's rows (AMX Xeon): AVX2 0.84x at 1 row,
+ * 0.80-0.92x at 2-16, VNNI 1.0x at 1-2, 0.87-0.93x at 4-16; decoded, 0.96-0.98x at 32-64. */
+static const int sl_kx8_gemv_max_rows[3] = {0, 16, 16};
+
+#endif
