@@ -28,6 +28,12 @@ down), two threads on the AMX Xeon, against the K formats' former one-row dots (
 unpack): 1.6-1.8x at 32-64 rows, 1.4x at 16, 1.2x at 1-8 with VNNI; 1.3-1.4x at 16-64 forced
 to AVX2 (docs/MODEL_PERF.md).
 
+A load with a block arena repacks Q4_0-Q8_0 and Q4_K matrices into rows interleaved eight at a
+time (:meth:`GGMLKernels.repack8`, ``QuantSegment.interleaved``; the layout in ``ggml_quant.h``):
+then a call of a few rows reads each group of eight rows as one stream of lane-ordered codes
+and scales, and the tiles are decoded from it without a transpose. The same outputs, bit for
+bit, and the same bytes.
+
 Instruction sets are chosen at run time from cpuid (``__builtin_cpu_supports``), not by the
 build: scalar C, AVX2 (``vpmaddubsw``), AVX-512 VNNI (``vpdpbusd``). ``SLOTSERVE_GGML_ISA``
 (``scalar``, ``avx2``, ``avx512``) forces one the CPU has, for tests and benchmarks.
@@ -85,7 +91,7 @@ KERNEL_TYPES = {
 
 
 # SL_X8: a qtype's flag for rows repacked eight at a time at load (ggml_quant.h, "x8"): the
-# 32-weight formats, whose one-row gemv then reads one stream with no horizontal sums or scale
+# 32-weight formats and Q4_K, whose gemv then reads one stream with no horizontal sums or scale
 # inserts (1.45x its speed on SmolLM2's Q4_1 projections from L3, one thread, AMX Xeon).
 X8 = 0x100
 # (bytes, weights) of a block, per type with that layout
@@ -141,7 +147,7 @@ class GGMLKernels:
     path: Path
     isa: Isa
     threaded: bool
-    repack: bool = True  # interleave the 32-weight formats' rows at load (SLOTSERVE_GGML_REPACK)
+    repack: bool = True  # interleave INTERLEAVED_TYPES' rows at load (SLOTSERVE_GGML_REPACK)
 
     def row_bytes(self, tensor_type: str, columns: int) -> int:
         """Bytes of one row of ``columns`` weights in ``tensor_type``.
@@ -351,7 +357,7 @@ def load_ggml_quant() -> tuple[GGMLKernels | None, str]:
     repack = os.environ.get("SLOTSERVE_GGML_REPACK", "1").strip() != "0"
     if isa >= Isa.AVX2:
         why += (
-            ", the 32-weight formats' rows interleaved 8 at a time at load"
+            ", Q4_0-Q8_0 and Q4_K rows interleaved 8 at a time at load"
             if repack
             else ", rows in the file's layout (SLOTSERVE_GGML_REPACK=0)"
         )

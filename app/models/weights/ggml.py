@@ -1,9 +1,10 @@
 """Projections and token lookups that compute on a GGUF file's own blocks (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), through :mod:`app.models.kernels.ggml_quant`.
 
-The blocks are the file's memory-mapped bytes (a copy only where llama.cpp's permuted Q/K rows
-need Hugging Face's order), and no dense copy of a quantised weight is made: a model's resident
-weights are the file's bytes. The RMSNorm weights cannot be folded into the
+The blocks are the file's bytes, mapped or copied into 2 MiB pages at load
+(:mod:`app.models.weights.block_arena`; Q4_0-Q8_0 and Q4_K rows interleaved eight at a time on
+the way, ``QuantSegment.interleaved``), and no dense copy of a quantised weight is made: a
+model's resident weights are the file's bytes. The RMSNorm weights cannot be folded into the
 input columns (a block's scale is shared by 32 or 256 columns), so a model using
 :class:`GGMLLinear` applies ``attn_norm`` / ``ffn_norm`` to the activations, as with int4.
 
