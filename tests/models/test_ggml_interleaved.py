@@ -41,7 +41,7 @@ def repacked(kind: str, blocks: np.ndarray) -> QuantSegment:
 def test_the_repack_moves_every_byte_and_rows_decode_as_the_files(kind: str) -> None:
     """Full groups change order (nothing is lost: the bytes are a permutation of each group's),
     the tail stays; every row decodes as the file's row does."""
-    columns = 768 if kind == "Q4_K" else 608
+    columns = 768 if kind.endswith("_K") else 608
     blocks = random_blocks(kind, 21, columns, seed=1)
     segment = repacked(kind, blocks)
     out = segment.blocks.numpy()
@@ -70,7 +70,7 @@ def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: I
     bfloat16 residual."""
     assert KERNELS is not None
     generator = torch.Generator().manual_seed(7)
-    widths = (256, 256, 768) if kind == "Q4_K" else (96, 96, 608)
+    widths = (256, 256, 768) if kind.endswith("_K") else (96, 96, 608)
     for columns, n in zip(widths, (37, 24, 64), strict=True):
         blocks = random_blocks(kind, n, columns, seed=n)
         file, x8 = QuantSegment(kind, torch.from_numpy(blocks)), repacked(kind, blocks)
@@ -89,13 +89,13 @@ def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: I
 
 
 def test_segments_of_both_layouts_in_one_call() -> None:
-    """A fused projection whose segments are interleaved, in the file's layout and a K format
-    (which has no x8 layout) computes each as alone."""
+    """A fused projection (a Q4_K_M file's QKV) whose segments are interleaved, in the file's
+    layout, and of a type without an x8 layout (Q6_K) computes each as alone."""
     assert KERNELS is not None
     parts = (
-        repacked("Q4_1", random_blocks("Q4_1", 24, 512, 1)),
+        repacked("Q4_K", random_blocks("Q4_K", 24, 512, 1)),
         QuantSegment("Q8_0", torch.from_numpy(random_blocks("Q8_0", 16, 512, 2))),
-        QuantSegment("Q4_K", torch.from_numpy(random_blocks("Q4_K", 8, 512, 3))),
+        QuantSegment("Q6_K", torch.from_numpy(random_blocks("Q6_K", 16, 512, 3))),
     )
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3))
     together = GGMLLinear(KERNELS, parts, 512)(x)
@@ -117,12 +117,12 @@ def test_the_arena_repacks_a_matrix_in_parts_of_whole_groups(
 
 
 @pytest.mark.skipif(huge_pages_mode() is None, reason="no transparent huge pages: no arena")
-@pytest.mark.parametrize("types", ["Q4_1,Q5_0,Q8_0", "Q4_K,Q6_K,Q4_0"])
+@pytest.mark.parametrize("types", ["Q4_1,Q5_0,Q8_0", "Q4_K,Q6_K,Q4_0", "Q5_K,Q5_1,Q6_K"])
 def test_a_model_loads_interleaved_and_computes_the_files_logits(
     types: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The default load repacks every matrix of a type with the layout (projections and the
-    tied head and embedding) as it copies it, and no other (Q6_K); SLOTSERVE_GGML_REPACK=0's
+    tied head and embedding) as it copies it, and no other (Q5_K, Q6_K); SLOTSERVE_GGML_REPACK=0's
     load keeps the file's layout. Prompt chunk and decode logits are the same bits."""
     assert KERNELS is not None and KERNELS.isa >= Isa.AVX2
     shape = {"hidden": 256, "ffn": 512, "layers": 2, "heads": 4, "kv_heads": 2}

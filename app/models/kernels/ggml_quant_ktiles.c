@@ -197,12 +197,31 @@ KT_EXPORT_DECODE(q4_k, KT_Q4_K)
 KT_EXPORT_DECODE(q5_k, KT_Q5_K)
 KT_EXPORT_DECODE(q6_k, KT_Q6_K)
 
+/* Q4_K's 6-bit scales and minima of an x8 block's eight rows, unpacked in their lanes as
+ * sl_kq_scales_mins unpacks one row's: byte s % 4 of lane j of sc[s / 4] is row j's sc[s]
+ * (mn: m[s]). */
+SL_TARGET_AVX2 KT_INLINE void kt_x8_scales_mins(const uint8_t *blk, __m256i sc[2], __m256i mn[2]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), bits45 = _mm256_set1_epi8(0x30);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 32));
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 64));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 96));
+    sc[0] = _mm256_and_si256(a, low6);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_and_si256(_mm256_srli_epi32(a, 2), bits45));
+    mn[0] = _mm256_and_si256(b, low6);
+    mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), low4), _mm256_and_si256(_mm256_srli_epi32(b, 2), bits45));
+}
+
+/* Sub-block s's value of each lane of kt_x8_scales_mins' pair v, as int32 lanes. */
+SL_TARGET_AVX2 KT_INLINE __m256i kt_x8_byte(const __m256i v[2], int s) {
+    return _mm256_and_si256(_mm256_srl_epi32(v[s / 4], _mm_cvtsi32_si128(8 * (s % 4))), _mm256_set1_epi32(0xFF));
+}
+
 /* Q4_K's tile (the layout at the top) from an x8 group (ggml_quant.h): the same bytes as
  * kt_decode's from the file's rows, without a transpose (the chunks hold the rows' lanes). */
 SL_TARGET_AVX2 void sl_decode8x_q4_k(const uint8_t *group, int64_t k, void *tile, const uint8_t *prefetch,
                                      int64_t ahead) {
     const int64_t nb = k / SL_QK_K;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), bits45 = _mm256_set1_epi8(0x30);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         sl_prefetch_share(prefetch, ahead, nb, b);
         const uint8_t *blk = group + b * 8 * 144;
@@ -213,18 +232,10 @@ SL_TARGET_AVX2 void sl_decode8x_q4_k(const uint8_t *group, int64_t k, void *tile
             _mm256_storeu_si256((__m256i *)at, _mm256_and_si256(v, low4));
             _mm256_storeu_si256((__m256i *)(at + 8 * 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
         }
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 32));
-        const __m256i m4 = _mm256_loadu_si256((const __m256i *)(blk + 64));
-        const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 96));
-        const __m256i sc[2] = {_mm256_and_si256(a, low6),
-                               _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_and_si256(_mm256_srli_epi32(a, 2), bits45))};
-        const __m256i mn[2] = {_mm256_and_si256(m4, low6),
-                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), low4),
-                                               _mm256_and_si256(_mm256_srli_epi32(m4, 2), bits45))};
+        __m256i sc[2], mn[2];
+        kt_x8_scales_mins(blk, sc, mn);
         for (int s = 0; s < 8; s++) { /* sub-block s's scale and minimum in both int16 halves */
-            const __m128i shift = _mm_cvtsi32_si128(8 * (s % 4));
-            const __m256i scale = _mm256_and_si256(_mm256_srl_epi32(sc[s / 4], shift), _mm256_set1_epi32(0xFF));
-            const __m256i min = _mm256_and_si256(_mm256_srl_epi32(mn[s / 4], shift), _mm256_set1_epi32(0xFF));
+            const __m256i scale = kt_x8_byte(sc, s), min = kt_x8_byte(mn, s);
             _mm256_storeu_si256((__m256i *)(sb + KT_SP_OFFSET) + s, _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16)));
             _mm256_storeu_si256((__m256i *)(sb + KT_MP_OFFSET) + s, _mm256_or_si256(min, _mm256_slli_epi32(min, 16)));
         }

@@ -11,23 +11,15 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemv_x8)(int R, const uint8_t *group, int64_
                                              const sl_block_q8_k *const x[SL_ROWS], float *out, int64_t out_stride,
                                              const uint8_t *prefetch, int64_t ahead) {
     const int fmt = KT_Q4_K;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F), bits45 = _mm256_set1_epi8(0x30);
-    const __m256i byte0 = _mm256_set1_epi32(0xFF);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 acc[SL_ROWS], macc[SL_ROWS];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         sl_prefetch_share(prefetch, ahead, nb, b);
         const uint8_t *blk = group + b * 8 * 144;
-        /* the 6-bit scales and minima of the eight rows, as sl_kq_scales_mins unpacks them */
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 32));
-        const __m256i m4 = _mm256_loadu_si256((const __m256i *)(blk + 64));
-        const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 96));
-        const __m256i sc[2] = {_mm256_and_si256(a, low6),
-                               _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_and_si256(_mm256_srli_epi32(a, 2), bits45))};
-        const __m256i mn[2] = {_mm256_and_si256(m4, low6),
-                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), low4),
-                                               _mm256_and_si256(_mm256_srli_epi32(m4, 2), bits45))};
+        __m256i sc[2], mn[2]; /* the eight rows' 6-bit scales and minima */
+        kt_x8_scales_mins(blk, sc, mn);
         __m256i isum[SL_ROWS], msum[SL_ROWS];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = msum[r] = _mm256_setzero_si256();
@@ -52,9 +44,7 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemv_x8)(int R, const uint8_t *group, int64_
 #endif
                 }
             }
-            /* sub-block s's scale, byte s % 4 of each lane of sc[s / 4] */
-            const __m256i s_lo = _mm256_and_si256(_mm256_srli_epi32(sc[(2 * i) / 4], 8 * ((2 * i) % 4)), byte0);
-            const __m256i s_hi = _mm256_and_si256(_mm256_srli_epi32(sc[(2 * i + 1) / 4], 8 * ((2 * i + 1) % 4)), byte0);
+            const __m256i s_lo = kt_x8_byte(sc, 2 * i), s_hi = kt_x8_byte(sc, 2 * i + 1);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
 #if KT_VNNI
@@ -69,7 +59,7 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemv_x8)(int R, const uint8_t *group, int64_
         /* msum = sum_s m[s] * (bsums[2s] + bsums[2s + 1]): m[s] in both int16 halves */
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) {
-            const __m256i ms = _mm256_and_si256(_mm256_srli_epi32(mn[s / 4], 8 * (s % 4)), byte0);
+            const __m256i ms = kt_x8_byte(mn, s);
             const __m256i pair = _mm256_or_si256(ms, _mm256_slli_epi32(ms, 16));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
