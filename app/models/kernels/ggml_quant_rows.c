@@ -1,6 +1,6 @@
 /*
- * Row access to the GGUF-block matrices (see ggml_quant.h): the repack of the 32-weight
- * formats into rows interleaved eight at a time ("x8", done once at load), a row of an x8
+ * Row access to the GGUF-block matrices (see ggml_quant.h): the repack of Q4_0-Q8_0 and Q4_K
+ * into rows interleaved eight at a time ("x8", done once at load), a row of an x8
  * group back in the file's layout, and rows decoded to float32 or bfloat16 (token lookups,
  * and whole matrices decoded for a wide call), in either layout.
  */
@@ -9,8 +9,10 @@
 #include "ggml_quant.h"
 
 /* Moves one row's block between the file's layout (`file`) and an x8 block of eight rows
- * (`x8`, row j of it): to_x8 1 writes the x8 block's fields, 0 the file block. */
-static void sl_x8_move_block(const sl_x8_fields *f, uint8_t *file, uint8_t *x8, int j, int to_x8) {
+ * (`x8`, row j of it): to_x8 1 writes the x8 block's fields, 0 the file block. Inlined where
+ * the fields are constants, so each move is one load and one store. */
+static inline __attribute__((always_inline)) void sl_x8_move_block(const sl_x8_fields *f, uint8_t *file,
+                                                                   uint8_t *x8, int j, int to_x8) {
 #define SL_MOVE(file_at, x8_at, n)                                                                 \
     (to_x8 ? memcpy(x8 + (x8_at), file + (file_at), n) : memcpy(file + (file_at), x8 + (x8_at), n))
     SL_MOVE(0, 2 * j, 2); /* d */
@@ -25,12 +27,10 @@ static void sl_x8_move_block(const sl_x8_fields *f, uint8_t *file, uint8_t *x8, 
  * rows after the last full group copied as they are. A matrix repacked in parts is the same
  * when every part but the last is whole groups. Returns 0, or -1 for a type without an x8
  * layout or k not whole blocks. */
-int sl_quant_repack8(int qtype, const void *src, void *dst, int64_t rows, int64_t k) {
+static inline __attribute__((always_inline)) void sl_repack8_of(int qtype, const uint8_t *in, uint8_t *out,
+                                                                int64_t full, int64_t nb) {
     const sl_x8_fields f = sl_x8_fields_of(qtype);
-    if (f.bytes == 0 || k <= 0 || k % f.weights != 0 || rows < 0) return -1;
-    const int64_t nb = k / f.weights, row_bytes = nb * f.bytes, full = rows / 8 * 8;
-    const uint8_t *in = (const uint8_t *)src;
-    uint8_t *out = (uint8_t *)dst;
+    const int64_t row_bytes = nb * f.bytes;
     for (int64_t g = 0; g < full; g += 8) {
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *x8 = out + g * row_bytes + b * 8 * f.bytes;
@@ -38,16 +38,43 @@ int sl_quant_repack8(int qtype, const void *src, void *dst, int64_t rows, int64_
                 sl_x8_move_block(&f, (uint8_t *)(in + (g + j) * row_bytes + b * f.bytes), x8, j, 1);
         }
     }
+}
+int sl_quant_repack8(int qtype, const void *src, void *dst, int64_t rows, int64_t k) {
+    const sl_x8_fields f = sl_x8_fields_of(qtype);
+    if (f.bytes == 0 || k <= 0 || k % f.weights != 0 || rows < 0) return -1;
+    const int64_t nb = k / f.weights, row_bytes = nb * f.bytes, full = rows / 8 * 8;
+    const uint8_t *in = (const uint8_t *)src;
+    uint8_t *out = (uint8_t *)dst;
+    switch (qtype) { /* a copy of the loop per type, its fields constants */
+    case SL_TYPE_Q4_0: sl_repack8_of(SL_TYPE_Q4_0, in, out, full, nb); break;
+    case SL_TYPE_Q4_1: sl_repack8_of(SL_TYPE_Q4_1, in, out, full, nb); break;
+    case SL_TYPE_Q5_0: sl_repack8_of(SL_TYPE_Q5_0, in, out, full, nb); break;
+    case SL_TYPE_Q5_1: sl_repack8_of(SL_TYPE_Q5_1, in, out, full, nb); break;
+    case SL_TYPE_Q8_0: sl_repack8_of(SL_TYPE_Q8_0, in, out, full, nb); break;
+    default: sl_repack8_of(SL_TYPE_Q4_K, in, out, full, nb); break; /* (the only other) */
+    }
     memcpy(out + full * row_bytes, in + full * row_bytes, (size_t)((rows - full) * row_bytes));
     return 0;
 }
 
 /* Row j (< 8) of the x8 group at `group` (rows of k weights in `qtype`, without SL_X8) written
  * in the file's layout at out (its blocks). */
-void sl_x8_row_to_file(int qtype, const uint8_t *group, int j, int64_t k, uint8_t *out) {
+static inline __attribute__((always_inline)) void sl_x8_row_of(int qtype, const uint8_t *group, int j,
+                                                               int64_t k, uint8_t *out) {
     const sl_x8_fields f = sl_x8_fields_of(qtype);
     for (int64_t b = 0; b < k / f.weights; b++)
         sl_x8_move_block(&f, out + b * f.bytes, (uint8_t *)(group + b * 8 * f.bytes), j, 0);
+}
+void sl_x8_row_to_file(int qtype, const uint8_t *group, int j, int64_t k, uint8_t *out) {
+    switch (qtype) { /* a copy of the loop per type, its fields constants */
+    case SL_TYPE_Q4_0: sl_x8_row_of(SL_TYPE_Q4_0, group, j, k, out); break;
+    case SL_TYPE_Q4_1: sl_x8_row_of(SL_TYPE_Q4_1, group, j, k, out); break;
+    case SL_TYPE_Q5_0: sl_x8_row_of(SL_TYPE_Q5_0, group, j, k, out); break;
+    case SL_TYPE_Q5_1: sl_x8_row_of(SL_TYPE_Q5_1, group, j, k, out); break;
+    case SL_TYPE_Q8_0: sl_x8_row_of(SL_TYPE_Q8_0, group, j, k, out); break;
+    case SL_TYPE_Q4_K: sl_x8_row_of(SL_TYPE_Q4_K, group, j, k, out); break;
+    default: break; /* no x8 layout (the callers check) */
+    }
 }
 
 /* k float32 values rounded to bfloat16 (vectorised where the CPU allows: SL_TARGET_CLONES). */
