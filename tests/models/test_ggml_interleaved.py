@@ -148,3 +148,27 @@ def _segments(runner) -> list[QuantSegment]:
     linears.append(weights.lm_head)
     assert all(isinstance(p, GGMLLinear) for p in linears)
     return [s for p in linears for s in p.segments]
+
+
+def test_the_repack_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLOTSERVE_GGML_REPACK=0 keeps the file's layout (said in the kernels' description, which
+    the start-up log and /info show); unset, the SIMD kernels repack."""
+    try:
+        monkeypatch.setenv("SLOTSERVE_GGML_REPACK", "0")
+        load_ggml_quant.cache_clear()
+        kernels, how = load_ggml_quant()
+        assert kernels is not None and not kernels.repack
+        assert not kernels.interleaves("Q4_1", 64)
+        assert "rows in the file's layout (SLOTSERVE_GGML_REPACK=0)" in how
+        monkeypatch.delenv("SLOTSERVE_GGML_REPACK")
+        load_ggml_quant.cache_clear()
+        kernels, how = load_ggml_quant()
+        assert kernels is not None and kernels.repack
+        simd = kernels.isa >= Isa.AVX2  # the portable C keeps the file's layout
+        assert kernels.interleaves("Q4_K", 8) == simd and not kernels.interleaves("Q4_K", 7)
+        assert not kernels.interleaves("Q6_K", 64)
+        assert ("Q4_0-Q8_0 and Q4_K rows interleaved 8 at a time at load" in how) == simd
+    finally:
+        monkeypatch.delenv("SLOTSERVE_GGML_REPACK", raising=False)
+        load_ggml_quant.cache_clear()
+        load_ggml_quant()  # the process's default again, for the tests after this one

@@ -296,8 +296,9 @@ class GGMLKernels:
         return out
 
     def interleaves(self, tensor_type: str, rows: int) -> bool:
-        """Whether a load repacks a matrix of ``rows`` rows in ``tensor_type`` (a 32-weight
-        format, at least one group of eight rows, SIMD kernels, and :attr:`repack` on)."""
+        """Whether a load repacks a matrix of ``rows`` rows in ``tensor_type`` (one of
+        :data:`INTERLEAVED_TYPES`, at least one group of eight rows, SIMD kernels, and
+        :attr:`repack` on)."""
         return (
             self.repack and self.isa >= Isa.AVX2 and tensor_type in INTERLEAVED_TYPES and rows >= 8
         )
