@@ -8,6 +8,19 @@
 
 #include "ggml_quant.h"
 
+/* `call(type)` for the type with an x8 layout that qtype is (nothing for any other, which the
+ * callers refuse first): a copy of the call per type, its sl_x8_fields constants once inlined. */
+#define SL_X8_EACH_TYPE(qtype, call)                                                               \
+    switch (qtype) {                                                                               \
+    case SL_TYPE_Q4_0: call(SL_TYPE_Q4_0); break;                                                  \
+    case SL_TYPE_Q4_1: call(SL_TYPE_Q4_1); break;                                                  \
+    case SL_TYPE_Q5_0: call(SL_TYPE_Q5_0); break;                                                  \
+    case SL_TYPE_Q5_1: call(SL_TYPE_Q5_1); break;                                                  \
+    case SL_TYPE_Q8_0: call(SL_TYPE_Q8_0); break;                                                  \
+    case SL_TYPE_Q4_K: call(SL_TYPE_Q4_K); break;                                                  \
+    default: break;                                                                                \
+    }
+
 /* Moves one row's block between the file's layout (`file`) and an x8 block of eight rows
  * (`x8`, row j of it): to_x8 1 writes the x8 block's fields, 0 the file block. Inlined where
  * the fields are constants, so each move is one load and one store. */
@@ -45,14 +58,9 @@ int sl_quant_repack8(int qtype, const void *src, void *dst, int64_t rows, int64_
     const int64_t nb = k / f.weights, row_bytes = nb * f.bytes, full = rows / 8 * 8;
     const uint8_t *in = (const uint8_t *)src;
     uint8_t *out = (uint8_t *)dst;
-    switch (qtype) { /* a copy of the loop per type, its fields constants */
-    case SL_TYPE_Q4_0: sl_repack8_of(SL_TYPE_Q4_0, in, out, full, nb); break;
-    case SL_TYPE_Q4_1: sl_repack8_of(SL_TYPE_Q4_1, in, out, full, nb); break;
-    case SL_TYPE_Q5_0: sl_repack8_of(SL_TYPE_Q5_0, in, out, full, nb); break;
-    case SL_TYPE_Q5_1: sl_repack8_of(SL_TYPE_Q5_1, in, out, full, nb); break;
-    case SL_TYPE_Q8_0: sl_repack8_of(SL_TYPE_Q8_0, in, out, full, nb); break;
-    default: sl_repack8_of(SL_TYPE_Q4_K, in, out, full, nb); break; /* (the only other) */
-    }
+#define SL_REPACK8_OF(type) sl_repack8_of(type, in, out, full, nb)
+    SL_X8_EACH_TYPE(qtype, SL_REPACK8_OF)
+#undef SL_REPACK8_OF
     memcpy(out + full * row_bytes, in + full * row_bytes, (size_t)((rows - full) * row_bytes));
     return 0;
 }
@@ -66,15 +74,9 @@ static inline __attribute__((always_inline)) void sl_x8_row_of(int qtype, const 
         sl_x8_move_block(&f, out + b * f.bytes, (uint8_t *)(group + b * 8 * f.bytes), j, 0);
 }
 void sl_x8_row_to_file(int qtype, const uint8_t *group, int j, int64_t k, uint8_t *out) {
-    switch (qtype) { /* a copy of the loop per type, its fields constants */
-    case SL_TYPE_Q4_0: sl_x8_row_of(SL_TYPE_Q4_0, group, j, k, out); break;
-    case SL_TYPE_Q4_1: sl_x8_row_of(SL_TYPE_Q4_1, group, j, k, out); break;
-    case SL_TYPE_Q5_0: sl_x8_row_of(SL_TYPE_Q5_0, group, j, k, out); break;
-    case SL_TYPE_Q5_1: sl_x8_row_of(SL_TYPE_Q5_1, group, j, k, out); break;
-    case SL_TYPE_Q8_0: sl_x8_row_of(SL_TYPE_Q8_0, group, j, k, out); break;
-    case SL_TYPE_Q4_K: sl_x8_row_of(SL_TYPE_Q4_K, group, j, k, out); break;
-    default: break; /* no x8 layout (the callers check) */
-    }
+#define SL_X8_ROW_OF(type) sl_x8_row_of(type, group, j, k, out)
+    SL_X8_EACH_TYPE(qtype, SL_X8_ROW_OF)
+#undef SL_X8_ROW_OF
 }
 
 /* k float32 values rounded to bfloat16 (vectorised where the CPU allows: SL_TARGET_CLONES). */
