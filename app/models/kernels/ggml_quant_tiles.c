@@ -63,15 +63,8 @@ SL_TARGET_AVX2 TL_INLINE __m256i tl_codes(int fmt, const uint8_t *blk) {
     return sl_nibble_codes_avx2(blk + qs_at, tl_is5(fmt) ? blk + (fmt == TL_Q5_0 ? 2 : 4) : NULL);
 }
 
-/* d of block b of the eight rows, and mo (see the top): both as float32 lanes. */
-SL_TARGET_AVX2 TL_INLINE void tl_scales(int fmt, const uint8_t *const rows[TL_LANES], int64_t at,
-                                        __m256 *d, __m256 *mo) {
-    __m128i dh = _mm_setzero_si128(), mh = _mm_setzero_si128();
-#pragma GCC unroll 8
-    for (int j = 0; j < TL_LANES; j++) {
-        dh = _mm_insert_epi16(dh, sl_read_u16(rows[j] + at), j);
-        if (fmt == TL_Q4_1 || fmt == TL_Q5_1) mh = _mm_insert_epi16(mh, sl_read_u16(rows[j] + at + 2), j);
-    }
+/* d and mo (see the top) as float32 lanes from eight rows' fp16 d (dh) and m (mh: Q4_1, Q5_1). */
+SL_TARGET_AVX2 TL_INLINE void tl_scales_of(int fmt, __m128i dh, __m128i mh, __m256 *d, __m256 *mo) {
     *d = _mm256_cvtph_ps(dh);
     if (fmt == TL_Q4_1 || fmt == TL_Q5_1)
         *mo = _mm256_cvtph_ps(mh);
@@ -81,6 +74,18 @@ SL_TARGET_AVX2 TL_INLINE void tl_scales(int fmt, const uint8_t *const rows[TL_LA
         *mo = _mm256_mul_ps(*d, _mm256_set1_ps(-16.0f));
     else
         *mo = _mm256_setzero_ps();
+}
+
+/* d and mo of block b of the eight file rows (at = its byte offset in each row). */
+SL_TARGET_AVX2 TL_INLINE void tl_scales(int fmt, const uint8_t *const rows[TL_LANES], int64_t at,
+                                        __m256 *d, __m256 *mo) {
+    __m128i dh = _mm_setzero_si128(), mh = _mm_setzero_si128();
+#pragma GCC unroll 8
+    for (int j = 0; j < TL_LANES; j++) {
+        dh = _mm_insert_epi16(dh, sl_read_u16(rows[j] + at), j);
+        if (fmt == TL_Q4_1 || fmt == TL_Q5_1) mh = _mm_insert_epi16(mh, sl_read_u16(rows[j] + at + 2), j);
+    }
+    tl_scales_of(fmt, dh, mh, d, mo);
 }
 
 /* The one float sequence of a block (see the top). */
@@ -137,15 +142,9 @@ static inline sl_x8_fields tl_x8(int fmt) {
 
 /* d and mo of an x8 block's eight rows, as tl_scales computes them from the file's rows. */
 SL_TARGET_AVX2 TL_INLINE void tl_x8_scales(int fmt, const uint8_t *blk, __m256 *d, __m256 *mo) {
-    *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-    if (fmt == TL_Q4_1 || fmt == TL_Q5_1)
-        *mo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-    else if (fmt == TL_Q4_0)
-        *mo = _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
-    else if (fmt == TL_Q5_0)
-        *mo = _mm256_mul_ps(*d, _mm256_set1_ps(-16.0f));
-    else
-        *mo = _mm256_setzero_ps();
+    const int has_m = fmt == TL_Q4_1 || fmt == TL_Q5_1;
+    tl_scales_of(fmt, _mm_loadu_si128((const __m128i *)blk),
+                 has_m ? _mm_loadu_si128((const __m128i *)(blk + 16)) : _mm_setzero_si128(), d, mo);
 }
 
 /* 0x10 in byte t of lane j where bit `shift` + t of lane j's qh is set (t < 4). */
