@@ -127,10 +127,15 @@ SL_TARGET_AVX2 TL_INLINE __m256i tl_group_codes(int fmt, const uint8_t *codes, i
 
 /* Activation bytes 4g .. 4g + 3 of block x broadcast to the 8 lanes (Q8_0: with the signs of
  * the codes cv, so that |w| * (sign(w) x) = w x). */
-SL_TARGET_AVX2 TL_INLINE __m256i tl_group_x(int fmt, const sl_block_q8_1 *x, int g, __m256i cv) {
+/* Four activation bytes at p broadcast to the 8 lanes. */
+SL_TARGET_AVX2 TL_INLINE __m256i tl_bcast4(const int8_t *p) {
     int32_t four;
-    memcpy(&four, x->qs + 4 * g, 4);
-    const __m256i xb = _mm256_set1_epi32(four);
+    memcpy(&four, p, 4);
+    return _mm256_set1_epi32(four);
+}
+
+SL_TARGET_AVX2 TL_INLINE __m256i tl_group_x(int fmt, const sl_block_q8_1 *x, int g, __m256i cv) {
+    const __m256i xb = tl_bcast4(x->qs + 4 * g);
     return fmt == TL_Q8_0 ? _mm256_sign_epi8(xb, cv) : xb;
 }
 

@@ -56,14 +56,10 @@ TL_TARGET TL_INLINE __m256i TL_NAME(tl_x8_isum)(int fmt, const uint8_t *blk, con
 #pragma GCC unroll 8
         for (int g = 0; g < TL_GROUPS; g++) {
             const __m256i cv = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
-            int32_t four;
-            memcpy(&four, x->qs + 4 * g, 4);
 #if TL_VNNI /* codes offset to unsigned bytes, as tl_tile_block's */
-            isum = _mm256_dpbusd_epi32(isum, _mm256_xor_si256(cv, _mm256_set1_epi8((char)0x80)), _mm256_set1_epi32(four));
+            isum = _mm256_dpbusd_epi32(isum, _mm256_xor_si256(cv, _mm256_set1_epi8((char)0x80)), tl_bcast4(x->qs + 4 * g));
 #else
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(cv),
-                                                                                  _mm256_sign_epi8(_mm256_set1_epi32(four), cv)),
-                                                            _mm256_set1_epi16(1)));
+            isum = _mm256_add_epi32(isum, TL_NAME(tl_idot32)(fmt, cv, tl_bcast4(x->qs + 4 * g)));
 #endif
         }
 #if TL_VNNI
@@ -134,8 +130,23 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemvn_x8)(int fmt, int R, const uint8_t *gro
         const uint8_t *blk = group + b * gbs;
         __m256i isum[SL_GEMM_ROWS];
         if (fmt == TL_Q8_0) {
+#if TL_VNNI /* the codes offset to unsigned bytes once for all rows, as tl_x8_isum does */
+            __m256i cu[TL_GROUPS];
+#pragma GCC unroll 8
+            for (int g = 0; g < TL_GROUPS; g++)
+                cu[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g)),
+                                         _mm256_set1_epi8((char)0x80));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                isum[r] = _mm256_set1_epi32(-128 * x[r][b].sum);
+#pragma GCC unroll 8
+                for (int g = 0; g < TL_GROUPS; g++)
+                    isum[r] = _mm256_dpbusd_epi32(isum[r], cu[g], tl_bcast4(x[r][b].qs + 4 * g));
+            }
+#else /* (sixteen registers: each row takes its own signs, tl_x8_isum) */
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) isum[r] = TL_NAME(tl_x8_isum)(fmt, blk, x[r] + b);
+#endif
         } else {
             __m256i codes[TL_GROUPS];
 #pragma GCC unroll 4
