@@ -156,9 +156,12 @@ def test_the_command_line_faults_the_arena_in_ahead_and_the_load_claims_it(
         assert torch.equal(got, want)
 
 
-def test_the_fault_in_makes_the_whole_mapping_resident(random_file: Path) -> None:
+def test_the_fault_in_makes_the_whole_mapping_resident(
+    random_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if huge_pages_mode() is None:
         pytest.skip("no transparent huge pages here")
+    monkeypatch.setattr(block_arena_prefault, "POPULATE_CHUNK", block_arena_prefault.HUGE_PAGE)
     assert block_arena_prefault.reserve(str(random_file))
     _join_fault_in_threads()
     size = block_arena_prefault.arena_bytes(random_file.stat().st_size)
@@ -168,6 +171,29 @@ def test_the_fault_in_makes_the_whole_mapping_resident(random_file: Path) -> Non
     info = next(i for lo, hi, i, _ in _maps() if lo <= address < hi)
     rss_kib = int(next(line.split()[1] for line in info.splitlines() if line.startswith("Rss:")))
     assert rss_kib * 1024 >= size  # every page present before anything was copied
+
+
+def test_the_fault_in_asks_the_kernel_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one madvise over the whole arena held the process's mmap lock for its whole fault-in,
+    # and the importing thread's dlopens waited for it (1.5 s of the 1B file's start)
+    calls: list[tuple[int, int, int]] = []
+
+    class Libc:
+        def madvise(self, address: ctypes.c_void_p, length: ctypes.c_size_t, advice: int) -> int:
+            calls.append((address.value or 0, length.value, advice))
+            return 0
+
+    monkeypatch.setattr(block_arena_prefault.ctypes, "CDLL", lambda *a, **k: Libc())
+    chunk = block_arena_prefault.POPULATE_CHUNK
+    size = 2 * chunk + block_arena_prefault.HUGE_PAGE
+    mapping = block_arena_prefault.new_arena_mapping(size)
+    block_arena_prefault._populate(mapping)
+    base = ctypes.addressof((ctypes.c_char * size).from_buffer(mapping))
+    assert calls == [
+        (base, chunk, block_arena_prefault.MADV_POPULATE_WRITE),
+        (base + chunk, chunk, block_arena_prefault.MADV_POPULATE_WRITE),
+        (base + 2 * chunk, size - 2 * chunk, block_arena_prefault.MADV_POPULATE_WRITE),
+    ]
 
 
 def test_nothing_is_reserved_for_what_the_load_would_not_copy(

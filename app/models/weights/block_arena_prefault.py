@@ -8,8 +8,9 @@ faulted in beforehand and in 0.6-1.9 s into fresh memory, most of a 2-4 s load.
 
 :func:`reserve`, called by ``python -m app serve`` once its flags are parsed and before it
 imports torch and the app (~1.5 s of one core), maps the arena and has a thread fault it in
-(``madvise(MADV_POPULATE_WRITE)``, which runs in the kernel with the GIL released) on the other
-core; :meth:`app.models.weights.block_arena.BlockArena.for_file` then claims it. This module
+(``madvise(MADV_POPULATE_WRITE)``, which runs in the kernel with the GIL released, in
+``POPULATE_CHUNK`` pieces so that the importing thread's own mappings are not held up) on the
+other core; :meth:`app.models.weights.block_arena.BlockArena.for_file` then claims it. This module
 imports nothing heavy, so that it can run first.
 """
 
@@ -28,6 +29,12 @@ HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (include/uapi/asm-generic/mman-common.h)
 GGUF_MAGIC = b"GGUF"
+# Bytes faulted in by one madvise call. The kernel holds the process's mmap lock for a whole
+# call, and the importing thread's every new mapping (an extension module's dlopen, a large
+# malloc) waits for that lock: faulted in as one 600 MiB call, the 1B Q4_K file's arena held
+# the import of fastapi for 1.5 s, more than the fault-in saved. In 8 MiB calls the lock is
+# free between them (the 1B file's start on the AMX Xeon: 4.3-5.0 s -> 3.4-4.0 s).
+POPULATE_CHUNK = 4 * HUGE_PAGE
 # A file larger than this share of the memory available now is not faulted in ahead: the load's
 # memory check (app.models.load.plan) has not run yet, and it must be the one that refuses.
 MAX_SHARE_OF_AVAILABLE = 0.5
@@ -119,9 +126,13 @@ def _populate(mapping: mmap.mmap) -> None:
     view = (ctypes.c_char * len(mapping)).from_buffer(mapping)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        address = ctypes.c_void_p(ctypes.addressof(view))
-        if libc.madvise(address, ctypes.c_size_t(len(view)), MADV_POPULATE_WRITE):
-            logger.debug("arena fault-in: madvise errno %d", ctypes.get_errno())
+        base = ctypes.addressof(view)
+        for offset in range(0, len(view), POPULATE_CHUNK):
+            length = min(POPULATE_CHUNK, len(view) - offset)
+            start = ctypes.c_void_p(base + offset)
+            if libc.madvise(start, ctypes.c_size_t(length), MADV_POPULATE_WRITE):
+                logger.debug("arena fault-in: madvise errno %d", ctypes.get_errno())
+                break
     except (OSError, AttributeError):
         pass
     finally:
