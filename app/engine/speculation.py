@@ -313,6 +313,13 @@ def propose(tokens: Tokens[int], most: int, max_ngram: int, min_ngram: int) -> t
     tokens are looked for earlier in ``tokens`` (the latest occurrence wins); the first match
     gives the (at most ``most``) tokens that followed it. Empty when none matches.
 
+    A match whose continuation runs into the end of ``tokens`` (text repeating with period
+    ``p``: the latest occurrence is ``p`` tokens back, so only ``p`` tokens follow it) goes on
+    through the draft itself: the text predicted to repeat once is predicted to repeat again,
+    so the draft is the last ``p`` tokens cycled up to ``most``, not cut at ``p``. (What a
+    lookup over the tokens plus its own draft would propose; a model caught in a loop of a
+    short line drafts the whole ``most`` instead of one line a step.)
+
     ``tokens`` is searched as the bytes of an int32 array (``bytes.rfind``, C speed: a
     2,000-token sequence costs microseconds), a hit kept only at a token boundary.
     """
@@ -329,7 +336,8 @@ def propose(tokens: Tokens[int], most: int, max_ngram: int, min_ngram: int) -> t
                 break
             if found % _ITEM == 0:
                 start = found // _ITEM + n
-                return tuple(tokens[start : start + most])
+                period = count - start
+                return tuple(tokens[start + i % period] for i in range(most))
             end = found + len(suffix) - 1
     return ()
 

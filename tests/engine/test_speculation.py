@@ -129,7 +129,17 @@ def test_propose_takes_the_longest_suffix_and_its_latest_occurrence():
     # only (2, 3) of length 2 allowed: the latest occurrence before the suffix, at 4
     assert propose(tokens, 2, 2, 2) == (7, 8)
     assert propose([1, 2, 3, 4], 3, 4, 2) == ()  # nothing repeats
-    assert propose([5, 5], 3, 4, 1) == (5,)
+    assert propose([5, 5], 3, 4, 1) == (5, 5, 5)  # a loop of one token goes on
+
+
+def test_propose_continues_a_repeating_run_past_the_end_of_the_tokens():
+    # period 3: the latest occurrence of the suffix is 3 tokens back, and 3 tokens follow it;
+    # the draft goes on cycling them instead of stopping at 3
+    tokens = [1, 5, 6, 7, 5, 6, 7, 5, 6]
+    assert propose(tokens, 7, 4, 2) == (7, 5, 6, 7, 5, 6, 7)
+    assert propose(tokens, 2, 4, 2) == (7, 5)
+    # a continuation that does not reach the end is not cycled
+    assert propose([1, 2, 3, 4, 9, 1, 2], 5, 4, 2) == (3, 4, 9, 1, 2)
 
 
 def test_propose_matches_token_boundaries_only():
