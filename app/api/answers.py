@@ -28,6 +28,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from app.api.admission import refusal_error, submit
 from app.api.errors import CLIENT_CLOSED_REQUEST, APIError
 from app.api.resources import ServerResources
+from app.api.sse_frames import SSEEvent, encoded
 from app.engine.engine import AsyncEngine, Overloaded
 from app.engine.handle import RequestHandle
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, StreamEvent, TokenEvent
@@ -46,23 +47,23 @@ class AnswerFormat(Protocol):
         """The JSON body of a non-streamed answer (``final`` is not an error)."""
         ...
 
-    def opening(self) -> Iterable[ServerSentEvent]:
+    def opening(self) -> Iterable[SSEEvent]:
         """Events sent before the first token."""
         ...
 
-    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+    def token(self, event: TokenEvent) -> Iterable[SSEEvent]:
         """Events for new output (``event.text`` may be empty: text held back)."""
         ...
 
-    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+    def final(self, final: FinalEvent) -> Iterable[SSEEvent]:
         """Events that end a stream that did not fail."""
         ...
 
-    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
+    def failure(self, error: APIError) -> Iterable[SSEEvent]:
         """The events of a failure after the 200 was sent."""
         ...
 
-    def closing(self) -> Iterable[ServerSentEvent]:
+    def closing(self) -> Iterable[SSEEvent]:
         """Events after the last one (OpenAI's ``data: [DONE]``)."""
         ...
 
@@ -98,7 +99,7 @@ class AnswerPlan:
     formats: Sequence[AnswerFormat]
     stream: bool
     group_body: Callable[[Sequence[FinalEvent]], dict[str, object]] | None = None
-    trailer: Callable[[Sequence[FinalEvent]], Iterable[ServerSentEvent]] | None = None
+    trailer: Callable[[Sequence[FinalEvent]], Iterable[SSEEvent]] | None = None
 
     def body(self, finals: Sequence[FinalEvent]) -> dict[str, object]:
         """The JSON body of every generation's final event (none of them a failure)."""
@@ -253,7 +254,7 @@ async def sse_events(
     handles: Sequence[RequestHandle],
     engine: AsyncEngine,
     formats: Sequence[AnswerFormat],
-    trailer: Callable[[Sequence[FinalEvent]], Iterable[ServerSentEvent]] | None = None,
+    trailer: Callable[[Sequence[FinalEvent]], Iterable[SSEEvent]] | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE body: each request's format's events as its engine events come (choices
     interleaved), exactly one final event per request (or, at the first failure, its failure
@@ -291,7 +292,7 @@ async def sse_events(
         opening = encoded(event for answer_format in formats for event in answer_format.opening())
         if opening:
             yield opening
-        events: list[ServerSentEvent] = []
+        events: list[SSEEvent] = []
         while not failed and any(final is None for final in finals):
             if events:
                 yield encoded(events)
@@ -322,11 +323,6 @@ async def sse_events(
         for task in pumps:
             task.cancel()
         await batches.aclose()
-
-
-def encoded(events: Iterable[ServerSentEvent]) -> bytes:
-    """SSE events as one chunk, each framed as sse-starlette frames it (its own separator)."""
-    return b"".join(event.encode() for event in events)
 
 
 def abort_unfinished(engine: AsyncEngine, handles: Sequence[RequestHandle]) -> None:

@@ -24,6 +24,7 @@ from app.api.schemas import (
     Usage,
     logprob_bodies,
 )
+from app.api.sse_frames import SSEEvent, json_event
 from app.engine.request import FinalEvent, TokenEvent
 
 
@@ -65,18 +66,20 @@ class NativeAnswer:
     def opening(self) -> Iterable[ServerSentEvent]:
         return ()
 
-    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
-        """A ``TokenEventData`` body; built as a plain dict in its field order (the same
-        JSON) unless it carries logprobs: this runs once per streamed event."""
-        if self.logprobs:
-            data = TokenEventData(
-                id=self.request_id,
-                text=event.text,
-                token_ids=list(event.token_ids),
-                logprobs=logprob_bodies(event.logprobs),  # type: ignore[arg-type]
-            ).model_dump()
-        else:
+    def token(self, event: TokenEvent) -> Iterable[SSEEvent]:
+        """A ``TokenEventData`` body. Without logprobs (floats) it is built as a plain dict in
+        the model's field order and framed by ``json_event``: this runs once per streamed
+        event."""
+        if not self.logprobs:
             data = {"id": self.request_id, "text": event.text, "token_ids": list(event.token_ids)}
+            yield json_event(data, event="token")
+            return
+        data = TokenEventData(
+            id=self.request_id,
+            text=event.text,
+            token_ids=list(event.token_ids),
+            logprobs=logprob_bodies(event.logprobs),  # type: ignore[arg-type]
+        ).model_dump()
         yield ServerSentEvent(data=json.dumps(data, ensure_ascii=False), event="token")
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:

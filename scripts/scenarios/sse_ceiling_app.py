@@ -11,7 +11,8 @@ Two endpoints, so a benchmark can tell the SSE library's cost from the engine's:
 - ``/sse-starlette/generate``: ``sse_starlette.EventSourceResponse`` with the server's settings
   (ping interval, send timeout), as ``app/api/generate.py`` uses it.
 
-Each answer is ``event: token`` events (``{"id", "text", "token_ids"}``) carrying exactly
+Each answer is ``event: token`` events (``{"id", "text", "token_ids"}``, compact JSON as the
+server writes them) carrying exactly
 ``max_tokens`` tokens, then one ``event: done`` (``{"id", "finish_reason": "length", ...}``),
 framed with ``\\r\\n`` like sse_starlette. The text cycles through the mock model's alphabet with
 one event per character, so a multi-byte character is one event with several token ids, as the
@@ -26,6 +27,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Iterator
 
+import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -63,9 +65,9 @@ def done_payload(request_id: str, max_tokens: int, prompt_tokens: int) -> dict[s
 
 
 def frame(event: str, data: dict[str, object]) -> bytes:
-    """One SSE event as sse_starlette frames it."""
-    body = json.dumps(data, ensure_ascii=False)
-    return f"event: {event}\r\ndata: {body}\r\n\r\n".encode()
+    """One SSE event as the server frames it (``app.api.sse_frames.json_event``: orjson's
+    compact JSON; before 2026-12-06 the stdlib's, as the server then wrote it)."""
+    return b"event: " + event.encode() + b"\r\ndata: " + orjson.dumps(data) + b"\r\n\r\n"
 
 
 async def read_request(request: Request) -> tuple[str, int, int]:
@@ -87,7 +89,7 @@ async def sse_events(
     request_id: str, max_tokens: int, prompt_tokens: int
 ) -> AsyncIterator[ServerSentEvent]:
     for payload in token_payloads(request_id, max_tokens):
-        yield ServerSentEvent(data=json.dumps(payload, ensure_ascii=False), event="token")
+        yield ServerSentEvent(data=orjson.dumps(payload).decode(), event="token")
         await asyncio.sleep(0)
     done = done_payload(request_id, max_tokens, prompt_tokens)
     yield ServerSentEvent(data=json.dumps(done), event="done")

@@ -23,8 +23,6 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sse_starlette import ServerSentEvent
-
 from app.api.answers import AnswerPlan
 from app.api.anthropic.errors import anthropic_error_body
 from app.api.anthropic.schemas import MessagesRequestBody
@@ -40,6 +38,7 @@ from app.api.output_reader import (
 from app.api.reasoning import ReasoningSplitter
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources
+from app.api.sse_frames import SSEEvent, json_event
 from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
 SSE_LINE_END = "\n"
@@ -108,18 +107,18 @@ class MessagesAnswer:
         )
         return message
 
-    def opening(self) -> Iterable[ServerSentEvent]:
+    def opening(self) -> Iterable[SSEEvent]:
         message = self._message([])
         message["usage"] = {"input_tokens": self._prompt_tokens, "output_tokens": 0}
         yield _event("message_start", message=message)
         yield _event("ping")
 
-    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+    def token(self, event: TokenEvent) -> Iterable[SSEEvent]:
         if event.text:
             for piece in self._reader.feed(event.text):
                 yield from self._piece_events(piece)
 
-    def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
+    def final(self, final: FinalEvent) -> Iterable[SSEEvent]:
         for piece in self._reader.finish():
             yield from self._piece_events(piece)
         yield from self._close_block()
@@ -131,11 +130,11 @@ class MessagesAnswer:
         )
         yield _event("message_stop")
 
-    def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
+    def failure(self, error: APIError) -> Iterable[SSEEvent]:
         body = anthropic_error_body(error)
         yield _event("error", error=body["error"])
 
-    def closing(self) -> Iterable[ServerSentEvent]:
+    def closing(self) -> Iterable[SSEEvent]:
         return ()
 
     # ----------------------------------------------------------------- the blocks
@@ -151,7 +150,7 @@ class MessagesAnswer:
             "stop_sequence": None,
         }
 
-    def _piece_events(self, piece: OutputPiece) -> Iterator[ServerSentEvent]:
+    def _piece_events(self, piece: OutputPiece) -> Iterator[SSEEvent]:
         if isinstance(piece, CallPiece):
             yield from self._close_block()
             block = _block(piece)
@@ -175,12 +174,12 @@ class MessagesAnswer:
             yield from self._open_block(empty, kind=kind)
         yield _event("content_block_delta", index=self._block_index, delta=delta)
 
-    def _open_block(self, block: dict[str, Any], *, kind: str) -> Iterator[ServerSentEvent]:
+    def _open_block(self, block: dict[str, Any], *, kind: str) -> Iterator[SSEEvent]:
         self._block_index += 1
         self._open_kind = kind
         yield _event("content_block_start", index=self._block_index, content_block=block)
 
-    def _close_block(self) -> Iterator[ServerSentEvent]:
+    def _close_block(self) -> Iterator[SSEEvent]:
         if self._open_kind is not None:
             self._open_kind = None
             yield _event("content_block_stop", index=self._block_index)
@@ -218,6 +217,6 @@ def _stop_reason(final: FinalEvent, made_calls: bool) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def _event(kind: str, **fields: Any) -> ServerSentEvent:
-    data = json.dumps({"type": kind, **fields}, ensure_ascii=False, separators=(",", ":"))
-    return ServerSentEvent(data=data, event=kind, sep=SSE_LINE_END)
+def _event(kind: str, **fields: Any) -> bytes:
+    """One Anthropic event (no floats in any of them: ``json_event``)."""
+    return json_event({"type": kind, **fields}, event=kind, sep=SSE_LINE_END)

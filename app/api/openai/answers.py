@@ -48,6 +48,7 @@ from app.api.output_reader import (
     TextPiece,
 )
 from app.api.reasoning import ReasoningSplitter
+from app.api.sse_frames import SSEEvent, json_event
 from app.engine.request import FinalEvent, TokenEvent
 from app.models.base import TokenLogprobs
 
@@ -94,10 +95,11 @@ class _OpenAIAnswer(ABC):
         """The usage chunk (``choices`` empty) of a stream that asked for it."""
         return data_event(self._chunk([], usage))
 
-    def _plain_chunk(self, choice: dict[str, object]) -> ServerSentEvent:
-        """The event of a chunk of one choice without logprobs, as a dict (the common chunk
-        of a stream, written without building its pydantic model; the same JSON as
-        ``_chunk``, which ``tests/http/test_openai_chunks.py`` checks)."""
+    def _plain_chunk(self, choice: dict[str, object]) -> bytes:
+        """The event of a chunk of one choice without logprobs, as a dict framed by
+        ``json_event`` (the common chunk of a stream, written without building its pydantic
+        model; the same JSON as ``_chunk``, which ``tests/http/test_openai_chunks.py``
+        checks)."""
         chunk = {
             "id": self.id,
             "object": self._object,
@@ -107,7 +109,7 @@ class _OpenAIAnswer(ABC):
             "choices": [choice],
             "usage": None,
         }
-        return data_event(chunk)
+        return json_event(chunk, sep=SSE_LINE_END)
 
     @abstractmethod
     def _chunk(self, choices: list, usage: Usage | None = None) -> dict[str, object]:
@@ -159,7 +161,7 @@ class CompletionAnswer(_OpenAIAnswer):
             choice = CompletionChoice(index=self.index, text=self.echo, finish_reason=None)
             yield data_event(self._chunk([choice]))
 
-    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+    def token(self, event: TokenEvent) -> Iterable[SSEEvent]:
         if event.text and self.logprobs is None:
             choice = {"index": self.index, "text": event.text, "logprobs": None}
             yield self._plain_chunk(choice | {"finish_reason": None})
@@ -247,7 +249,7 @@ class ChatAnswer(_OpenAIAnswer):
             )
             yield data_event(self._chunk([self._choice(ChatDelta(tool_calls=[head]))]))
 
-    def token(self, event: TokenEvent) -> Iterable[ServerSentEvent]:
+    def token(self, event: TokenEvent) -> Iterable[SSEEvent]:
         if not event.text:  # text held back (a partial character or stop string) waits
             return
         logprobs = list(event.logprobs)
@@ -300,7 +302,7 @@ class ChatAnswer(_OpenAIAnswer):
     def _call_id_prefix(self) -> str:
         return f"call_{self.id}_{self.index}_"
 
-    def _piece_event(self, piece: OutputPiece, logprobs: list[TokenLogprobs]) -> ServerSentEvent:
+    def _piece_event(self, piece: OutputPiece, logprobs: list[TokenLogprobs]) -> SSEEvent:
         """The chunk of one piece of the output: text or reasoning without logprobs as a
         plain dict, anything else through its pydantic delta (``_delta_event``)."""
         if self.logprobs is None and type(piece) in (TextPiece, ReasoningPiece):
