@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import unicodedata
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from app.models.tokenizers import (
     load_gguf_tokenizer,
     load_hf_tokenizer,
 )
+from app.models.tokenizers.byte_level import byte_level_token_bytes, byte_stand_ins
 from app.models.tokenizers.gguf_bpe import build_gguf_bpe
 from app.models.tokenizers.gguf_spm import spm_merges
 from app.models.tokenizers.gguf_vocab import GGUFTokenType, GGUFVocab
@@ -490,3 +492,25 @@ def test_hf_directory_refusals(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_hf_tokenizer(tmp_path)
+
+
+def test_byte_level_token_bytes_fast_path_is_the_character_rule() -> None:
+    # translate + Latin-1 for a well-formed token, the character-by-character rule otherwise:
+    # both give what each character spells (a stand-in its byte, any other its UTF-8 bytes)
+    stand_ins = byte_stand_ins()
+
+    def rule(text: str) -> bytes:
+        return b"".join(
+            bytes((stand_ins[c],)) if c in stand_ins else c.encode("utf-8") for c in text
+        )
+
+    alphabet = list(stand_ins)
+    malformed = ["\x00", " ", "\xa0", "\xad", "\u0144", "\uffff", "é", "中", "😀"]
+    rng = random.Random(3)
+    texts = ["".join(alphabet), "", "Ġthe", "ĊĊ", *malformed]
+    for _ in range(2000):
+        pool = alphabet if rng.random() < 0.7 else alphabet + malformed
+        texts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 8))))
+    for text in texts:
+        assert byte_level_token_bytes(text) == rule(text), repr(text)
+    assert byte_level_token_bytes("".join(alphabet)) == bytes(stand_ins[c] for c in alphabet)
