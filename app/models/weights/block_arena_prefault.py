@@ -29,11 +29,12 @@ HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (include/uapi/asm-generic/mman-common.h)
 GGUF_MAGIC = b"GGUF"
-# Bytes faulted in by one madvise call. The kernel holds the process's mmap lock for a whole
-# call, and the importing thread's every new mapping (an extension module's dlopen, a large
-# malloc) waits for that lock: faulted in as one 600 MiB call, the 1B Q4_K file's arena held
-# the import of fastapi for 1.5 s, more than the fault-in saved. In 8 MiB calls the lock is
-# free between them (the 1B file's start on the AMX Xeon: 4.3-5.0 s -> 3.4-4.0 s).
+# Bytes faulted in by one madvise call. The kernel holds the process's mmap lock while it
+# faults a call's range in, and the importing thread's new mappings (an extension module's
+# dlopen, a large malloc) wait for that lock: faulted in as one 600 MiB call, the 1B Q4_K
+# file's arena held the import of fastapi for 1.5 s, more than the fault-in saved. Between 8 MiB
+# calls the lock is free (the 1B file's start on the AMX Xeon, in an hour when the VM's first
+# touch of memory was slow: 4.3-5.0 s -> 3.4-4.0 s; when it is fast, the stall is short).
 POPULATE_CHUNK = 4 * HUGE_PAGE
 # A file larger than this share of the memory available now is not faulted in ahead: the load's
 # memory check (app.models.load.plan) has not run yet, and it must be the one that refuses.
