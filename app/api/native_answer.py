@@ -80,17 +80,17 @@ class NativeAnswer:
             token_ids=list(event.token_ids),
             logprobs=logprob_bodies(event.logprobs),  # type: ignore[arg-type]
         ).model_dump()
-        yield ServerSentEvent(data=json.dumps(data, ensure_ascii=False), event="token")
+        yield ServerSentEvent(data=_compact(data), event="token")
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
         done = DoneEventData(id=self.request_id, **self._ending(final)).model_dump(
             exclude=self._unasked(("prompt_logprobs",))
         )
-        yield ServerSentEvent(data=json.dumps(done, ensure_ascii=False), event="done")
+        yield ServerSentEvent(data=_compact(done), event="done")
 
     def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
         body = error_body(error.type, error.message, error.param)
-        yield ServerSentEvent(data=json.dumps(body), event="error")
+        yield ServerSentEvent(data=_compact(body), event="error")
 
     def closing(self) -> Iterable[ServerSentEvent]:
         return ()
@@ -118,3 +118,9 @@ class NativeAnswer:
                 total_ms=round(final.timings.total_ms, 3),
             ),
         }
+
+
+def _compact(payload: dict[str, object]) -> str:
+    """The stdlib's compact JSON, for the events that can carry floats (logprobs, timings):
+    the same spacing as ``json_event``'s, so every event of a stream is written alike."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))

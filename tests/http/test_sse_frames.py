@@ -8,7 +8,10 @@ import random
 import pytest
 from sse_starlette import ServerSentEvent
 
+from app.api.native_answer import NativeAnswer
 from app.api.sse_frames import encoded, json_event
+from app.engine.request import TokenEvent
+from app.models.base import TokenLogprobs
 
 # the characters JSON escapes or SSE splits lines on, multi-byte ones, and plain text
 PIECES = [
@@ -58,3 +61,14 @@ def test_a_chunk_mixes_framed_events_and_event_objects() -> None:
     framed = json_event({"a": 1}, event="token")
     other = ServerSentEvent(data="x", event="done")
     assert encoded([framed, other, framed]) == framed + other.encode() + framed
+
+
+def test_every_native_event_is_compact_json() -> None:
+    # the framed token events and those that keep the event object (logprobs) are written alike
+    plain = NativeAnswer("req-1")
+    with_logprobs = NativeAnswer("req-2", logprobs=True)
+    event = TokenEvent("é x", (7, 8), (TokenLogprobs(7, -0.5, ((7, -0.5),)),) * 2)
+    for answer in (plain, with_logprobs):
+        (chunk,) = answer.token(event)
+        data = encoded([chunk]).decode().split("\r\n")[1].removeprefix("data: ")
+        assert data == json.dumps(json.loads(data), ensure_ascii=False, separators=(",", ":"))
