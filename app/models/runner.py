@@ -201,8 +201,11 @@ class ModelRunner:
         hidden: list[torch.Tensor] | None = [] if scored else None
         with torch.inference_mode():
             logits = self.model.forward(plan, self.cache, hidden_out=hidden)
-            prompt_logprobs = self._prompt_logprobs(scored, plan, hidden[0]) if hidden else {}
+            # sampled before the prompt logprobs' own head calls: a wide head's logits are a
+            # view of the model thread's output buffer until its next call (GGMLLinear)
             samples = sample_rows(self._sampler, logits, rows)
+            del logits
+            prompt_logprobs = self._prompt_logprobs(scored, plan, hidden[0]) if hidden else {}
         for row, sample in zip(rows, samples, strict=True):
             # a speculative row keeps its accepted positions; the rest is rolled back
             rejected = row.num_draft_tokens - (sample.num_accepted if sample else 0)

@@ -110,3 +110,23 @@ def test_the_load_decodes_wide_calls_only_without_copies_on_a_bfloat16_cpu(
     wanted = DENSE_FROM_ROWS if native and wide_copies == "off" else 0
     assert qkv.dense_from_rows == wanted
     assert (runner.model.weights.kernel is LinearKernel.ONEDNN) == native
+
+
+def test_a_wide_heads_float32_logits_come_in_the_threads_buffer(random_file: Path) -> None:
+    """A wide call of the LM head converts its bfloat16 product to float32 in the calling
+    thread's buffer (no fresh 64 MiB a step at Gemma 3's vocabulary), the values of
+    ``.to(float32)``; the view is valid until the thread's next such call."""
+    head = load_on_blocks(random_file, wide_copies="on").model.weights.lm_head
+    if not isinstance(head, GGMLLinear) or head.wide is None:
+        pytest.skip("no dense copy of the head on this CPU")
+    assert head.out_dtype == torch.float32
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(head.blocks_max_rows + 2, head.in_features, generator=generator)
+    x = x.to(torch.bfloat16)
+    first = head(x)
+    assert torch.equal(first, head.wide(x).to(torch.float32))
+    again = head(x[1:].contiguous())  # still wide
+    assert again.data_ptr() == first.data_ptr()  # the same buffer, overwritten
+    assert torch.equal(again, head.wide(x[1:]).to(torch.float32))
+    narrow = head(x[:2].contiguous())  # on the blocks: a tensor of its own
+    assert narrow.data_ptr() != first.data_ptr()
