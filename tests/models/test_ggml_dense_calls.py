@@ -130,3 +130,22 @@ def test_a_wide_heads_float32_logits_come_in_the_threads_buffer(random_file: Pat
     assert torch.equal(again, head.wide(x[1:]).to(torch.float32))
     narrow = head(x[:2].contiguous())  # on the blocks: a tensor of its own
     assert narrow.data_ptr() != first.data_ptr()
+
+
+def test_a_decoded_heads_float32_logits_come_in_the_threads_buffer() -> None:
+    """A decoded call of a head converts its bfloat16 product in the calling thread's buffer,
+    as a wide call does; its exact rows (calls on the blocks) get tensors of their own, so a
+    split call (``project``) is still right."""
+    assert KERNELS is not None
+    segments = linear(0).segments
+    head = GGMLLinear(KERNELS, segments, COLUMNS, out_dtype=torch.float32, dense_from_rows=4)
+    x = rows_of(6, seed=5)
+    decoded = torch.nn.functional.linear(x, head.decoded()).to(torch.float32)
+    alone = head(x[[0, 2]].contiguous())  # on the blocks
+    first = head(x)
+    assert torch.equal(first, decoded)
+    assert head(x[1:].contiguous()).data_ptr() == first.data_ptr()  # decoded: the buffer
+    assert head(x[:3].contiguous()).data_ptr() != first.data_ptr()  # on the blocks
+    split = project(head, x, torch.tensor([0, 2]))  # rows 0 and 2 as alone
+    assert torch.equal(split[[0, 2]], alone)
+    assert torch.equal(split[[1, 3, 4, 5]], decoded[[1, 3, 4, 5]])

@@ -67,7 +67,8 @@ def blocks_max_rows() -> int:
 
 # The calling thread's buffer of GGMLLinear.decoded (the model thread's, in a server).
 _DECODE_BUFFER = threading.local()
-# The calling thread's buffer of a wide call's converted output (the LM head's float32 logits).
+# The calling thread's buffer of the LM head's float32 logits converted from a wide or decoded
+# call's bfloat16 product (_converted).
 _OUTPUT_BUFFER = threading.local()
 
 
@@ -127,16 +128,18 @@ class GGMLLinear:
     def __call__(self, x: torch.Tensor, *, as_rows: int | None = None) -> torch.Tensor:
         """``x [M, in]`` float32 or bfloat16 -> ``[M, out]`` of ``out_dtype`` (or ``x``'s).
         ``as_rows``: the row count that picks the path (blocks, ``wide``, a decoded matrix),
-        when not ``M``: a step's rows without the drafted tokens they verify. A ``wide`` call
-        with an ``out_dtype`` (the LM head's float32 logits) returns a view of the calling
-        thread's output buffer, valid until the thread's next such call (``_converted``)."""
+        when not ``M``: a step's rows without the drafted tokens they verify. A ``wide`` or
+        decoded call with an ``out_dtype`` (the LM head's float32 logits) returns a view of the
+        calling thread's output buffer, valid until the thread's next such call
+        (``_converted``); a call on the blocks, a tensor of its own (the exact calls of a
+        split, ``project``, come from the blocks)."""
         rows = x.shape[0] if as_rows is None else as_rows
         if self.wide is not None and rows > self.blocks_max_rows:
             y = self.wide(x)
             return y if self.out_dtype is None else _converted(y, self.out_dtype)
         if self._decodes_for(x, rows):
             y = F.linear(x, self.decoded(), self._dense_bias())
-            return y if self.out_dtype is None else y.to(self.out_dtype)
+            return y if self.out_dtype is None else _converted(y, self.out_dtype)
         return self.kernels.matmul(
             self.prepared, x.contiguous(), bias=self.bias, out_dtype=self.out_dtype
         )
@@ -196,9 +199,12 @@ class GGMLEmbedding:
 def _converted(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``y.to(dtype)`` in the calling thread's output buffer (grown to the largest asked,
     kept): a view valid until the thread's next call. Gemma 3's head at 64 rows converts
-    64 x 262,144 bfloat16 logits to float32, 64 MiB: as a fresh tensor (past glibc's mmap
-    threshold: mapped and unmapped each time) that was 16,000 page faults a step, two thirds
-    of them, and the step took 137-146 ms on the AMX Xeon against 121-128 ms with the buffer."""
+    64 x 262,144 bfloat16 logits to float32, 64 MiB: a new tensor that large is past glibc's
+    mmap threshold (mapped, faulted in page by page, unmapped each time), 16,000 page faults a
+    step. On the AMX Xeon the wide head's call took 50-52 ms so and 33-35 ms with the buffer,
+    a decoded one 108-114 against 97-101 ms, and a step of 64 rows 137-146 against 121-128
+    ms. (A call on the blocks writes its new tensor as it computes, and there the buffer
+    measured no faster: 58-60 ms either way.)"""
     count = y.numel()
     buffer = getattr(_OUTPUT_BUFFER, "tensor", None)
     if buffer is None or buffer.numel() < count or buffer.dtype != dtype:
