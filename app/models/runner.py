@@ -201,8 +201,8 @@ class ModelRunner:
         hidden: list[torch.Tensor] | None = [] if scored else None
         with torch.inference_mode():
             logits = self.model.forward(plan, self.cache, hidden_out=hidden)
-            # sampled before the prompt logprobs' own head calls: a wide head's logits are a
-            # view of the model thread's output buffer until its next call (GGMLLinear)
+            # sampled before the prompt logprobs' own head calls: a wide or decoded head's logits
+            # are a view of the model thread's output buffer until its next call (GGMLLinear)
             samples = sample_rows(self._sampler, logits, rows)
             del logits
             prompt_logprobs = self._prompt_logprobs(scored, plan, hidden[0]) if hidden else {}
