@@ -162,10 +162,8 @@ class GGMLLinear:
         a fresh 64 MiB tensor per call spent more on page faults than on the decode (48.9
         against 19.6 ms for the 1B file's 16384 x 2048 Q4_K matrix)."""
         count = self.out_features * self.in_features
-        buffer = getattr(_DECODE_BUFFER, "tensor", None)
-        if buffer is None or buffer.numel() < count:
-            _DECODE_BUFFER.tensor = buffer = torch.empty(count, dtype=torch.bfloat16)
-        weight = buffer[:count].view(self.out_features, self.in_features)
+        weight = _thread_buffer(_DECODE_BUFFER, count, torch.bfloat16)
+        weight = weight.view(self.out_features, self.in_features)
         start = 0
         for segment in self.segments:
             rows = torch.arange(segment.rows)
@@ -205,8 +203,13 @@ def _converted(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     a decoded one 108-114 against 97-101 ms, and a step of 64 rows 137-146 against 121-128
     ms. (A call on the blocks writes its new tensor as it computes, and there the buffer
     measured no faster: 58-60 ms either way.)"""
-    count = y.numel()
-    buffer = getattr(_OUTPUT_BUFFER, "tensor", None)
+    return _thread_buffer(_OUTPUT_BUFFER, y.numel(), dtype).view(y.shape).copy_(y)
+
+
+def _thread_buffer(local: threading.local, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first ``count`` elements of the calling thread's buffer in ``local``, made (or
+    remade larger, or in another dtype) when it does not hold them, and kept."""
+    buffer = getattr(local, "tensor", None)
     if buffer is None or buffer.numel() < count or buffer.dtype != dtype:
-        _OUTPUT_BUFFER.tensor = buffer = torch.empty(count, dtype=dtype)
-    return buffer[:count].view(y.shape).copy_(y)
+        local.tensor = buffer = torch.empty(count, dtype=dtype)
+    return buffer[:count]
