@@ -5,7 +5,6 @@ and the plan of a native request's answer (``native_plan``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from app.api.schemas import (
     Usage,
     logprob_bodies,
 )
-from app.api.sse_frames import SSEEvent, json_event
+from app.api.sse_frames import SSEEvent, compact_json, json_event
 from app.engine.request import FinalEvent, TokenEvent
 
 
@@ -80,17 +79,17 @@ class NativeAnswer:
             token_ids=list(event.token_ids),
             logprobs=logprob_bodies(event.logprobs),  # type: ignore[arg-type]
         ).model_dump()
-        yield ServerSentEvent(data=_compact(data), event="token")
+        yield ServerSentEvent(data=compact_json(data), event="token")
 
     def final(self, final: FinalEvent) -> Iterable[ServerSentEvent]:
         done = DoneEventData(id=self.request_id, **self._ending(final)).model_dump(
             exclude=self._unasked(("prompt_logprobs",))
         )
-        yield ServerSentEvent(data=_compact(done), event="done")
+        yield ServerSentEvent(data=compact_json(done), event="done")
 
     def failure(self, error: APIError) -> Iterable[ServerSentEvent]:
         body = error_body(error.type, error.message, error.param)
-        yield ServerSentEvent(data=_compact(body), event="error")
+        yield ServerSentEvent(data=compact_json(body), event="error")
 
     def closing(self) -> Iterable[ServerSentEvent]:
         return ()
@@ -118,9 +117,3 @@ class NativeAnswer:
                 total_ms=round(final.timings.total_ms, 3),
             ),
         }
-
-
-def _compact(payload: dict[str, object]) -> str:
-    """The stdlib's compact JSON, for the events that can carry floats (logprobs, timings):
-    the same spacing as ``json_event``'s, so every event of a stream is written alike."""
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))

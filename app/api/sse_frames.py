@@ -25,6 +25,13 @@ from sse_starlette import ServerSentEvent
 SSEEvent = ServerSentEvent | bytes  # what a format yields: an event, or one framed already
 
 
+def compact_json(payload: object) -> str:
+    """The stdlib's compact JSON of ``payload`` (no spaces, non-ASCII as itself): what every
+    SSE event's data is, as OpenAI and Anthropic write theirs; for events that can carry floats
+    (orjson writes a NaN or an infinity as ``null``) and what orjson refuses."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
 def json_event(payload: dict[str, object], *, event: str | None = None, sep: str = "\r\n") -> bytes:
     """``payload`` as one SSE event: the bytes ``ServerSentEvent(data=<compact JSON>,
     event=event, sep=sep).encode()`` gives.
@@ -43,7 +50,7 @@ def json_event(payload: dict[str, object], *, event: str | None = None, sep: str
     try:
         data = orjson.dumps(payload)
     except orjson.JSONEncodeError:  # what orjson refuses (an int past 64 bits): the stdlib's
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        data = compact_json(payload).encode()
     line_end = sep.encode()
     head = b"data: " if event is None else b"event: " + event.encode() + line_end + b"data: "
     return head + data + line_end + line_end

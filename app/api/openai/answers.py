@@ -48,7 +48,7 @@ from app.api.output_reader import (
     TextPiece,
 )
 from app.api.reasoning import ReasoningSplitter
-from app.api.sse_frames import SSEEvent, json_event
+from app.api.sse_frames import SSEEvent, compact_json, json_event
 from app.engine.request import FinalEvent, TokenEvent
 from app.models.base import TokenLogprobs
 
@@ -66,7 +66,7 @@ def usage(final: FinalEvent) -> Usage:
 def data_event(payload: dict[str, object] | str) -> ServerSentEvent:
     """One ``data:`` event: compact JSON (or the literal ``[DONE]``)."""
     if not isinstance(payload, str):
-        payload = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        payload = compact_json(payload)
     return ServerSentEvent(data=payload, sep=SSE_LINE_END)
 
 

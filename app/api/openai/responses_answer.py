@@ -23,7 +23,6 @@ request id, so ``DELETE /generate/{id}`` cancels it), ``msg_...``, ``fc_...``.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -45,6 +44,7 @@ from app.api.output_reader import (
 from app.api.reasoning import ReasoningSplitter
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources
+from app.api.sse_frames import compact_json
 from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
 
@@ -330,8 +330,7 @@ class ResponsesAnswer:
 
     def _event(self, kind: str, **fields: Any) -> ServerSentEvent:
         payload = {"type": kind, "sequence_number": next(self._sequence), **fields}
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        return ServerSentEvent(data=data, event=kind, sep=SSE_LINE_END)
+        return ServerSentEvent(data=compact_json(payload), event=kind, sep=SSE_LINE_END)
 
 
 def _output_text(text: str) -> dict[str, Any]:
