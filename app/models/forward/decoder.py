@@ -26,8 +26,8 @@ Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op
   :class:`app.models.kernels.decoder_layout.DecoderLayout`): the same kernels in the same order,
   bit for bit, without ~7 Python calls per layer (SmolLM2, one row: ~3 ms of a ~12 ms step).
   Gemma 3's block (GeGLU, norms after attention and MLP, sliding-window layers with their own
-  rope, a scaled embedding) is computed there too; with dense weights it runs this module's
-  torch path in every step. ``fused_decode_status`` says which.
+  rope, a scaled embedding) is computed in both loops. ``fused_decode_status`` says which step
+  a model takes.
 
 What Gemma 3 adds to the torch path, each from :class:`app.models.hparams.HParams`: the
 embedding scale, the local layers' own rope tables and window masks
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from app.models.forward.attention import attend
 from app.models.forward.experts import mixture_of_experts
 from app.models.forward.forward_plan import ForwardPlan
-from app.models.forward.fused_step import beyond_python_fused, block_layout, fused_decode_for
+from app.models.forward.fused_step import block_layout, fused_decode_for
 from app.models.forward.kv_cache import KVCache
 from app.models.forward.rope import rope_tables
 from app.models.hparams import Activation, HParams
@@ -103,9 +103,6 @@ class DecoderModel:
         # (``sl_decode_layers``); false keeps it in Python (the tests compare the two).
         self.decode_layers = True
         self._layout: tuple[KVCache, tuple[DecoderLayout | None, int]] | None = None
-        # Whether the Python loop of the fused step computes this block (Llama-style ones);
-        # Gemma 3's takes the fused step only with GGUF-block projections, in C.
-        self._python_fused = not beyond_python_fused(hparams)
         if fused_decode:
             self.fused_decode, self.fused_decode_status = fused_decode_for(hparams, dtype, device)
 
@@ -140,8 +137,7 @@ class DecoderModel:
             and plan.token_rows is not None
         ):
             layout = self._decoder_layout(cache, plan.token_rows.count - plan.drafted_tokens)
-            if layout is not None or self._python_fused:
-                return self._forward_fused_decode(plan, cache, self.fused_decode, layout)
+            return self._forward_fused_decode(plan, cache, self.fused_decode, layout)
         w, hp = self.weights, self.hparams
         hidden = self._scaled(w.embedding(plan.token_ids))
         ropes = {False: _rope_rows(self._rope_cos, self._rope_sin, plan)}
@@ -216,9 +212,8 @@ class DecoderModel:
         # Softmax scores of one KV head's query group, every position up to the longest row,
         # per thread.
         scores = torch.empty((threads, hp.group_size * rows.key_length), dtype=torch.float32)
-        hidden = w.embedding(plan.token_ids)
+        hidden = self._scaled(w.embedding(plan.token_ids)).contiguous()
         if layout is not None:  # the loop below, in one C call
-            hidden = self._scaled(hidden).contiguous()
             kernels.decode_layers(
                 layout,
                 hidden,
@@ -228,12 +223,21 @@ class DecoderModel:
                 threads=torch.get_num_threads(),
             )
             return self._logits(hidden, plan, None)
+        gelu = hp.ffn_activation is Activation.GELU_TANH
+        activate = kernels.gelu_tanh_mul if gelu else kernels.silu_mul
+        local = hp.local_attention
         normed = kernels.rms_norm(hidden, w.layers[0].attn_norm, eps)
         for index, layer in enumerate(w.layers):
+            is_local = local is not None and local.layers[index]
+            cos, sin = (
+                self._local_rope
+                if is_local and self._local_rope is not None
+                else (self._rope_cos, self._rope_sin)
+            )
             attended = kernels.decode_attention(
                 layer.qkv(normed),
-                self._rope_cos,
-                self._rope_sin,
+                cos,
+                sin,
                 plan.positions,
                 rows.block_tables,
                 cache.keys[index],
@@ -244,11 +248,17 @@ class DecoderModel:
                 threads=threads,
                 qk_norm=layer.qk_norm,
                 eps=eps,
+                window=local.window if is_local and local is not None else 0,
+                scale=hp.attention_scale,
             )
             attn_out = layer.attn_output(attended)
+            if layer.attn_post_norm is not None:  # Gemma 3: normalised before the residual add
+                attn_out = kernels.rms_norm(attn_out, layer.attn_post_norm, eps)
             normed = kernels.rms_norm(attn_out, layer.ffn_norm, eps, residual=hidden)
             hidden = attn_out  # now holds the residual sum
-            down = layer.down(kernels.silu_mul(layer.gate_up(normed)))
+            down = layer.down(activate(layer.gate_up(normed)))
+            if layer.ffn_post_norm is not None:
+                down = kernels.rms_norm(down, layer.ffn_post_norm, eps)
             # The next layer's attention norm (None: folded into its QKV). After the last layer
             # only the residual add is wanted: the output norm is torch's, as on the eager path
             # (through this kernel, greedy agreement with float32 fell from 98.7% to 98.3% at

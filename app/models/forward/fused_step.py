@@ -2,10 +2,11 @@
 
 A step of single-token rows (``ForwardPlan.token_rows``) runs the glue between projections in
 the fused C kernels of :mod:`app.models.kernels.fused_decode` when the model is CPU bfloat16 and
-its block is one they compute (:func:`fused_decode_for`). With every projection on GGUF blocks,
-the whole layer loop is one C call over a :class:`~app.models.kernels.decoder_layout.DecoderLayout`
-(:func:`block_layout`); otherwise :class:`app.models.forward.decoder.DecoderModel` runs the loop in
-Python, for the blocks that loop computes (:func:`beyond_python_fused` is empty).
+its block is one they compute (:func:`fused_decode_for`: Llama-style and Gemma 3 blocks). With
+every projection on GGUF blocks, the whole layer loop is one C call over a
+:class:`~app.models.kernels.decoder_layout.DecoderLayout` (:func:`block_layout`); otherwise
+:class:`app.models.forward.decoder.DecoderModel` runs the loop in Python over the same kernels
+(dense projections, or a dense copy taking a wide step's call).
 """
 
 from __future__ import annotations
@@ -43,12 +44,6 @@ def fused_decode_for(
     kernels, how = load_fused_decode()
     if kernels is None:
         return None, f"eager decode (fused kernels: {how})"
-    python_beyond = beyond_python_fused(hparams)
-    if python_beyond:
-        how += (
-            f"; {hparams.architecture} ({', '.join(python_beyond)}) in the C layer loop only: "
-            "with GGUF-block projections, else eager decode"
-        )
     return kernels, how
 
 
@@ -59,23 +54,6 @@ def _beyond_fused_kernels(hparams: HParams) -> list[str]:
         beyond.append("partial rotary")
     if hparams.experts is not None:
         beyond.append("mixture of experts")
-    return beyond
-
-
-def beyond_python_fused(hparams: HParams) -> list[str]:
-    """What of this model the Python loop of the fused step does not compute (the C layer
-    loop, ``sl_decode_layers``, does: Gemma 3's block); empty for Llama-style blocks."""
-    beyond = []
-    if hparams.ffn_activation is not Activation.SILU:
-        beyond.append(f"{hparams.ffn_activation.value} MLP")
-    if hparams.post_norms:
-        beyond.append("norms after attention and MLP")
-    if hparams.local_attention is not None:
-        beyond.append("sliding-window layers")
-    if hparams.embedding_scale is not None:
-        beyond.append("scaled embedding")
-    if hparams.attention_scale is not None:
-        beyond.append("attention scale")
     return beyond
 
 
