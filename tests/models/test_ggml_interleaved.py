@@ -65,9 +65,10 @@ def test_the_repack_moves_every_byte_and_rows_decode_as_the_files(kind: str) -> 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: Isa) -> None:
     """1-64 activation rows (the gemv of one row and of several, the decoded tiles, AMX from
-    16 rows where the CPU has it), 37 weight rows (two full units, then a 5-row tail), 24 (a
-    unit of one group) and 64, two widths, activations at the codes' extremes, a bias and a
-    bfloat16 residual."""
+    16 rows where the CPU has it: Q8_0's codes read in place, the other formats' next unit
+    decoded between a unit's products), 37 weight rows (two full units, then a 5-row tail),
+    24 (a unit of one group) and 64 (four full units), two widths, activations at the codes'
+    extremes, a bias and a bfloat16 residual."""
     assert KERNELS is not None
     generator = torch.Generator().manual_seed(7)
     widths = (256, 256, 768) if kind.endswith("_K") else (96, 96, 608)

@@ -166,8 +166,11 @@ int64_t sl_tile8_bytes_q8_k(int64_t k);
  *   sl_quant_amx_ready(): whether they may run here (CPU, OS permission, SLOTSERVE_GGML_AMX);
  *   sl_amx_decode16_<fmt>(rows, k, tile, prefetch, ahead): 16 weight rows (rows[j]; a short
  *       unit repeats its last row) -> a tile of sl_amx_tile_bytes(k) bytes (ggml_quant_tiles.c);
- *   sl_amx_gemm16(tile, k, x, x_bytes, m, signed_codes, out): m activation rows
- *       (sl_block_q8_1, row stride x_bytes) -> out[i * 16 + n]. */
+ *   sl_amx_gemm16(tile, k, x, x_bytes, m, signed_codes, out, decode_next, next, next_tile): m
+ *       activation rows (sl_block_q8_1, row stride x_bytes) -> out[i * 16 + n]; with
+ *       decode_next, it also decodes the next unit of 16 interleaved rows (next) into
+ *       next_tile, a few blocks between its own products, so that the next unit's weights
+ *       stream in from memory while this one's products run. */
 int sl_quant_isa_supported(int isa);
 /* Where the tile kernels prefetch the weight rows they read next (ggml_quant_cpu.c): 1 into
  * L2, 0 into L1; sl_prefetch_l2 set once at load, before any thread computes, and
@@ -180,6 +183,8 @@ int sl_quant_amx_ready(void);
 int64_t sl_amx_tile_bytes(int64_t k);
 typedef void (*sl_amx_decode_fn)(const uint8_t *const *rows, int64_t k, void *tile,
                                  const uint8_t *prefetch, int64_t ahead);
+typedef void (*sl_amx_decode_blocks_fn)(const uint8_t *group, int64_t k, void *tile, int64_t b0,
+                                        int64_t b1);
 void sl_amx_decode16_q4_0(const uint8_t *const *rows, int64_t k, void *tile,
                           const uint8_t *prefetch, int64_t ahead);
 void sl_amx_decode16_q4_1(const uint8_t *const *rows, int64_t k, void *tile,
@@ -191,7 +196,10 @@ void sl_amx_decode16_q5_1(const uint8_t *const *rows, int64_t k, void *tile,
 void sl_amx_decode16_q8_0(const uint8_t *const *rows, int64_t k, void *tile,
                           const uint8_t *prefetch, int64_t ahead);
 void sl_amx_gemm16(const void *tile, int64_t k, const uint8_t *x, int64_t x_bytes, int64_t m,
-                   int signed_codes, float *out);
+                   int signed_codes, float *out, sl_amx_decode_blocks_fn decode_next,
+                   const uint8_t *next, void *next_tile);
+void sl_amx_gemm16_q8_0x(const uint8_t *group, int64_t k, const uint8_t *x, int64_t x_bytes,
+                         int64_t m, float *out, const uint8_t *prefetch, int64_t ahead);
 void sl_amx_release(void);
 
 /*
@@ -237,7 +245,9 @@ static inline sl_x8_fields sl_x8_fields_of(int qtype) {
  *   sl_gemv8x_<fmt>_<isa>(group, k, x, out, prefetch, ahead): sl_gemv8's outputs, bit for bit;
  *   sl_decode8x_<fmt>(group, k, tile, prefetch, ahead): sl_decode8's tile;
  *   sl_amx_decode16x_<fmt>(group, k, tile, prefetch, ahead): two groups (16 rows from group)
- *       into sl_amx_decode16's tile.
+ *       into sl_amx_decode16's tile;
+ *   sl_amx_decode16x_blocks_<fmt>(group, k, tile, b0, b1): the same for blocks b0 .. b1 - 1
+ *       only (sl_amx_gemm16 decodes the next unit's tile a few blocks at a time).
  * And ggml_quant_rows.c: sl_x8_row_to_file(qtype, group, j, k, out), row j of a group in the
  * file's layout (its blocks at out). */
 typedef void (*sl_gemv8x_fn)(const uint8_t *group, int64_t k, const void *x, float *out,
@@ -263,7 +273,9 @@ typedef void (*sl_gemvn8x_fn)(const uint8_t *group, int64_t k, const void *const
     void sl_decode8x_##fmt(const uint8_t *group, int64_t k, void *tile, const uint8_t *prefetch, \
                            int64_t ahead);                                                       \
     void sl_amx_decode16x_##fmt(const uint8_t *group, int64_t k, void *tile,                     \
-                                const uint8_t *prefetch, int64_t ahead);
+                                const uint8_t *prefetch, int64_t ahead);                         \
+    void sl_amx_decode16x_blocks_##fmt(const uint8_t *group, int64_t k, void *tile, int64_t b0,  \
+                                       int64_t b1);
 SL_DECLARE_X8(q4_0)
 SL_DECLARE_X8(q4_1)
 SL_DECLARE_X8(q5_0)

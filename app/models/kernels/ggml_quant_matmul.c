@@ -43,6 +43,7 @@ typedef struct {
     sl_gemv8x_fn gemv8x[3];
     sl_gemvn8x_fn gemvn8x[3];
     sl_decode8x_fn decode8x, amx_decode16x;
+    sl_amx_decode_blocks_fn amx_decode16x_blocks;
 } sl_format;
 
 #define SL_FORMAT_TILES(fmt, bytes, signed_codes)                                                \
@@ -52,12 +53,13 @@ typedef struct {
       sl_tile8_bytes_q8_1, sl_amx_decode16_##fmt, signed_codes,                                  \
       {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512},                                  \
       {NULL, sl_gemvn8x_##fmt##_avx2, sl_gemvn8x_##fmt##_avx512}, sl_decode8x_##fmt,             \
-      sl_amx_decode16x_##fmt }
+      sl_amx_decode16x_##fmt, sl_amx_decode16x_blocks_##fmt }
 #define SL_FORMAT_KTILES(fmt, bytes, x8_avx2, x8_avx512, x8_decode)                          \
     { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
       {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
-      sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, x8_avx2, x8_avx512}, x8_decode, NULL }
+      sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, x8_avx2, x8_avx512}, x8_decode, NULL, \
+      NULL }
 
 static const sl_format *sl_format_of(int qtype) {
     static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0);
@@ -148,23 +150,30 @@ static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t colu
     }
 }
 
+/* Which sl_quant_matmul call runs (calls are not concurrent): a tile decoded ahead is used
+ * only in the call that decoded it. */
+static int64_t sl_call_id = 0;
+
 /* One unit of `rows` (<= SL_TILE_ROWS) weight rows at w on the tile kernels of `isa`, for all m
  * activation rows, stored from `column`; its first x8_rows rows (0, 8 or 16) are full groups
- * interleaved (SL_X8). The decoded tile lives in a buffer of the thread's. */
+ * interleaved (SL_X8), and so are the 16 rows after it when next_x8. The decoded tile lives in
+ * a buffer of the thread's. */
 static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_t *w,
-                         int64_t x8_rows, int64_t row_bytes, int64_t rows, int64_t k, const uint8_t *xq,
-                         int64_t xq_bytes, int64_t m, int64_t column, const float *bias,
-                         const void *residual, int64_t ldr, void *y, int y_bf16, int64_t ldy) {
+                         int64_t x8_rows, int next_x8, int64_t row_bytes, int64_t rows, int64_t k,
+                         const uint8_t *xq, int64_t xq_bytes, int64_t m, int64_t column,
+                         const float *bias, const void *residual, int64_t ldr, void *y,
+                         int y_bf16, int64_t ldy) {
     static _Thread_local void *tile = NULL;
     static _Thread_local int64_t capacity = 0;
     const int gemv_max_rows = format->gemvn8[isa] != NULL ? SL_KGEMV_MAX_ROWS : SL_GEMV_MAX_ROWS;
     const int gemm = m > gemv_max_rows;
     const int64_t tile_bytes = format->tile_bytes(k);
-    /* AMX: the 16 rows decoded into one tile, then m x 16 outputs at once */
+    /* AMX: the 16 rows decoded into one tile (two halves: this unit's, the next one's), then
+     * m x 16 outputs at once */
     amx = amx && format->amx_decode != NULL && x8_rows != 8 &&
           m >= (x8_rows ? SL_AMX_MIN_ROWS_X8 : SL_AMX_MIN_ROWS);
     const int64_t needed =
-        amx ? sl_amx_tile_bytes(k) + m * 16 * (int64_t)sizeof(float) : tile_bytes;
+        amx ? 2 * sl_amx_tile_bytes(k) + m * 16 * (int64_t)sizeof(float) : tile_bytes;
     if (gemm && needed > capacity) {
         void *grown = realloc(tile, (size_t)needed);
         if (grown != NULL) { /* else gemv, which needs no buffer: the same outputs */
@@ -173,15 +182,45 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
         }
     }
     if (amx && capacity >= needed) {
-        float *out = (float *)((uint8_t *)tile + sl_amx_tile_bytes(k));
-        const uint8_t *row_at[16];
-        for (int j = 0; j < 16; j++) /* a short unit repeats its last row */
-            row_at[j] = w + (j < rows ? j : rows - 1) * row_bytes;
-        if (x8_rows == 16)
-            format->amx_decode16x(w, k, tile, w + 16 * row_bytes, 16 * row_bytes);
-        else
+        /* A unit of interleaved rows followed by another one decodes the next unit's tile
+         * between its own products (sl_amx_gemm16), into the other half; the next unit, when
+         * this thread runs it (its contiguous run of units), finds it there. */
+        static _Thread_local const uint8_t *ahead = NULL; /* the unit decoded ahead */
+        static _Thread_local int64_t ahead_call = -1;
+        static _Thread_local int half = 0; /* the half holding it */
+        const int64_t amx_bytes = sl_amx_tile_bytes(k);
+        float *out = (float *)((uint8_t *)tile + 2 * amx_bytes);
+        if (x8_rows == 16 && format->signed_codes) { /* Q8_0: its x8 codes read in place */
+            sl_amx_gemm16_q8_0x(w, k, xq, xq_bytes, m, out, w + 16 * row_bytes,
+                                16 * row_bytes);
+            for (int64_t i = 0; i < m; i++)
+                sl_store_row(out + i * 16, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
+            return;
+        }
+        const int overlap = x8_rows == 16 && next_x8;
+        if (x8_rows == 16 && ahead == w && ahead_call == sl_call_id) {
+            ahead = NULL;
+        } else if (x8_rows == 16) {
+            half = 0;
+            format->amx_decode16x(w, k, tile, overlap ? NULL : w + 16 * row_bytes,
+                                  overlap ? 0 : 16 * row_bytes);
+        } else {
+            const uint8_t *row_at[16];
+            for (int j = 0; j < 16; j++) /* a short unit repeats its last row */
+                row_at[j] = w + (j < rows ? j : rows - 1) * row_bytes;
+            half = 0;
             format->amx_decode(row_at, k, tile, w + 16 * row_bytes, 16 * row_bytes);
-        sl_amx_gemm16(tile, k, xq, xq_bytes, m, format->signed_codes, out);
+        }
+        uint8_t *current = (uint8_t *)tile + half * amx_bytes;
+        uint8_t *next_tile = (uint8_t *)tile + (1 - half) * amx_bytes;
+        sl_amx_gemm16(current, k, xq, xq_bytes, m, format->signed_codes, out,
+                      overlap ? format->amx_decode16x_blocks : NULL, w + 16 * row_bytes,
+                      next_tile);
+        if (overlap) {
+            ahead = w + 16 * row_bytes;
+            ahead_call = sl_call_id;
+            half = 1 - half;
+        }
         for (int64_t i = 0; i < m; i++)
             sl_store_row(out + i * 16, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
         return;
@@ -297,6 +336,7 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
     if (threads < 1) threads = 1;
     const int amx = isa == SL_ISA_AVX512 && sl_quant_amx_ready();
     sl_prefetch_l2_now = sl_prefetch_l2 && m <= SL_PREFETCH_L2_ROWS; /* (calls are not concurrent) */
+    sl_call_id++;
     int no_memory = 0;
 
 #pragma omp parallel num_threads(threads) reduction(| : no_memory)
@@ -341,8 +381,9 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
             const int64_t full = (qtypes[s] & SL_X8) ? seg_rows[s] / 8 * 8 - row0 : 0;
             const int64_t x8_rows = full < 0 ? 0 : full < rows ? full : rows;
             if (format->gemm8[isa] != NULL) {
-                sl_tile_unit(format, isa, amx, w, x8_rows, row_bytes, rows, k, xq, xq_bytes, m,
-                             column, bias, residual, ldr, y, y_bf16, ldy);
+                sl_tile_unit(format, isa, amx, w, x8_rows, full >= 2 * SL_TILE_ROWS, row_bytes,
+                             rows, k, xq, xq_bytes, m, column, bias, residual, ldr, y, y_bf16,
+                             ldy);
                 continue;
             }
             /* the portable C: one dot product per output, an x8 row gathered first */

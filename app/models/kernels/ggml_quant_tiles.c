@@ -225,6 +225,16 @@ SL_TARGET_AVX2 TL_INLINE void tl_x8_decode_block(int fmt, const uint8_t *blk, ui
                 tl_x8_decode_block(fmt, group + h * nb * gbs + b * gbs, codes + b * 512 + h * 32,  \
                                    64, d + b * 16 + 8 * h, mo + b * 16 + 8 * h);                   \
         }                                                                                          \
+    }                                                                                              \
+    SL_TARGET_AVX2 void sl_amx_decode16x_blocks_##name(const uint8_t *group, int64_t k,            \
+                                                       void *tile, int64_t b0, int64_t b1) {       \
+        const int64_t nb = k / SL_QK, gbs = 8 * tl_block_bytes(fmt);                               \
+        uint8_t *codes = (uint8_t *)tile;                                                          \
+        float *d = (float *)(codes + nb * 512), *mo = d + nb * 16;                                 \
+        for (int64_t b = b0; b < b1; b++)                                                          \
+            for (int h = 0; h < 2; h++)                                                            \
+                tl_x8_decode_block(fmt, group + h * nb * gbs + b * gbs, codes + b * 512 + h * 32,  \
+                                   64, d + b * 16 + 8 * h, mo + b * 16 + 8 * h);                   \
     }
 TL_EXPORT_X8_DECODE(q4_0, TL_Q4_0)
 TL_EXPORT_X8_DECODE(q4_1, TL_Q4_1)
