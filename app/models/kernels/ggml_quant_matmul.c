@@ -198,13 +198,13 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
             return;
         }
         const int overlap = x8_rows == 16 && next_x8;
-        if (x8_rows == 16 && ahead == w && ahead_call == sl_call_id) {
-            ahead = NULL;
-        } else if (x8_rows == 16) {
+        const int found = x8_rows == 16 && ahead == w && ahead_call == sl_call_id;
+        ahead = NULL; /* used now, or not this unit's: either way no longer ahead */
+        if (!found && x8_rows == 16) {
             half = 0;
             format->amx_decode16x(w, k, tile, overlap ? NULL : w + 16 * row_bytes,
                                   overlap ? 0 : 16 * row_bytes);
-        } else {
+        } else if (!found) {
             const uint8_t *row_at[16];
             for (int j = 0; j < 16; j++) /* a short unit repeats its last row */
                 row_at[j] = w + (j < rows ? j : rows - 1) * row_bytes;
