@@ -122,7 +122,8 @@ class DecoderModel:
 
         Returns logits ``[len(plan.logits_index), vocab]`` in the model dtype (a bfloat16
         model's dense LM head rounds to bfloat16, as Hugging Face's does), or float32 from an
-        LM head on GGUF blocks (unrounded, as llama.cpp's). ``hidden_out``, when
+        LM head on GGUF blocks (unrounded, as llama.cpp's; bfloat16 from its dense copy in a
+        step wider than the blocks take, ``GGMLLinear.out_dtype``). ``hidden_out``, when
         given, receives the last layer's hidden states of every packed token (``[N, hidden]``,
         before the output norm; :meth:`output_logits` turns rows of it into logits): prompt
         logprobs. ``num_layers``, when given, runs only the first ``num_layers`` layers on the

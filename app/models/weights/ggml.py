@@ -67,9 +67,6 @@ def blocks_max_rows() -> int:
 
 # The calling thread's buffer of GGMLLinear.decoded (the model thread's, in a server).
 _DECODE_BUFFER = threading.local()
-# The calling thread's buffer of the LM head's float32 logits converted from a wide or decoded
-# call's bfloat16 product (_converted).
-_OUTPUT_BUFFER = threading.local()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +84,13 @@ class GGMLLinear:
         blocks_max_rows: with a ``wide`` copy, the most rows a call computes on the blocks.
         dense_from_rows: with no ``wide``, calls of at least this many bfloat16 rows decode
             the blocks to a bfloat16 matrix for the call (0: never; see the module).
-        out_dtype: the outputs' dtype, or None: the input's. The LM head's is float32: its
-            sums are float32 and llama.cpp's logits are too; rounded to bfloat16 (a step of
-            0.125 at 16-32), Gemma 3's logits tied where llama.cpp's part by 0.3 and more.
+        out_dtype: the outputs' dtype on the blocks, or None: the input's. The LM head's is
+            float32: its sums are float32 and llama.cpp's logits are too; rounded to bfloat16
+            (a step of 0.125 at 16-32), Gemma 3's logits tied where llama.cpp's part by 0.3
+            and more. A ``wide`` or decoded call returns its dense product as it comes
+            (bfloat16 from a bfloat16 copy): a float32 copy of those values would be exact and
+            cost a step a conversion (Gemma 3's head at 64 rows: 16.8 M logits, ~5 ms of a
+            ~70 ms step on the AMX Xeon), and the sampler reads either dtype.
     """
 
     kernels: GGMLKernels
@@ -129,17 +130,13 @@ class GGMLLinear:
         """``x [M, in]`` float32 or bfloat16 -> ``[M, out]`` of ``out_dtype`` (or ``x``'s).
         ``as_rows``: the row count that picks the path (blocks, ``wide``, a decoded matrix),
         when not ``M``: a step's rows without the drafted tokens they verify. A ``wide`` or
-        decoded call with an ``out_dtype`` (the LM head's float32 logits) returns a view of the
-        calling thread's output buffer, valid until the thread's next such call
-        (``_converted``); a call on the blocks, a tensor of its own (the exact calls of a
-        split, ``project``, come from the blocks)."""
+        decoded call returns the dense product's dtype whatever ``out_dtype`` says (see the
+        attribute; ``project`` widens it where exact rows from the blocks join it)."""
         rows = x.shape[0] if as_rows is None else as_rows
         if self.wide is not None and rows > self.blocks_max_rows:
-            y = self.wide(x)
-            return y if self.out_dtype is None else _converted(y, self.out_dtype)
+            return self.wide(x)
         if self._decodes_for(x, rows):
-            y = F.linear(x, self.decoded(), self._dense_bias())
-            return y if self.out_dtype is None else _converted(y, self.out_dtype)
+            return F.linear(x, self.decoded(), self._dense_bias())
         return self.kernels.matmul(
             self.prepared, x.contiguous(), bias=self.bias, out_dtype=self.out_dtype
         )
@@ -192,18 +189,6 @@ class GGMLEmbedding:
 
     def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.kernels.dequantize_rows(self.segment, self.columns, token_ids, self.dtype)
-
-
-def _converted(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``y.to(dtype)`` in the calling thread's output buffer (grown to the largest asked,
-    kept): a view valid until the thread's next call. Gemma 3's head at 64 rows converts
-    64 x 262,144 bfloat16 logits to float32, 64 MiB: a new tensor that large is past glibc's
-    mmap threshold (mapped, faulted in page by page, unmapped each time), 16,000 page faults a
-    step. On the AMX Xeon the wide head's call took 50-52 ms so and 33-35 ms with the buffer,
-    a decoded one 108-114 against 97-101 ms, and a step of 64 rows 137-146 against 121-128
-    ms. (A call on the blocks writes its new tensor as it computes, and there the buffer
-    measured no faster: 58-60 ms either way.)"""
-    return _thread_buffer(_OUTPUT_BUFFER, y.numel(), dtype).view(y.shape).copy_(y)
 
 
 def _thread_buffer(local: threading.local, count: int, dtype: torch.dtype) -> torch.Tensor:

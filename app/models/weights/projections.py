@@ -276,7 +276,9 @@ def project(
     """``x @ W.T`` (plus ``residual`` when given) for ``x [N, in]``, with the rows listed in
     ``exact`` (int64 indices, or None) computed in calls of at most ``linear.exact_rows`` rows,
     so that each comes out as it would alone. The other rows take one call over all ``N``
-    (their results there are overwritten for the exact rows)."""
+    (their results there are overwritten for the exact rows); where that call's dtype is not
+    the exact calls' (an LM head's bfloat16 dense copy beside float32 sums on GGUF blocks),
+    the result takes the exact calls' dtype, so those rows keep their values."""
 
     def call(rows_x: torch.Tensor, rows_residual: torch.Tensor | None) -> torch.Tensor:
         if rows_residual is None:
@@ -296,5 +298,8 @@ def project(
     out = call(x, residual)
     for chunk in exact.split(step):
         chunk_residual = None if residual is None else residual.index_select(0, chunk)
-        out.index_copy_(0, chunk, call(x.index_select(0, chunk), chunk_residual))
+        rows_out = call(x.index_select(0, chunk), chunk_residual)
+        if rows_out.dtype != out.dtype:  # an LM head's bfloat16 wide call, float32 blocks
+            out = out.to(rows_out.dtype)
+        out.index_copy_(0, chunk, rows_out)
     return out
