@@ -83,6 +83,33 @@ def test_rms_norm_adds_the_residual_into_x_first(kernels: FusedDecodeKernels) ->
     torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=1e-6)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_row_kernels_on_threads_give_the_one_threads_bits(
+    kernels: FusedDecodeKernels, residual: bool
+) -> None:
+    """From 4 rows the norm and the activations share their rows among threads; each row is
+    computed alone, so 2 threads give 1 thread's bits (a strided x included)."""
+    weight = _random(576, seed=12)
+    results = []
+    for threads in (1, 2):
+        wide = _random(9, 700, seed=10, scale=3.0)
+        x = wide[:, :576]
+        add = _random(9, 576, seed=11) if residual else None
+        normed = kernels.rms_norm(x, weight, 1e-5, residual=add, threads=threads)
+        gate_up = _random(9, 2 * 640, seed=13, scale=4.0)
+        results.append(
+            (
+                normed,
+                x.clone(),
+                kernels.gelu_tanh_mul(gate_up, threads=threads),
+                kernels.silu_mul(gate_up, threads=threads),
+            )
+        )
+    for one, two in zip(*results, strict=True):
+        assert torch.equal(one, two)
+    assert not torch.equal(results[0][2], results[0][3])  # the two activations differ
+
+
 def test_a_wrong_dtype_or_layout_is_refused(kernels: FusedDecodeKernels) -> None:
     with pytest.raises(ValueError, match="bfloat16"):
         kernels.rms_norm(torch.ones(2, 576), None, 1e-5)

@@ -6,11 +6,12 @@
  * threads.
  *
  *   fused_decode.h            this header: the bfloat16 type and arithmetic the kernels share,
- *                             and the three functions the library exports (called via ctypes)
+ *                             and the functions the library exports (called via ctypes)
  *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul, sl_gelu_tanh_mul: row-wise kernels
  *   fused_decode_attention.c  sl_decode_attention: rope, K/V cache write, paged attention
  *   fused_decode_layers.c     sl_decode_layers: every layer of a step in one call, for models
- *                             whose projections compute on GGUF blocks
+ *                             whose projections compute on GGUF blocks; sl_rms_norm_rows and
+ *                             sl_activate_rows: the row-wise kernels over threads
  *
  * bfloat16 values are uint16_t bit patterns. Arithmetic is float32; results are rounded to
  * bfloat16 (round to nearest even) at the same points where the eager torch path rounds, so
@@ -140,6 +141,10 @@ void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *we
                  bf16 *out, int64_t rows, int64_t dim, float eps);
 void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn);
 void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn);
+void sl_rms_norm_rows(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
+                      bf16 *out, int64_t rows, int64_t dim, float eps, int64_t threads);
+void sl_activate_rows(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn, int gelu_tanh,
+                      int64_t threads);
 void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_cos,
                          const bf16 *rope_sin, const int64_t *positions,
                          const int64_t *block_tables, int64_t table_stride, bf16 *keys,

@@ -6,7 +6,9 @@ share, and the exported functions' prototypes), ``fused_decode_norms.c`` (``sl_r
 ``sl_silu_mul``), ``fused_decode_attention.c`` (``sl_decode_attention``) and
 ``fused_attention_tiles.c`` (its inner loops with AVX-512 BF16, a cache block at a time) and
 ``fused_decode_layers.c`` (``sl_decode_layers``: every layer of a step in one call, for models
-whose projections compute on GGUF blocks, see :mod:`app.models.kernels.decoder_layout`).
+whose projections compute on GGUF blocks, see :mod:`app.models.kernels.decoder_layout`; and
+``sl_rms_norm_rows`` / ``sl_activate_rows``, the row-wise kernels with their rows shared among
+threads, which the Python layer loop calls).
 
 Why: a one-row int4 decode step of SmolLM2 spent ~6 ms of ~15 in the ~20 small torch ops per
 layer between the projections (two RMSNorms, rope, the K/V cache write, SDPA, silu, residual
@@ -94,15 +96,17 @@ class FusedDecodeKernels:
         eps: float,
         *,
         residual: torch.Tensor | None = None,
+        threads: int = 1,
     ) -> torch.Tensor:
         """RMSNorm of ``x [rows, dim]``: ``x * rsqrt(mean(x^2) + eps)``, times ``weight [dim]``
         unless it is None (folded into the next projection). With ``residual [rows, dim]``,
         ``x += residual`` first, in place (``x`` becomes the new hidden state). Returns a new
-        ``[rows, dim]`` tensor."""
+        ``[rows, dim]`` tensor. ``threads``: the OpenMP threads that share the rows (from 4
+        rows; each row is computed alone, so the values do not depend on it)."""
         rows, dim = x.shape
         self._check(x)
         out = torch.empty((rows, dim), dtype=torch.bfloat16)
-        self.library.sl_rms_norm(
+        self.library.sl_rms_norm_rows(
             x.data_ptr(),
             x.stride(0),
             None if residual is None else residual.data_ptr(),
@@ -111,24 +115,27 @@ class FusedDecodeKernels:
             rows,
             dim,
             eps,
+            threads,
         )
         return out
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``silu(gate) * up`` for ``gate_up [rows, 2 * ffn]`` -> ``[rows, ffn]``."""
-        rows, width = gate_up.shape
-        self._check(gate_up)
-        out = torch.empty((rows, width // 2), dtype=torch.bfloat16)
-        self.library.sl_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
-        return out
+    def silu_mul(self, gate_up: torch.Tensor, *, threads: int = 1) -> torch.Tensor:
+        """``silu(gate) * up`` for ``gate_up [rows, 2 * ffn]`` -> ``[rows, ffn]``, the rows
+        shared by ``threads`` as in :meth:`rms_norm`."""
+        return self._activated(gate_up, gelu_tanh=False, threads=threads)
 
-    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def gelu_tanh_mul(self, gate_up: torch.Tensor, *, threads: int = 1) -> torch.Tensor:
         """``gelu_tanh(gate) * up`` (GELU's tanh approximation, Gemma's MLP) for
-        ``gate_up [rows, 2 * ffn]`` -> ``[rows, ffn]``."""
+        ``gate_up [rows, 2 * ffn]`` -> ``[rows, ffn]``, the rows shared by ``threads``."""
+        return self._activated(gate_up, gelu_tanh=True, threads=threads)
+
+    def _activated(self, gate_up: torch.Tensor, *, gelu_tanh: bool, threads: int) -> torch.Tensor:
         rows, width = gate_up.shape
         self._check(gate_up)
         out = torch.empty((rows, width // 2), dtype=torch.bfloat16)
-        self.library.sl_gelu_tanh_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+        self.library.sl_activate_rows(
+            gate_up.data_ptr(), out.data_ptr(), rows, width // 2, int(gelu_tanh), threads
+        )
         return out
 
     def decode_attention(
@@ -282,7 +289,7 @@ def check_attention_shapes(n_heads: int, n_kv_heads: int, head_dim: int) -> str 
 
 
 def _declare(library: ctypes.CDLL) -> None:
-    library.sl_rms_norm.argtypes = [
+    library.sl_rms_norm_rows.argtypes = [
         _c_void_p,
         _c_int64,
         _c_void_p,
@@ -291,12 +298,18 @@ def _declare(library: ctypes.CDLL) -> None:
         _c_int64,
         _c_int64,
         _c_float,
+        _c_int64,
     ]
-    library.sl_rms_norm.restype = None
-    library.sl_silu_mul.argtypes = [_c_void_p, _c_void_p, _c_int64, _c_int64]
-    library.sl_silu_mul.restype = None
-    library.sl_gelu_tanh_mul.argtypes = [_c_void_p, _c_void_p, _c_int64, _c_int64]
-    library.sl_gelu_tanh_mul.restype = None
+    library.sl_rms_norm_rows.restype = None
+    library.sl_activate_rows.argtypes = [
+        _c_void_p,
+        _c_void_p,
+        _c_int64,
+        _c_int64,
+        ctypes.c_int,
+        _c_int64,
+    ]
+    library.sl_activate_rows.restype = None
     library.sl_decode_attention.argtypes = [
         _c_void_p,  # qkv
         _c_int64,  # qkv_stride

@@ -19,21 +19,24 @@
  * among the projections' threads; fewer rows are not worth a parallel region's ~2-5 us. */
 #define SL_PARALLEL_ROWS 4
 
-/* sl_rms_norm over rows, split among `threads` (each row is computed alone: the same values). */
-static void norm_rows(bf16 *x, const bf16 *residual, const bf16 *weight, bf16 *out, int64_t rows,
-                      int64_t dim, float eps, int64_t threads) {
+/* sl_rms_norm over rows (x's row stride x_stride), split among `threads`: each row is computed
+ * alone, so the values are sl_rms_norm's whatever the split. Also the Python layer loop's
+ * norm (DecoderModel._forward_fused_decode beside dense projections). */
+void sl_rms_norm_rows(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
+                      bf16 *out, int64_t rows, int64_t dim, float eps, int64_t threads) {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads((int)threads) schedule(static) if (rows >= SL_PARALLEL_ROWS && threads > 1)
 #endif
     for (int64_t r = 0; r < rows; ++r)
-        sl_rms_norm(x + r * dim, dim, residual == NULL ? NULL : residual + r * dim, weight,
-                    out + r * dim, 1, dim, eps);
+        sl_rms_norm(x + r * x_stride, x_stride, residual == NULL ? NULL : residual + r * dim,
+                    weight, out + r * dim, 1, dim, eps);
     (void)threads;
 }
 
-/* The gated MLP's activation over rows, split among `threads`. */
-static void activate_rows(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn,
-                          int gelu_tanh, int64_t threads) {
+/* The gated MLP's activation (gelu_tanh: sl_gelu_tanh_mul, else sl_silu_mul) over rows, split
+ * among `threads` (each row alone: the same values). */
+void sl_activate_rows(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn, int gelu_tanh,
+                      int64_t threads) {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads((int)threads) schedule(static) if (rows >= SL_PARALLEL_ROWS && threads > 1)
 #endif
@@ -75,7 +78,8 @@ int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,
     const sl_matmul_fn matmul = model->matmul;
     const float eps = model->eps;
 
-    norm_rows(hidden, NULL, model->layers[0].attn_norm, normed, rows, dim, eps, model->threads);
+    sl_rms_norm_rows(hidden, dim, NULL, model->layers[0].attn_norm, normed, rows, dim, eps,
+                     model->threads);
     for (int64_t index = 0; index < model->n_layers; ++index) {
         const sl_decoder_layer *layer = &model->layers[index];
         /* The next layer's attention norm (after the last layer the norm is the output
@@ -94,11 +98,11 @@ int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,
         int sum_index = out_index;                                                              \
         if ((post_norm) != NULL) {                                                              \
             sum_index = 3 - stream - (out_index);                                               \
-            norm_rows(buffers[out_index], NULL, post_norm, buffers[sum_index], rows, dim, eps,   \
-                      model->threads);                                                          \
+            sl_rms_norm_rows(buffers[out_index], dim, NULL, post_norm, buffers[sum_index], rows, \
+                             dim, eps, model->threads);                                         \
         }                                                                                       \
-        norm_rows(buffers[sum_index], buffers[stream], weight, normed, rows, dim, eps,          \
-                  model->threads);                                                              \
+        sl_rms_norm_rows(buffers[sum_index], dim, buffers[stream], weight, normed, rows, dim,    \
+                         eps, model->threads);                                                  \
         stream = sum_index;                                                                     \
     } while (0)
         if ((status = SL_PROJECT(&layer->qkv, normed, dim, qkv)) != 0) return status;
@@ -113,7 +117,7 @@ int sl_decode_layers(const sl_decoder *model, bf16 *hidden, int64_t rows,
             return status;
         SL_RESIDUAL(attention_out, layer->attn_post_norm, layer->ffn_norm);
         if ((status = SL_PROJECT(&layer->gate_up, normed, dim, gate_up)) != 0) return status;
-        activate_rows(gate_up, activated, rows, ffn, (int)model->gelu_tanh, model->threads);
+        sl_activate_rows(gate_up, activated, rows, ffn, (int)model->gelu_tanh, model->threads);
         const int mlp_out = (stream + 1) % 3;
         if ((status = SL_PROJECT(&layer->down, activated, ffn, buffers[mlp_out])) != 0)
             return status;
