@@ -31,6 +31,7 @@ from app.models.base import (
 from app.models.base import Tokenizer as BaseTokenizer
 from app.models.forward.decoder import DecoderModel
 from app.models.forward.forward_plan import ForwardPlan, RowSpec
+from app.models.forward.fused_step import greedy_argmax
 from app.models.forward.kv_cache import (
     DEFAULT_POOL_SEQUENCES,
     KV_BLOCK_SIZE,
@@ -132,6 +133,7 @@ class ModelRunner:
             max_num_seqs,
             vocab_size=model.hparams.vocab_size,
             eos_token_ids=frozenset(tokenizer.eos_token_ids),
+            argmax=greedy_argmax(model.fused_decode),
         )
         self._slot_lengths = [0] * max_num_seqs
         # the last hidden state of a prompt chunk, which scores the next chunk's first token

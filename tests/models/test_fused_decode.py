@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from app.models.forward import forward_plan
 from app.models.forward.decoder import DecoderModel, apply_rope
 from app.models.forward.forward_plan import FUSED_PREFILL_MAX_TOKENS, ForwardPlan, RowSpec
+from app.models.forward.fused_step import greedy_argmax
 from app.models.forward.kv_cache import KV_BLOCK_SIZE, KVCache
 from app.models.kernels import fused_decode
 from app.models.kernels.fused_decode import FusedDecodeKernels, load_fused_decode
@@ -108,6 +109,44 @@ def test_the_row_kernels_on_threads_give_the_one_threads_bits(
     for one, two in zip(*results, strict=True):
         assert torch.equal(one, two)
     assert not torch.equal(results[0][2], results[0][3])  # the two activations differ
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_argmax_rows_is_torchs_argmax(kernels: FusedDecodeKernels, dtype: torch.dtype) -> None:
+    """Random rows of several widths (a tail past the 16 lanes too), rows of a wider tensor,
+    and the edge cases: ties (the first index), +0 / -0, a row of -inf, NaN (the first one
+    wins, as torch counts NaN the largest), +inf."""
+    generator = torch.Generator().manual_seed(21)
+    for vocab in (1, 17, 1000, 49152 + 5):
+        x = torch.randn(7, vocab, generator=generator).to(dtype)
+        assert torch.equal(kernels.argmax_rows(x, threads=2), x.argmax(dim=-1))
+    wide = torch.randn(5, 300, generator=generator).to(dtype)
+    assert torch.equal(kernels.argmax_rows(wide[:, :250]), wide[:, :250].argmax(dim=-1))
+    edges = torch.zeros(6, 100, dtype=dtype)
+    edges[0, [40, 90, 7]] = torch.tensor([3.0, 3.0, 2.0], dtype=dtype)
+    edges[1] = -0.0
+    edges[1, 50] = 0.0
+    edges[2] = float("-inf")
+    edges[3, [30, 60, 5]] = torch.tensor([float("nan"), float("nan"), float("inf")], dtype=dtype)
+    edges[4, 99] = float("inf")
+    edges[5, 33] = 1.0  # the maximum in one lane, the lanes' first indices tie below it
+    got = kernels.argmax_rows(edges, threads=2)
+    assert torch.equal(got, edges.argmax(dim=-1))
+    assert got.tolist() == [40, 0, 0, 30, 99, 33]
+    with pytest.raises(ValueError, match="unit column stride"):
+        kernels.argmax_rows(torch.ones(4, 8).t())
+
+
+def test_the_samplers_argmax_takes_the_kernel_where_it_fits(kernels: FusedDecodeKernels) -> None:
+    """The runner's greedy argmax: the kernel for bfloat16 / float32 rows, torch for others;
+    none without the kernels (the sampler's own)."""
+    assert greedy_argmax(None) is None
+    argmax = greedy_argmax(kernels)
+    assert argmax is not None
+    x = torch.randn(3, 4099, generator=torch.Generator().manual_seed(5))
+    for dtype in (torch.bfloat16, torch.float32, torch.float16, torch.float64):
+        assert torch.equal(argmax(x.to(dtype)), x.to(dtype).argmax(dim=-1))
+    assert torch.equal(argmax(x.t().contiguous().t()), x.argmax(dim=-1))  # strided columns
 
 
 def test_a_wrong_dtype_or_layout_is_refused(kernels: FusedDecodeKernels) -> None:

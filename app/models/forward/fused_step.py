@@ -6,10 +6,13 @@ its block is one they compute (:func:`fused_decode_for`: Llama-style and Gemma 3
 every projection on GGUF blocks, the whole layer loop is one C call over a
 :class:`~app.models.kernels.decoder_layout.DecoderLayout` (:func:`block_layout`); otherwise
 :class:`app.models.forward.decoder.DecoderModel` runs the loop in Python over the same kernels
-(dense projections, or a dense copy taking a wide step's call).
+(dense projections, or a dense copy taking a wide step's call). The greedy sampler's argmax
+runs in the same library where it is built (:func:`greedy_argmax`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -21,6 +24,7 @@ from app.models.kernels.fused_decode import (
     check_attention_shapes,
     load_fused_decode,
 )
+from app.models.sampling.sampler import argmax_rows
 from app.models.weights.ggml import EXACT_ROWS_ANY, GGMLLinear
 from app.models.weights.record import ModelWeights
 
@@ -45,6 +49,25 @@ def fused_decode_for(
     if kernels is None:
         return None, f"eager decode (fused kernels: {how})"
     return kernels, how
+
+
+def greedy_argmax(
+    kernels: FusedDecodeKernels | None,
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The sampler's argmax on the fused kernels (their rows on torch's threads), or None
+    without them (the sampler's own, ``argmax_rows``). CPU logits of another dtype or layout
+    take ``argmax_rows`` too. Same indices either way; Gemma 3's 64 rows of 262,144 bfloat16
+    logits: 1.2 against 2.6 ms on the AMX Xeon."""
+    if kernels is None:
+        return None
+
+    def argmax(logits: torch.Tensor) -> torch.Tensor:
+        fits = logits.dtype in (torch.bfloat16, torch.float32) and logits.stride(-1) == 1
+        if not fits or logits.device.type != "cpu":
+            return argmax_rows(logits)
+        return kernels.argmax_rows(logits, threads=torch.get_num_threads())
+
+    return argmax
 
 
 def _beyond_fused_kernels(hparams: HParams) -> list[str]:

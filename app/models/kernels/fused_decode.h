@@ -7,7 +7,8 @@
  *
  *   fused_decode.h            this header: the bfloat16 type and arithmetic the kernels share,
  *                             and the functions the library exports (called via ctypes)
- *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul, sl_gelu_tanh_mul: row-wise kernels
+ *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul, sl_gelu_tanh_mul: row-wise kernels;
+ *                             sl_argmax_rows: the greedy sampler's argmax
  *   fused_decode_attention.c  sl_decode_attention: rope, K/V cache write, paged attention
  *   fused_decode_layers.c     sl_decode_layers: every layer of a step in one call, for models
  *                             whose projections compute on GGUF blocks; sl_rms_norm_rows and
@@ -141,6 +142,8 @@ void sl_rms_norm(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *we
                  bf16 *out, int64_t rows, int64_t dim, float eps);
 void sl_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn);
 void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn);
+void sl_argmax_rows(const void *logits, int is_bf16, int64_t rows, int64_t n, int64_t stride,
+                    int64_t *out, int64_t threads);
 void sl_rms_norm_rows(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
                       bf16 *out, int64_t rows, int64_t dim, float eps, int64_t threads);
 void sl_activate_rows(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn, int gelu_tanh,

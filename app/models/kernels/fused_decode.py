@@ -138,6 +138,32 @@ class FusedDecodeKernels:
         )
         return out
 
+    def argmax_rows(self, logits: torch.Tensor, *, threads: int = 1) -> torch.Tensor:
+        """``logits.argmax(dim=-1)`` for ``logits [rows, vocab]`` bfloat16 or float32 with a
+        unit column stride: int64 ``[rows]``, the first index of each row's maximum (NaN the
+        largest, as torch), the rows shared by ``threads``.
+
+        Raises:
+            ValueError: another dtype or layout.
+        """
+        if logits.dtype not in (torch.bfloat16, torch.float32) or logits.stride(-1) != 1:
+            raise ValueError(
+                f"argmax_rows takes bfloat16 or float32 rows with a unit column stride; got "
+                f"{logits.dtype} with strides {logits.stride()}"
+            )
+        rows, vocab = logits.shape
+        out = torch.empty(rows, dtype=torch.int64)
+        self.library.sl_argmax_rows(
+            logits.data_ptr(),
+            int(logits.dtype == torch.bfloat16),
+            rows,
+            vocab,
+            logits.stride(0),
+            out.data_ptr(),
+            threads,
+        )
+        return out
+
     def decode_attention(
         self,
         qkv: torch.Tensor,
@@ -310,6 +336,16 @@ def _declare(library: ctypes.CDLL) -> None:
         _c_int64,
     ]
     library.sl_activate_rows.restype = None
+    library.sl_argmax_rows.argtypes = [
+        _c_void_p,
+        ctypes.c_int,
+        _c_int64,
+        _c_int64,
+        _c_int64,
+        _c_void_p,
+        _c_int64,
+    ]
+    library.sl_argmax_rows.restype = None
     library.sl_decode_attention.argtypes = [
         _c_void_p,  # qkv
         _c_int64,  # qkv_stride

@@ -109,3 +109,66 @@ void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn)
         }
     }
 }
+
+/* The first index of row's maximum over n values (bfloat16 when is_bf16, else float32), as torch's
+ * argmax picks it: NaN counts as the largest value (its first index wins), equal values (+0
+ * and -0 too) the first. LANES partial maxima with the index of each (a strict > keeps a lane's
+ * first), so the loop vectorises; then the smallest index among the lanes holding the maximum.
+ * A row with a NaN is read again for its first NaN. n < 2^31. */
+static int64_t argmax_row(const void *row, int is_bf16, int64_t n) {
+    const bf16 *half = (const bf16 *)row;
+    const float *full = (const float *)row;
+    float best_lanes[LANES];
+    int32_t index_lanes[LANES];
+    int32_t nan_lanes[LANES];
+    for (int lane = 0; lane < LANES; ++lane)
+        best_lanes[lane] = -INFINITY, index_lanes[lane] = INT32_MAX, nan_lanes[lane] = 0;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int lane = 0; lane < LANES; ++lane) {
+            const float v = is_bf16 ? bf16_to_float(half[i + lane]) : full[i + lane];
+            const int greater = v > best_lanes[lane];
+            best_lanes[lane] = greater ? v : best_lanes[lane];
+            index_lanes[lane] = greater ? (int32_t)(i + lane) : index_lanes[lane];
+            nan_lanes[lane] |= v != v;
+        }
+    }
+    float best = -INFINITY;
+    int64_t best_index = n > 0 ? 0 : -1, nan = 0;
+    for (int lane = 0; lane < LANES; ++lane) nan |= nan_lanes[lane];
+    for (; i < n; ++i) { /* the tail: a lane of its own */
+        const float v = is_bf16 ? bf16_to_float(half[i]) : full[i];
+        nan |= v != v;
+        if (v > best) best = v, best_index = i;
+    }
+    if (nan) {
+        for (i = 0; i < n; ++i) {
+            const float v = is_bf16 ? bf16_to_float(half[i]) : full[i];
+            if (v != v) return i;
+        }
+    }
+    for (int lane = 0; lane < LANES; ++lane) {
+        if (index_lanes[lane] == INT32_MAX) continue; /* never above -inf */
+        if (best_lanes[lane] > best || (best_lanes[lane] == best && index_lanes[lane] < best_index))
+            best = best_lanes[lane], best_index = index_lanes[lane];
+    }
+    return best_index; /* a row of -inf only: 0, as torch */
+}
+
+/*
+ * out[r] = argmax of row r (torch.argmax(dim=-1), see argmax_row) for `rows` rows of `n`
+ * logits each, row stride `stride` elements; bfloat16 when is_bf16, else float32. The rows are
+ * shared among `threads` (from 2 rows). The greedy sampler's argmax: torch's CPU argmax is a
+ * scalar loop and its bfloat16 amax widens each value on AVX2 code (64 rows of Gemma 3's
+ * 262,144 logits: 2.9 ms on the AMX Xeon's two cores).
+ */
+void sl_argmax_rows(const void *logits, int is_bf16, int64_t rows, int64_t n, int64_t stride,
+                    int64_t *out, int64_t threads) {
+    const int64_t bytes = is_bf16 ? 2 : 4;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)threads) schedule(static) if (rows >= 2 && threads > 1)
+#endif
+    for (int64_t r = 0; r < rows; ++r)
+        out[r] = argmax_row((const uint8_t *)logits + r * stride * bytes, is_bf16, n);
+    (void)threads;
+}

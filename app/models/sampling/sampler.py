@@ -36,7 +36,7 @@ Sorting the whole 49k vocabulary costs ~2.4 ms per row on the 2-core CPU; a top-
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +76,9 @@ class Sampler:
         vocab_size: logits columns (the penalties refuse ids outside it); 0: taken from the
             first logits seen (a sampler used without penalties).
         eos_token_ids: the ids ``min_tokens`` holds back besides the request's stop ids.
+        argmax: the greedy rows' argmax over logits ``[R, vocab]`` (int64 ``[R]``, the first
+            index of each row's maximum, as ``torch.argmax``); None: :func:`argmax_rows`. The
+            runner passes the fused kernels' ``argmax_rows`` where they are built.
     """
 
     def __init__(
@@ -84,7 +87,9 @@ class Sampler:
         *,
         vocab_size: int = 0,
         eos_token_ids: frozenset[int] = frozenset(),
+        argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
+        self._argmax = argmax_rows if argmax is None else argmax
         self._generators = [torch.Generator(device="cpu") for _ in range(max_num_seqs)]
         self._states: list[SlotTokenCounts | None] = [None] * max_num_seqs
         self._vocab_size = vocab_size
@@ -174,7 +179,7 @@ class Sampler:
         work_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy or processed[i]]
         tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
         if raw_greedy:  # the argmax of the raw logits
-            tokens[raw_greedy] = argmax_rows(_rows(logits, raw_greedy))
+            tokens[raw_greedy] = self._argmax(_rows(logits, raw_greedy))
         if work_rows:
             # a float32 copy where a processor writes into it (``logits`` stays raw)
             work = _float32_rows(logits, work_rows, copy=any(processed[i] for i in work_rows))
@@ -187,7 +192,7 @@ class Sampler:
                 apply_token_masks(work, masks)
             greedy = [k for k, i in enumerate(work_rows) if requests[i].sampling.is_greedy]
             if greedy:
-                tokens[[work_rows[k] for k in greedy]] = argmax_rows(_rows(work, greedy))
+                tokens[[work_rows[k] for k in greedy]] = self._argmax(_rows(work, greedy))
             random = [k for k, i in enumerate(work_rows) if not requests[i].sampling.is_greedy]
             if random:
                 tokens[[work_rows[k] for k in random]] = self._sample_random(
