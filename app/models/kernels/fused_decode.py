@@ -61,6 +61,7 @@ _LANES = 16
 _c_void_p = ctypes.c_void_p
 _c_int64 = ctypes.c_int64
 _c_float = ctypes.c_float
+_c_int = ctypes.c_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,36 +316,15 @@ def check_attention_shapes(n_heads: int, n_kv_heads: int, head_dim: int) -> str 
 
 
 def _declare(library: ctypes.CDLL) -> None:
-    library.sl_rms_norm_rows.argtypes = [
-        _c_void_p,
-        _c_int64,
-        _c_void_p,
-        _c_void_p,
-        _c_void_p,
-        _c_int64,
-        _c_int64,
-        _c_float,
-        _c_int64,
-    ]
+    # x, its row stride, residual, weight, out, rows, dim; then eps, threads
+    norm_args = [_c_void_p, _c_int64, _c_void_p, _c_void_p, _c_void_p, _c_int64, _c_int64]
+    library.sl_rms_norm_rows.argtypes = [*norm_args, _c_float, _c_int64]
     library.sl_rms_norm_rows.restype = None
-    library.sl_activate_rows.argtypes = [
-        _c_void_p,
-        _c_void_p,
-        _c_int64,
-        _c_int64,
-        ctypes.c_int,
-        _c_int64,
-    ]
+    library.sl_activate_rows.argtypes = [_c_void_p, _c_void_p, _c_int64, _c_int64, _c_int, _c_int64]
     library.sl_activate_rows.restype = None
-    library.sl_argmax_rows.argtypes = [
-        _c_void_p,
-        ctypes.c_int,
-        _c_int64,
-        _c_int64,
-        _c_int64,
-        _c_void_p,
-        _c_int64,
-    ]
+    # logits, is_bf16, rows, n, stride, out, threads
+    argmax_args = [_c_void_p, _c_int, _c_int64, _c_int64, _c_int64, _c_void_p, _c_int64]
+    library.sl_argmax_rows.argtypes = argmax_args
     library.sl_argmax_rows.restype = None
     library.sl_decode_attention.argtypes = [
         _c_void_p,  # qkv
