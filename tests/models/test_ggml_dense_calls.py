@@ -12,10 +12,12 @@ import pytest
 import torch
 from make_random_gguf import write_random_gguf
 
+from app.models.base import SamplingParams
 from app.models.kernels.ggml_quant import QuantSegment, load_ggml_quant
-from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLLinear
+from app.models.load.plan import load_checkpoint
+from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLLinear, blocks_max_rows
 from app.models.weights.projections import LinearKernel, project, widens_to_float32
-from tests.models.stepping import load_on_blocks
+from tests.models.stepping import generate_alone, generate_together, load_on_blocks
 from tests.models.test_ggml_kernels import random_blocks
 
 KERNELS, HOW = load_ggml_quant()
@@ -133,6 +135,32 @@ def test_a_wide_heads_logits_are_its_copys_bfloat16_product(random_file: Path) -
     assert split.dtype == torch.float32
     assert torch.equal(split[:2], narrow)
     assert torch.equal(split[2:], wide[2:].float())
+
+
+def test_a_seeded_row_in_a_step_wider_than_the_blocks_gets_its_tokens_alone(
+    random_file: Path,
+) -> None:
+    """A seeded sampled row beside enough greedy rows that the head's call takes the dense copy
+    (bfloat16 logits): its own logits still come from the blocks in float32 (``project``'s
+    exact rows), so it draws the tokens it draws alone."""
+    slots = blocks_max_rows() + 3
+    runner = load_checkpoint(
+        random_file,
+        max_num_seqs=slots,
+        max_model_len=32,
+        dtype="bfloat16",
+        quantization="auto",
+        wide_copies="on",
+    )
+    if runner.model.weights.lm_head.wide is None:
+        pytest.skip("no dense copy of the head on this CPU")
+    seeded = SamplingParams(temperature=1.0, seed=7, batch_invariant=True)
+    prompt = [5, 17, 300, 41]
+    alone = generate_alone(runner, 0, prompt, 6, seeded)
+    prompts = {slot: [(slot * 37 + i) % 500 + 3 for i in range(4)] for slot in range(slots)}
+    prompts[0] = prompt
+    crowd = generate_together(runner, prompts, 6, {0: seeded})
+    assert crowd[0] == alone
 
 
 def test_a_decoded_heads_logits_are_the_decoded_product() -> None:
