@@ -212,8 +212,17 @@ async def finals_unless_left(
         done, _ = await asyncio.wait({results, leaving}, return_when=asyncio.FIRST_COMPLETED)
         return list(results.result()) if results in done else None
     finally:
-        results.cancel()
+        if results.cancel():
+            # a cancelled gather ends holding a CancelledError as its exception (Python
+            # 3.11), which asyncio logs with a traceback unless someone reads it
+            results.add_done_callback(_read_outcome)
         leaving.cancel()
+
+
+def _read_outcome(future: asyncio.Future[object]) -> None:
+    """Marks a finished future's exception as read (a done callback)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def submit_all(
