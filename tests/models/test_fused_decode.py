@@ -552,9 +552,10 @@ def test_short_prompt_chunks_in_the_kernels_follow_float32_as_the_eager_path_doe
 def test_seeded_rows_and_long_prompt_chunks_stay_eager(
     kernels: FusedDecodeKernels, bf16_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Seeded rows (batch invariance needs the eager path's exact rounding) and steps whose
-    prompt chunks hold more than FUSED_PREFILL_MAX_TOKENS tokens or attend to more than
-    FUSED_PREFILL_KEY_BUDGET keys stay eager; decode rows and short chunks take the kernels."""
+    """Seeded rows (batch invariance needs the eager path's exact rounding) and steps with a
+    prompt chunk of more than FUSED_PREFILL_MAX_TOKENS tokens or chunks that attend to more
+    than FUSED_PREFILL_KEY_BUDGET keys stay eager; decode rows and short chunks take the
+    kernels, however many short chunks (a wave of short prompts)."""
     model = bf16_runner.model
     cache = KVCache(model.hparams, max_num_seqs=3, max_model_len=128, dtype=BF16, device=CPU)
     long_cache = KVCache(model.hparams, max_num_seqs=3, max_model_len=256, dtype=BF16, device=CPU)
@@ -582,6 +583,13 @@ def test_seeded_rows_and_long_prompt_chunks_stay_eager(
         most = FUSED_PREFILL_MAX_TOKENS
         assert fused([RowSpec(2, list(range(1, most + 1)), 0, True)])
         assert not fused([RowSpec(2, list(range(1, most + 2)), 0, True)])
+        two_chunks = [RowSpec(2, list(range(1, most + 1)), 0, True)]
+        two_chunks.append(RowSpec(0, list(range(1, most + 1)), 4, True))
+        # 2 x FUSED_PREFILL_MAX_TOKENS tokens attending to 1,176 + 1,368 = 2,544 keys
+        monkeypatch.setattr(forward_plan, "FUSED_PREFILL_KEY_BUDGET", 2543)
+        assert not fused(two_chunks)
+        monkeypatch.setattr(forward_plan, "FUSED_PREFILL_KEY_BUDGET", 2544)
+        assert fused(two_chunks)
         assert not fused([RowSpec(2, [1, 2, 3], 0, True, True)])
         assert fused([RowSpec(1, [11], 5, True)])
         with torch.inference_mode():  # a fused step whose rows want no logits

@@ -32,11 +32,14 @@ from app.models.forward.kv_cache import KV_BLOCK_SIZE, KVCache, align_keys, bloc
 
 # When a step with prompt chunks still runs as single-token rows in the fused C kernels
 # (ForwardPlan.token_rows) instead of the eager path's SDPA and glue ops: at most this many
-# prompt-chunk tokens in all, and at most FUSED_PREFILL_KEY_BUDGET keys attended by them (sum of
-# position + 1: the kernel reads a row's keys once per row, SDPA once per chunk). Measured,
-# SmolLM2 int4, 2 threads, one chunk's step fused / eager (scripts/bench_model_step.py --parts
-# chunks): from position 0, 0.72-0.85 at 2-48 tokens and 0.98 at 64; after 320 cached
+# tokens in each prompt chunk, and at most FUSED_PREFILL_KEY_BUDGET keys attended by all of
+# them (sum of position + 1: the kernel reads a row's keys once per row, SDPA once per chunk).
+# Measured, SmolLM2 int4, 2 threads, one chunk's step fused / eager (scripts/bench_model_step.py
+# --parts chunks): from position 0, 0.72-0.85 at 2-48 tokens and 0.98 at 64; after 320 cached
 # positions, 0.70-0.82 at 2-18 tokens, 0.80-0.94 at 24-48 (~8k-16k keys) and 1.01 at 64 (22k).
+# The cap is per chunk: a wave of short prompts (16 x 16 tokens) took 0.63-0.70 of the eager
+# step's time in the kernels (SmolLM2 and Gemma 3 on the AMX Xeon, 64 x 4: 0.45-0.56), where
+# the eager path runs SDPA and rope once per chunk and layer (docs/MODEL_PERF.md).
 FUSED_PREFILL_MAX_TOKENS = 48
 FUSED_PREFILL_KEY_BUDGET = 16384
 
@@ -180,8 +183,9 @@ class ForwardPlan:
         exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
             want logits, or None when there are none.
         token_rows: the step as single-token rows (:class:`TokenRows`) when the fused kernel
-            may take it: no ``batch_invariant`` row, and prompt chunks within
-            ``FUSED_PREFILL_MAX_TOKENS`` and ``FUSED_PREFILL_KEY_BUDGET``; None otherwise.
+            may take it: no ``batch_invariant`` row, each prompt chunk within
+            ``FUSED_PREFILL_MAX_TOKENS`` and all of them within ``FUSED_PREFILL_KEY_BUDGET``;
+            None otherwise.
         row_starts: ``slot -> packed index`` of each row's first token (prompt logprobs read
             a row's hidden states there).
         drafted_tokens: packed tokens that are drafts rows verify (``num_logits - 1`` each):
@@ -373,18 +377,18 @@ def _plan_token_rows(
     device: torch.device,
 ) -> TokenRows | None:
     """The step as single-token rows (decode rows first, then each chunk's tokens: the packed
-    order), or None when its prompt chunks hold more than ``FUSED_PREFILL_MAX_TOKENS`` tokens
-    or attend to more than ``FUSED_PREFILL_KEY_BUDGET`` keys. A row verifying drafts does not
-    count: it stays with its decode rows at any context (else greedy tokens changed once
-    (K + 1) x position passed the budget, ~position 1,800 with K = 8)."""
+    order), or None when one of its prompt chunks holds more than ``FUSED_PREFILL_MAX_TOKENS``
+    tokens or they attend to more than ``FUSED_PREFILL_KEY_BUDGET`` keys in all. A row
+    verifying drafts does not count: it stays with its decode rows at any context (else greedy
+    tokens changed once (K + 1) x position passed the budget, ~position 1,800 with K = 8)."""
     if not multi:
         assert decode is not None
         return TokenRows(decode.count, decode.key_length, decode.block_tables)
     chunks = [(r.position, len(r.token_ids)) for r in multi if r.num_logits == 1]
     ends = [row.position + len(row.token_ids) for row in multi]
-    tokens = sum(n for _, n in chunks)
+    longest = max((n for _, n in chunks), default=0)
     keys = sum(n * (2 * p + n + 1) // 2 for p, n in chunks)  # position + 1 over each token
-    if tokens > FUSED_PREFILL_MAX_TOKENS or keys > FUSED_PREFILL_KEY_BUDGET:
+    if longest > FUSED_PREFILL_MAX_TOKENS or keys > FUSED_PREFILL_KEY_BUDGET:
         return None
     key_length = align_keys(max(ends + ([decode.key_length] if decode is not None else [])))
     width = key_length // KV_BLOCK_SIZE
