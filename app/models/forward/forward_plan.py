@@ -32,14 +32,11 @@ from app.models.forward.kv_cache import KV_BLOCK_SIZE, KVCache, align_keys, bloc
 
 # When a step with prompt chunks still runs as single-token rows in the fused C kernels
 # (ForwardPlan.token_rows) instead of the eager path's SDPA and glue ops: at most this many
-# tokens in each prompt chunk, and at most FUSED_PREFILL_KEY_BUDGET keys attended by all of
-# them (sum of position + 1: the kernel reads a row's keys once per row, SDPA once per chunk).
-# Measured, SmolLM2 int4, 2 threads, one chunk's step fused / eager (scripts/bench_model_step.py
-# --parts chunks): from position 0, 0.72-0.85 at 2-48 tokens and 0.98 at 64; after 320 cached
-# positions, 0.70-0.82 at 2-18 tokens, 0.80-0.94 at 24-48 (~8k-16k keys) and 1.01 at 64 (22k).
-# The cap is per chunk: a wave of short prompts (16 x 16 tokens) took 0.63-0.70 of the eager
-# step's time in the kernels (SmolLM2 and Gemma 3 on the AMX Xeon, 64 x 4: 0.45-0.56), where
-# the eager path runs SDPA and rope once per chunk and layer (docs/MODEL_PERF.md).
+# tokens in each chunk, at most FUSED_PREFILL_KEY_BUDGET keys attended by all (sum of position
+# + 1: the kernel reads a row's keys once per row, SDPA once per chunk). SmolLM2 int4, one
+# chunk fused / eager: from position 0, 0.72-0.85 at 2-48 tokens, 0.98 at 64; after 320 cached
+# positions 0.70-0.94 at 2-48 (up to ~16k keys), 1.01 at 64 (22k). Per chunk, as a wave of
+# short prompts took 0.45-0.70 of the eager time (16 x 16 to 64 x 4; docs/MODEL_PERF.md).
 FUSED_PREFILL_MAX_TOKENS = 48
 FUSED_PREFILL_KEY_BUDGET = 16384
 
@@ -183,9 +180,8 @@ class ForwardPlan:
         exact_logits: int64 indices into the logits rows of the ``batch_invariant`` rows that
             want logits, or None when there are none.
         token_rows: the step as single-token rows (:class:`TokenRows`) when the fused kernel
-            may take it: no ``batch_invariant`` row, each prompt chunk within
-            ``FUSED_PREFILL_MAX_TOKENS`` and all of them within ``FUSED_PREFILL_KEY_BUDGET``;
-            None otherwise.
+            may take it (no ``batch_invariant`` row, prompt chunks within the limits of
+            ``_plan_token_rows``), else None.
         row_starts: ``slot -> packed index`` of each row's first token (prompt logprobs read
             a row's hidden states there).
         drafted_tokens: packed tokens that are drafts rows verify (``num_logits - 1`` each):
