@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from harness.metrics import Metrics
 from harness.wait import wait_for
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,8 +70,9 @@ async def stream_until_done(http: httpx.AsyncClient, url: str, request_id: str, 
         return "".join([chunk async for chunk in response.aiter_text()])
 
 
-async def test_vllm_values_move_with_load(live_server_factory) -> None:
-    server = live_server_factory(max_num_seqs=2, mock_step_ms=2.0)
+@pytest.mark.parametrize("step_ms", [2.0, 60.0])  # 60: a cancel could beat a first token
+async def test_vllm_values_move_with_load(live_server_factory, step_ms: float) -> None:
+    server = live_server_factory(max_num_seqs=2, mock_step_ms=step_ms)
     async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
 
         async def scrape() -> Metrics:
@@ -95,10 +97,19 @@ async def test_vllm_values_move_with_load(live_server_factory) -> None:
             await wait_for(
                 lambda: _grew(scrape, "vllm:generation_tokens_total", loaded), 10.0, what="tokens"
             )
+
+            # Each request is cancelled once its first token is out (a cancel that comes first
+            # wins over the step, and the request has no first token to time).
+            async def first_tokens(count: int) -> bool:
+                ttft = "vllm:time_to_first_token_seconds_count"
+                return _delta(before, await scrape(), ttft) == count
+
+            await wait_for(lambda: first_tokens(2), 10.0, what="the first two's first tokens")
             for request_id in ("load-0", "load-1"):
                 assert (await http.delete(f"{server.url}/generate/{request_id}")).status_code == 200
             # The third, admitted after the first two, finds their prefix blocks cached.
             await wait_for(lambda: queue_is(1, 0), 10.0, what="the third admitted")
+            await wait_for(lambda: first_tokens(3), 10.0, what="the third's first token")
             assert (await http.delete(f"{server.url}/generate/load-2")).status_code == 200
             texts = await asyncio.wait_for(asyncio.gather(*streams), 10.0)
         finally:
