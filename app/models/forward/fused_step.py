@@ -107,9 +107,9 @@ def block_layout(
         projections = (layer.qkv, layer.attn_output, layer.gate_up, layer.down)
         if layer.experts is not None or not all(isinstance(p, GGMLLinear) for p in projections):
             return None, 0
-        for p in projections:
-            if p.wide is not None:  # type: ignore[union-attr]
-                max_rows = min(max_rows, p.blocks_max_rows)  # type: ignore[union-attr]
+        for p in projections:  # the most rows a call computes on the blocks (then a dense
+            # copy or a decoded matrix takes it, which a prompt wave's steps reach)
+            max_rows = min(max_rows, p.exact_rows)  # type: ignore[union-attr]
         layers.append(
             BlockLayer(
                 tuple((p.prepared, p.bias) for p in projections),  # type: ignore[union-attr]
