@@ -6,17 +6,17 @@ itself into ``GenerationParams`` (its ``generation_params()``): wire names and w
 there. ``RequestBuilder.build`` then runs the checks that need the model, once and in one order:
 
     token budget <= the server's cap -> stop token ids and logit_bias ids in the vocabulary ->
-    min_tokens <= the budget -> the prompt, tokenized
-    by the engine (a chat rendered with the model's template) -> the default budget of a chat ->
-    prompt + budget <= the context length -> the seed (a random one unless the client chose it)
-    -> the constraint, compiled by the engine (on a worker thread: cached, else milliseconds)
+    min_tokens <= the budget -> the prompt, tokenized by the engine (a chat rendered with the
+    model's template) -> the default budget of a chat -> prompt + budget <= the context length
+    -> the seed (a random one unless the client chose it) -> the constraint, compiled by the
+    engine (on a worker thread: cached, else milliseconds)
 
-So a new request field is added to ``GenerationParams``, to ``build``, and to each wire schema
-that offers it. ``build`` needs no HTTP request (the batch runner has only a body): every refusal
-is an ``APIError`` in the native vocabulary, which each route family renders in its own shape.
-``build_sync`` is the same checks for a caller without an event loop (the Python API,
-``app.llm``, on a ``SyncEngine``): the builder reads the model only through the engine's
-``capabilities`` / ``encode_text`` / ``encode_chat``, which both engines offer.
+A new request field is added to ``GenerationParams``, to ``build``, and to each wire schema that
+offers it. ``build`` needs no HTTP request (the batch runner has only a body): every refusal is
+an ``APIError`` in the native vocabulary, which each route family renders in its own shape.
+``build_sync`` is the same checks without an event loop (``app.llm``, on a ``SyncEngine``): the
+builder reads the model only through the engine's ``capabilities`` / ``encode_text`` /
+``encode_chat``.
 """
 
 from __future__ import annotations
@@ -66,12 +66,15 @@ class TokenPrompt:
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
     """A conversation, rendered with the model's chat template up to the assistant's turn;
-    ``tools`` (OpenAI's tool entries) and ``template_kwargs`` (more variables) go to it."""
+    ``tools`` (OpenAI's tool entries) and ``template_kwargs`` (more variables) go to it.
+    ``continue_final_message``: the last message is left open for the model to continue (an
+    Anthropic prefill)."""
 
     messages: tuple[ChatMessage, ...]
     param: str = "messages"
     tools: tuple[dict[str, Any], ...] = ()
     template_kwargs: Mapping[str, Any] | None = None
+    continue_final_message: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +99,13 @@ class GenerationParams:
     Attributes:
         prompt: what to continue.
         budget: how many tokens at most.
-        temperature / top_p / top_k: sampling (0 / 1 / 0 switch each off; temperature 0 is
-            greedy).
-        seed: the client's seed, or None (a random one is drawn).
-        stop: stop strings. stop_token_ids: token ids that end generation.
-        ignore_eos: the model's EOS does not end generation.
+        temperature / top_p / top_k: sampling (0 / 1 / 0 switch each off; temperature 0: greedy).
+        seed: the client's seed, or None (a random one is drawn). stop / stop_token_ids: stop
+            strings, token ids that end generation. ignore_eos: EOS does not end generation.
         min_p / presence_penalty / frequency_penalty / repetition_penalty / min_tokens /
             logit_bias: the logits processors (``SamplingParams``; 0 / 0 / 0 / 1 / 0 / ()
             switch each off); ``logit_bias`` as ``(token_id, bias)`` pairs, distinct ids.
-        logprobs: how many alternatives to report with each generated token's logprob, or
-            None for no logprobs.
+        logprobs: alternatives reported with each generated token's logprob (None: no logprobs).
         prompt_logprobs: the same for each prompt token (None: none).
         constraint: structured output (the language every output must be in), or None.
     """
@@ -147,12 +147,8 @@ class RequestOrigin:
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
-    """What the server accepts beyond the wire schemas' ranges (tokens).
-
-    Attributes:
-        max_tokens_cap: the largest token budget.
-        max_prompt_tokens: the largest prompt.
-    """
+    """What the server accepts beyond the wire schemas' ranges, in tokens: the largest token
+    budget (``max_tokens_cap``) and the largest prompt (``max_prompt_tokens``)."""
 
     max_tokens_cap: int
     max_prompt_tokens: int
@@ -181,6 +177,7 @@ class PromptTokenizingEngine(Protocol):
         tools: tuple[dict[str, Any], ...] = (),
         *,
         template_kwargs: Mapping[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> tuple[int, ...]: ...
 
     def compile_constraint(self, spec: ConstraintSpec) -> CompiledConstraint: ...
@@ -334,7 +331,10 @@ class RequestBuilder:
                 prompt_ids = self._engine.encode_text(prompt.text)
             else:
                 prompt_ids = self._engine.encode_chat(
-                    prompt.messages, prompt.tools, template_kwargs=prompt.template_kwargs
+                    prompt.messages,
+                    prompt.tools,
+                    template_kwargs=prompt.template_kwargs,
+                    continue_final_message=prompt.continue_final_message,
                 )
         except ChatTemplateError as exc:
             message = f"{prompt.param}: {exc}"

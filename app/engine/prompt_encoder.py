@@ -63,9 +63,9 @@ class PromptEncoder:
         assistant's answer begins (after the last message with
         ``add_generation_prompt=False``); ``tools`` are the functions the model may call and
         ``template_kwargs`` more template variables (see ``ChatTemplate.render``).
-        ``continue_final_message`` (vLLM's and transformers' flag; ``add_generation_prompt``
-        then false): the rendered text ends where the last message's content ends, that
-        message left open for the model to continue.
+        ``continue_final_message`` (vLLM's and transformers' flag; no generation prompt is
+        added then, whatever ``add_generation_prompt`` says): the rendered text ends where the
+        last message's content ends, that message left open for the model to continue.
 
         Raises:
             ChatTemplateError: the template refused the conversation (roles out of order...), or
@@ -75,7 +75,7 @@ class PromptEncoder:
         text = self.chat_template.render(
             messages,
             tools,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
             template_kwargs=template_kwargs,
         )
         if continue_final_message:

@@ -137,6 +137,33 @@ async def test_stop_sequences_and_max_tokens():
         assert (whole.stop_reason, whole.stop_sequence) == ("end_turn", None)
 
 
+async def test_a_last_assistant_message_is_continued_as_a_prefill():
+    # Anthropic's API continues a final assistant message (a prefill, e.g. "{" to start JSON)
+    # instead of closing it and opening another turn; the answer holds what follows.
+    model, running = scripted_server(" Paris.")
+    prefill = [
+        {"role": "user", "content": "Complete: the capital of France is"},
+        {"role": "assistant", "content": "The capital of France is "},
+    ]
+    with running as server:
+        client = sdk(server.url)
+        message = await client.messages.create(model=MODEL, max_tokens=20, messages=prefill)
+        opened = "Complete: the capital of France is<|im_end|>\n<|im_start|>assistant\n"
+        assert model.prompts[-1].endswith(opened + "The capital of France is")
+        assert message.content[0].text == " Paris." and message.stop_reason == "end_turn"
+        counted = await client.messages.count_tokens(model=MODEL, messages=prefill)
+        assert counted.input_tokens == message.usage.input_tokens == len(model.prompts[-1])
+        streamed = client.messages.stream(model=MODEL, max_tokens=20, messages=prefill)
+        async with streamed as stream:
+            assert (await stream.get_final_message()).content[0].text == " Paris."
+        # a last user message, or an assistant turn of whitespace, is answered in a new turn
+        await client.messages.create(model=MODEL, max_tokens=20, messages=prefill[:1])
+        assert model.prompts[-1].endswith(opened)
+        blank = [*prefill[:1], {"role": "assistant", "content": " "}]
+        await client.messages.create(model=MODEL, max_tokens=20, messages=blank)
+        assert model.prompts[-1].endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
 # --------------------------------------------------------------------------- tools
 
 

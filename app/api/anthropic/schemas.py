@@ -7,9 +7,10 @@ assistant message's ``tool_use`` blocks the calls of its turn (``thinking`` bloc
 turns are not sent back to the model). ``tools`` (``name``, ``description``, ``input_schema``)
 and ``tool_choice`` become /v1's ``ToolPlan``: ``auto``, ``any`` (a required call), ``tool``
 (a named one), ``none``; ``any`` and ``tool`` are enforced by constrained decoding.
-``thinking`` is passed to the template as ``enable_thinking``. Unknown fields are accepted and
-ignored (agents send fields of newer API versions); a content block this server cannot read
-(an image, a document) is a 400.
+``thinking`` is passed to the template as ``enable_thinking``. A last assistant message with
+text is a prefill: the model continues it, and the answer holds only what follows (as
+Anthropic's API answers it). Unknown fields are accepted and ignored (agents send fields of
+newer API versions); a content block this server cannot read (an image, a document) is a 400.
 """
 
 from __future__ import annotations
@@ -215,11 +216,20 @@ class MessagesBase(BaseModel):
         template_kwargs = None
         if self.thinking is not None:
             template_kwargs = {"enable_thinking": self.thinking.type != "disabled"}
+        final = turns[-1] if turns else None
         return ChatPrompt(
             tuple(turns),
             tools=() if plan is None else plan.template_tools(),
             template_kwargs=template_kwargs,
+            continue_final_message=final is not None and _prefill(final),
         )
+
+
+def _prefill(turn: ChatMessage) -> bool:
+    """Whether the conversation's last turn is an assistant prefill, which Anthropic's API
+    continues rather than answers (the answer's content starts where it stops): an assistant
+    turn with text and no tool calls."""
+    return turn.role == "assistant" and not turn.tool_calls and bool(turn.content.strip())
 
 
 class MessagesRequestBody(MessagesBase):
