@@ -4,13 +4,16 @@ item on /v1/responses, a ``thinking`` block on /v1/messages).
 
 ``ReasoningParser`` is the server's setting (``--reasoning-parser``): ``auto`` turns it on when
 the chat template opens a ``<think>`` block, ``think`` always, ``none`` never. For one request,
-``ReasoningParser.start`` reads the end of the rendered prompt: a template that opened the
-block itself (DeepSeek-R1 distills, Qwen3 with thinking forced) makes the output begin inside
-it; otherwise the output is content unless it begins (after white space) with ``<think>``
-(Qwen3's default). ``ReasoningSplitter`` then splits the output as it streams: a tag cut
-across tokens is held back until it is decided, and an unclosed block at the end (a length
-cut) is all reasoning. A constrained request (a required or named tool call, a response
-format) has no reasoning: its output is the constrained language from the first token.
+``ReasoningParser.start`` reads the end of the rendered prompt: a prompt that ends with an
+open ``<think>`` (a template that opened the block itself after the assistant's header:
+DeepSeek-R1 distills, Qwen3 with thinking forced) makes the output begin inside it. A
+``<think>`` earlier in the tail is not the template's (a user's message ending with the tag is
+followed by the end of its turn and the assistant's header). Otherwise the output is content
+unless it begins (after white space) with ``<think>`` (Qwen3's default). ``ReasoningSplitter``
+then splits the output as it streams: a tag cut across tokens is held back until it is
+decided, and an unclosed block at the end (a length cut) is all reasoning. A constrained
+request (a required or named tool call, a response format) has no reasoning: its output is the
+constrained language from the first token.
 """
 
 from __future__ import annotations
@@ -74,15 +77,13 @@ class ReasoningParser:
         """A splitter for one request's output, or None when its output is all content.
 
         Args:
-            prompt_tail: the end of the rendered prompt (a few dozen tokens' text): a
-                ``<think>`` after the last ``</think>`` there means the output begins inside
-                the block.
+            prompt_tail: the end of the rendered prompt (a few dozen tokens' text): when it
+                ends with ``<think>`` (and white space), the output begins inside the block.
             constrained: the request's output is a constrained language (no reasoning then).
         """
         if not self.enabled or constrained:
             return None
-        opened = prompt_tail.rfind(THINK_OPEN)
-        return ReasoningSplitter(inside=opened >= 0 and opened > prompt_tail.rfind(THINK_CLOSE))
+        return ReasoningSplitter(inside=prompt_tail.rstrip().endswith(THINK_OPEN))
 
 
 class _Phase(enum.Enum):

@@ -68,6 +68,12 @@ def test_unclosed_blocks_plain_answers_and_the_parser_setting():
     assert opened is not None and opened.feed("a</think>b") == ReasoningSplit("a", "b")
     closed = parser.start("assistant\n<think>\n\n</think>\n\n", constrained=False)
     assert closed is not None and closed.feed("a</think>b") == ReasoningSplit("", "a</think>b")
+    # a user's message that ends with the tag did not open the answer's block (found by a
+    # helper: the whole answer came back as reasoning_content)
+    user_tag = "Explain this tag: <think><|im_end|>\n<|im_start|>assistant\n"
+    asked = parser.start(user_tag, constrained=False)
+    assert asked is not None
+    assert split_all(asked, "It opens one.", 3) == ReasoningSplit("", "It opens one.")
 
 
 def _openai(url: str) -> openai.AsyncOpenAI:
