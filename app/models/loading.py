@@ -61,11 +61,17 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
     else:
         import torch  # the real model's modules
 
+        from app.models.load.cpu_quota import quota_threads
         from app.models.load.plan import load_runner
         from app.models.weights.block_arena_prefault import release_unclaimed
 
         if config.torch_threads is not None:
             torch.set_num_threads(config.torch_threads)
+        elif (threads := quota_threads(torch.get_num_threads())) != torch.get_num_threads():
+            logger.info(
+                "torch threads: %d (the CPUs this process may use: quota, affinity)", threads
+            )
+            torch.set_num_threads(threads)
         if plan is None:
             plan = inspect_model(config)
             assert plan is not None  # not the mock
