@@ -305,6 +305,43 @@ async def test_errors_in_anthropics_shape(live_server_factory):
     assert answered.usage.output_tokens <= 5
 
 
+async def test_conversations_anthropic_refuses_are_refused_in_its_words():
+    # found by a helper: each of these was answered (200) where Anthropic's API answers 400
+    model, running = scripted_server("ok")
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "P"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
+    refused = {
+        "tools: Tool names must be unique.": {"messages": ASK, "tools": [WEATHER, WEATHER]},
+        "messages.0: all messages must have non-empty content": {
+            "messages": [{"role": "user", "content": ""}]
+        },
+        "messages.1: all messages must have non-empty content": {
+            "messages": [*ASK, {"role": "assistant", "content": []}, *ASK]
+        },
+        "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_1": {
+            "messages": [{"role": "user", "content": [result]}]
+        },
+    }
+    with running as server:
+        client = sdk(server.url)
+        for message, body in refused.items():
+            with pytest.raises(anthropic.BadRequestError) as error:
+                await client.messages.create(model=MODEL, max_tokens=5, **body)
+            assert error.value.body["error"]["message"].startswith(message), message
+        answered = await client.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            tools=[WEATHER],
+            messages=[
+                *ASK,
+                {"role": "assistant", "content": [call]},
+                {"role": "user", "content": [result]},
+                {"role": "assistant", "content": ""},  # a final assistant turn may be empty
+            ],
+        )
+        assert answered.content[0].text == "ok"
+
+
 async def test_overload_is_a_rate_limit_error_and_unavailable_is_overloaded():
     config = mock_config(max_num_seqs=1, max_queue=0, mock_step_ms=10)
     async with app_client(config) as client:

@@ -179,10 +179,42 @@ class MessagesBase(BaseModel):
 
     @model_validator(mode="after")
     def _choice_among_tools(self) -> MessagesBase:
+        names = [tool.name for tool in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise PydanticCustomError("invalid_value", "tools: Tool names must be unique.")
         try:
             self.tool_plan  # noqa: B018 (checks the choice against the tools)
         except ValueError as exc:
             raise PydanticCustomError("invalid_value", str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _results_answer_calls(self) -> MessagesBase:
+        """Every message but a final assistant one has content, and each ``tool_result``
+        answers a ``tool_use`` of the message before it (Anthropic's rules and wording)."""
+        last = len(self.messages) - 1
+        for index, message in enumerate(self.messages):
+            if not message.content and not (index == last and message.role == "assistant"):
+                raise PydanticCustomError(
+                    "invalid_value",
+                    f"messages.{index}: all messages must have non-empty content except for "
+                    "the optional final assistant message",
+                )
+            previous = self.messages[index - 1].content if index else ""
+            calls = (
+                set()
+                if isinstance(previous, str)
+                else {block.id for block in previous if isinstance(block, ToolUseBlock)}
+            )
+            blocks = () if isinstance(message.content, str) else message.content
+            for at, block in enumerate(blocks):
+                if isinstance(block, ToolResultBlock) and block.tool_use_id not in calls:
+                    raise PydanticCustomError(
+                        "invalid_value",
+                        f"messages.{index}.content.{at}: unexpected `tool_use_id` found in "
+                        f"`tool_result` blocks: {block.tool_use_id}. Each `tool_result` block "
+                        "must have a corresponding `tool_use` block in the previous message.",
+                    )
         return self
 
     @property
