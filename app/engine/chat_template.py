@@ -138,8 +138,10 @@ class ChatTemplate:
         described in a system message before the conversation (:func:`tools_system_prompt`).
 
         Raises:
-            ChatTemplateError: the template rejected the conversation.
-            jinja2.TemplateError: the template itself is broken (a fault of the model file).
+            ChatTemplateError: the template rejected the conversation, or failed on it (an
+                undefined value, a division by zero...: templates are written for the
+                conversations their model was trained on, so the request is answered 4xx with
+                the template's error, as vLLM answers it).
         """
         turns = [message.as_template_value() for message in messages]
         extra: dict[str, Any] = {}
@@ -159,7 +161,14 @@ class ChatTemplate:
             eos_token=self.eos_token,
             **extra,
         )
-        return _compile(self.source).render(**variables)
+        try:
+            return _compile(self.source).render(**variables)
+        except ChatTemplateError:
+            raise
+        except Exception as exc:  # the template's own code failed on this conversation
+            raise ChatTemplateError(
+                f"the chat template failed: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 def template_override(path: str | None) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jinja2
 import pytest
 
 from app.engine.chat_template import (
@@ -80,14 +79,28 @@ def test_template_refusal_and_sandbox():
     class Escaping:
         chat_template = "{{ messages.__class__.__mro__ }}"
 
-    with pytest.raises(jinja2.exceptions.SecurityError):
+    with pytest.raises(ChatTemplateError, match="SecurityError"):
         ChatTemplate.of(Escaping()).render(CONVERSATION)
 
     class Mutating:
         chat_template = "{% set _ = messages.append(1) %}"
 
-    with pytest.raises(jinja2.exceptions.SecurityError):
+    with pytest.raises(ChatTemplateError, match="SecurityError"):
         ChatTemplate.of(Mutating()).render(CONVERSATION)
+
+    # a template whose own code fails on a conversation: the request's error, not a 500 with a
+    # traceback (found by a helper with a --chat-template file)
+    class Failing:
+        chat_template = "{{ (1 / 0) }}"
+
+    with pytest.raises(ChatTemplateError, match="ZeroDivisionError: division by zero"):
+        ChatTemplate.of(Failing()).render(CONVERSATION)
+
+    class Undefined:
+        chat_template = "{{ messages[0].content.parts[0].text }}"
+
+    with pytest.raises(ChatTemplateError, match="UndefinedError"):
+        ChatTemplate.of(Undefined()).render(CONVERSATION)
 
 
 # --------------------------------------------------------------------------- the real model
