@@ -69,38 +69,24 @@ def test_rendering_matches_transformers_on_a_tricky_template():
     assert ours.startswith("<s>") and "</s>" in ours and "« s'il vous plaît »" in ours
 
 
-def test_template_refusal_and_sandbox():
-    class Refusing:
-        chat_template = "{{ raise_exception('roles must alternate') }}"
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),  # a refusal
+        ("{{ messages.__class__.__mro__ }}", "SecurityError"),  # the sandbox
+        ("{% set _ = messages.append(1) %}", "SecurityError"),
+        # a template whose own code fails on a conversation: the request's error, not a 500
+        # with a traceback (found by a helper with a --chat-template file)
+        ("{{ (1 / 0) }}", "ZeroDivisionError: division by zero"),
+        ("{{ messages[0].content.parts[0].text }}", "UndefinedError"),
+    ],
+)
+def test_template_refusal_sandbox_and_failure(source, error):
+    class Template:
+        chat_template = source
 
-    with pytest.raises(ChatTemplateError, match="roles must alternate"):
-        ChatTemplate.of(Refusing()).render(CONVERSATION)
-
-    class Escaping:
-        chat_template = "{{ messages.__class__.__mro__ }}"
-
-    with pytest.raises(ChatTemplateError, match="SecurityError"):
-        ChatTemplate.of(Escaping()).render(CONVERSATION)
-
-    class Mutating:
-        chat_template = "{% set _ = messages.append(1) %}"
-
-    with pytest.raises(ChatTemplateError, match="SecurityError"):
-        ChatTemplate.of(Mutating()).render(CONVERSATION)
-
-    # a template whose own code fails on a conversation: the request's error, not a 500 with a
-    # traceback (found by a helper with a --chat-template file)
-    class Failing:
-        chat_template = "{{ (1 / 0) }}"
-
-    with pytest.raises(ChatTemplateError, match="ZeroDivisionError: division by zero"):
-        ChatTemplate.of(Failing()).render(CONVERSATION)
-
-    class Undefined:
-        chat_template = "{{ messages[0].content.parts[0].text }}"
-
-    with pytest.raises(ChatTemplateError, match="UndefinedError"):
-        ChatTemplate.of(Undefined()).render(CONVERSATION)
+    with pytest.raises(ChatTemplateError, match=error):
+        ChatTemplate.of(Template()).render(CONVERSATION)
 
 
 # --------------------------------------------------------------------------- the real model
