@@ -171,6 +171,16 @@ async def test_a_model_that_writes_the_block_and_every_wire_format():
         assert "".join(deltas) == "It is 42." and streamed.output_text == "It is 42."
         assert [item.type for item in streamed.output] == ["reasoning", "message"]
         assert streamed.output[0].content[0].text == "\nSix sevens.\n"
+        # the answer's output goes back as the next turn's input, reasoning item and all (found
+        # by a helper: the reasoning item was a 400); the reasoning is not rendered again
+        follow_up = [
+            {"role": "user", "content": "What is 6 times 7?"},
+            *(item.model_dump(exclude_none=True) for item in response.output),
+            {"role": "user", "content": "And 6 times 8?"},
+        ]
+        again = await client.responses.create(model="m", input=follow_up)
+        assert again.output_text == "It is 42."
+        assert "It is 42." in model.prompts[-1] and "Six sevens" not in model.prompts[-1]
 
         messages = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", max_retries=0)
         whole = await messages.messages.create(model="m", max_tokens=200, messages=ASK)

@@ -4,8 +4,11 @@ request path (the answer is :mod:`app.api.openai.responses_answer`'s).
 The body (``ResponsesRequestBody``) becomes ``GenerationParams`` like a chat's: ``instructions``
 as a system turn, ``input`` (a string or message / ``function_call`` / ``function_call_output``
 items) as the conversation, ``text.format`` as a constraint (``json_schema`` / ``json_object``),
-function ``tools`` and ``tool_choice`` as ``app.api.openai.tools``' plan. Nothing is stored:
-``store: true`` and ``previous_response_id`` are 400s naming the field.
+function ``tools`` and ``tool_choice`` as ``app.api.openai.tools``' plan; ``reasoning`` items
+(an earlier answer's output sent back) are accepted and not rendered again. Nothing is stored:
+``store: true``, ``previous_response_id`` and ``background: true`` are 400s naming the field, as
+are the fields asking for what the answer does not hold (``top_logprobs``, ``include``,
+``truncation: auto``).
 """
 
 from __future__ import annotations
@@ -75,7 +78,17 @@ class FunctionCallOutputItem(BaseModel):
     output: str
 
 
-InputItem = FunctionCallItem | FunctionCallOutputItem | MessageItem
+class ReasoningItem(BaseModel):
+    """An earlier turn's reasoning, as this server's answers return it (``type: reasoning``):
+    accepted so that an answer's ``output`` can be sent back as the next turn's input, and not
+    rendered again (a model's chat template drops earlier turns' reasoning too)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["reasoning"]
+
+
+InputItem = FunctionCallItem | FunctionCallOutputItem | ReasoningItem | MessageItem
 
 
 class FunctionTool(BaseModel):
@@ -157,9 +170,52 @@ class ResponsesRequestBody(BaseModel):
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    # fields of OpenAI's this server cannot honour: a 400 naming the field when asked for
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    include: list[str] | None = None
+    background: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
     # extensions, as on the other /v1 routes
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     top_k: int | None = Field(None, ge=0)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, top_logprobs: int | None) -> int | None:
+        if top_logprobs:
+            raise PydanticCustomError(
+                "unsupported_value",
+                "logprobs are not answered on /v1/responses: use /v1/chat/completions",
+            )
+        return top_logprobs
+
+    @field_validator("include")
+    @classmethod
+    def _nothing_included(cls, include: list[str] | None) -> list[str] | None:
+        if include:
+            raise PydanticCustomError(
+                "unsupported_value", f"no extra output can be included: {', '.join(include)}"
+            )
+        return include
+
+    @field_validator("background")
+    @classmethod
+    def _not_in_background(cls, background: bool | None) -> bool | None:
+        if background:
+            raise PydanticCustomError(
+                "unsupported_value", "this server is stateless: background must be false"
+            )
+        return background
+
+    @field_validator("truncation")
+    @classmethod
+    def _no_truncation(cls, truncation: str | None) -> str | None:
+        if truncation == "auto":
+            raise PydanticCustomError(
+                "unsupported_value",
+                "input is never truncated: truncation must be disabled (a longer input is a 400)",
+            )
+        return truncation
 
     @field_validator("store")
     @classmethod
@@ -246,6 +302,8 @@ class ResponsesRequestBody(BaseModel):
             if isinstance(item, MessageItem):
                 role = "system" if item.role == "developer" else item.role
                 turns.append(ChatMessage(role, item.text()))
+            elif isinstance(item, ReasoningItem):
+                continue  # an earlier turn's reasoning is not rendered again
             elif isinstance(item, FunctionCallItem):
                 call = ToolCallTurn(item.call_id, item.name, item.arguments)
                 previous = turns[-1] if turns else None
