@@ -27,13 +27,15 @@ class ServerConfig(BaseSettings):
         min_length=1,
         description="smollm2: the bundled SmolLM2-135M-Instruct; mock: the deterministic byte "
         "model; or PATH: a .gguf file or a Hugging Face model directory (config.json, "
-        "*.safetensors, tokenizer.json) of the llama, mistral, qwen2 or qwen3 architecture",
+        "*.safetensors, tokenizer.json) of a supported architecture (llama, mistral, qwen2, qwen3, "
+        "gemma3, phi3, qwen3moe, mixtral)",
     )
     served_model_name: str | None = Field(
         None,
         min_length=1,
         description="the model's name in /info, /v1/models and every answer; unset: the GGUF's "
-        "general.name, else the directory's name (smollm2: SmolLM2-135M-Instruct)",
+        "general.name, else the directory's name (smollm2: SmolLM2-135M-Instruct; mock: "
+        "mock-bytes)",
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free port)")

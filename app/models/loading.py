@@ -8,6 +8,7 @@ a plan, so the real model's modules are imported only for a real model.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -58,6 +59,10 @@ def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:
             fail_every=config.mock_fail_every,
             kv_blocks=_mock_kv_blocks(config),
         )
+        if config.served_model_name is not None:
+            model.capabilities = dataclasses.replace(
+                model.capabilities, name=config.served_model_name
+            )
     else:
         import torch  # the real model's modules
 

@@ -11,10 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from app.config import ServerConfig
 from app.models import architectures
 from app.models.architectures import HF_NAMES, Architecture, TensorNames
 from app.models.load import memory
 from app.models.load.plan import LoadOptions, auto_without_blocks, load_runner, plan_load
+from app.models.loading import load_model
 from app.models.refusal import ModelRefused
 from app.models.weights.projections import widens_to_float32
 from app.models.weights.record import Quantization
@@ -79,6 +81,10 @@ def test_served_names(tiny_checkpoints) -> None:
     assert _plan(gguf).source.name == tiny_checkpoints.hf("mistral").name
     assert _plan(hf).source.name == hf.name
     assert _plan(hf, served_model_name="my-model").source.name == "my-model"
+    # the mock too (found by a helper: it kept "mock-bytes")
+    assert load_model(ServerConfig(model="mock")).capabilities.name == "mock-bytes"
+    renamed = load_model(ServerConfig(model="mock", served_model_name="simple"))
+    assert renamed.capabilities.name == "simple"
 
 
 def test_the_context_is_the_models_at_most(tiny_checkpoints) -> None:
