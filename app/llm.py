@@ -211,13 +211,19 @@ class LLM:
                 the defaults.
 
         Raises:
-            ValueError: ``sampling`` is a list of another length than ``prompts``, or a prompt
-                the server would refuse (``prompts[i]: `` and the server's message: no tokens,
-                over the prompt limit or the context length, ``max_tokens`` over the cap, a
-                stop token id outside the vocabulary). Nothing runs when any is refused.
+            ValueError: ``sampling`` is a list of another length than ``prompts``, a prompt
+                that is not a string, or a prompt the server would refuse (``prompts[i]: `` and
+                the server's message: no tokens, over the prompt limit or the context length,
+                ``max_tokens`` over the cap, a stop token id outside the vocabulary). Nothing
+                runs when any is refused.
             RuntimeError: the tokenizer failed on a prompt (the server's 500).
         """
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):  # token ids: the HTTP API's /v1/completions takes them
+                raise ValueError(
+                    f"prompts[{index}]: a prompt is a string, got {type(text).__name__}"
+                )
         options = self._options_per_prompt(sampling, len(texts))
         requests = [
             self._request(index, text, option)

@@ -161,6 +161,8 @@ def test_a_seed_asks_for_batch_invariance_as_in_the_server():
         ("ok", SamplingOptions(max_tokens=17), "max_tokens must be <= 16"),
         ("0123456789", SamplingOptions(max_tokens=7), "exceed the context length of 16"),
         ("ok", SamplingOptions(max_tokens=2, stop_token_ids=[257]), "outside the vocabulary"),
+        # token ids (found by a helper: a RuntimeError with the tokenizer's traceback logged)
+        ([72, 105], SamplingOptions(max_tokens=2), "a prompt is a string, got list"),
     ],
 )
 def test_an_invalid_prompt_is_refused_before_any_work(prompt, options, message):
