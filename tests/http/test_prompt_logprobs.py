@@ -65,6 +65,15 @@ async def test_echo_logprobs_with_max_tokens_0_score_the_prompt(llama) -> None:
     got = torch.tensor(legacy["token_logprobs"][1:])
     assert torch.allclose(got, want, atol=1e-3)
     assert legacy["text_offset"][0] == 0 and legacy["text_offset"] == sorted(legacy["text_offset"])
+    # each scored token is among its alternatives, as OpenAI's and vLLM's legacy answers hold it
+    # (up to logprobs + 1 of them, most likely first; found by a helper: a token outside the
+    # best 2 was missing)
+    for token, logprob, top in zip(
+        legacy["tokens"][1:], legacy["token_logprobs"][1:], legacy["top_logprobs"][1:], strict=True
+    ):
+        assert top[token] == logprob and 2 <= len(top) <= 3
+        assert list(top.values()) == sorted(top.values(), reverse=True)
+    assert any(len(top) == 3 for top in legacy["top_logprobs"][1:])  # the case that was missing
     # with tokens after the prompt: the prompt's entries first, then the completion's
     more = with_tokens["choices"][0]["logprobs"]
     assert more["token_logprobs"][: len(prompt_ids)] == legacy["token_logprobs"]

@@ -78,6 +78,9 @@ class LogprobsWriter:
             top: dict[str, float] = {}
             for alternative, logprob in entry.top:
                 top.setdefault(texts[alternative], logprob)
+            # the chosen token always, as OpenAI's and vLLM's legacy completions answer (up to
+            # logprobs + 1 entries; not among the best, it is the least likely of them)
+            top.setdefault(texts[token], entry.logprob)
             top_logprobs.append(top)
         return CompletionLogprobs(
             tokens=tokens,
