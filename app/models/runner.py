@@ -318,12 +318,12 @@ class ModelRunner:
             else:
                 inputs = torch.cat([previous[None], states[:-1]])
                 targets = list(row.token_ids)
-            top = row.sampling.prompt_logprobs or 0
+            top, exact = row.sampling.prompt_logprobs or 0, row.sampling.batch_invariant
             for begin in range(0, len(targets), PROMPT_LOGPROBS_BLOCK):
                 block = slice(begin, begin + PROMPT_LOGPROBS_BLOCK)
                 entries.extend(
                     token_logprobs(
-                        self.model.output_logits(inputs[block]),
+                        self.model.output_logits(inputs[block], exact=exact),
                         targets[block],
                         [top] * len(targets[block]),
                     )

@@ -177,6 +177,24 @@ def test_a_seeded_row_in_a_step_wider_than_the_blocks_gets_its_tokens_alone(
     assert crowd[0] == alone
 
 
+def test_a_seeded_requests_prompt_logprobs_come_from_the_heads_blocks(random_file: Path) -> None:
+    """Prompt logprobs go through the LM head a block of positions at a time; a seeded
+    request's (``exact``) are computed in calls the head computes alike, so a position scores
+    the same in a prompt of any length (found by a helper: with a dense copy of the head, the
+    first 20 positions of a 45-token prompt scored up to 0.09 nats off the same 20 alone)."""
+    model = load_on_blocks(random_file, wide_copies="on").model
+    head = model.weights.lm_head
+    if not isinstance(head, GGMLLinear) or head.wide is None:
+        pytest.skip("no dense copy of the head on this CPU")
+    generator = torch.Generator().manual_seed(5)
+    hidden = torch.randn(head.blocks_max_rows + 9, head.in_features, generator=generator)
+    hidden = hidden.to(torch.bfloat16)
+    alone = model.output_logits(hidden[:3].contiguous())
+    assert alone.dtype == torch.float32  # on the blocks
+    assert torch.equal(model.output_logits(hidden, exact=True)[:3], alone)
+    assert model.output_logits(hidden).dtype == torch.bfloat16  # unseeded: the copy
+
+
 def test_a_decoded_heads_logits_are_the_decoded_product() -> None:
     """A decoded call of a head returns its bfloat16 product as a wide call does; its exact
     rows (calls on the blocks) come in float32, so a split call (``project``) is still right."""

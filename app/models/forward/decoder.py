@@ -186,12 +186,14 @@ class DecoderModel:
             hidden_out.append(hidden)
         return self._logits(hidden, plan, plan.exact_logits)
 
-    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def output_logits(self, hidden: torch.Tensor, *, exact: bool = False) -> torch.Tensor:
         """The output norm and LM head of hidden states ``[n, hidden]`` (from ``hidden_out``):
-        logits ``[n, vocab]`` in the model dtype."""
+        logits ``[n, vocab]`` in the model dtype; ``exact``: each row as it comes out alone
+        (a seeded request's prompt logprobs), in calls the head computes alike."""
         w = self.weights
         normed = F.rms_norm(hidden, w.output_norm.shape, w.output_norm, self.hparams.rms_norm_eps)
-        return project(w.lm_head, normed, None)
+        rows = torch.arange(normed.shape[0], device=normed.device) if exact else None
+        return project(w.lm_head, normed, rows)
 
     def _forward_fused_decode(
         self,
