@@ -135,7 +135,7 @@ async def detokenize(request: Request) -> DetokenizeResponse:
             param="tokens",
         )
     try:
-        text = resources.engine.decode(tuple(body.tokens))
+        text = resources.engine.decode(tuple(body.tokens), special_tokens=True)
     except TokenizationError:
         logger.exception("detokenizing failed")
         raise APIError(500, "internal", "failed to detokenize the tokens") from None

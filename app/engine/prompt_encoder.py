@@ -91,14 +91,19 @@ class PromptEncoder:
         except Exception as exc:
             raise TokenizationError(str(exc)) from exc
 
-    def decode(self, token_ids: tuple[int, ...]) -> str:
-        """The text of ``token_ids`` (bytes that are not UTF-8 become U+FFFD).
+    def decode(self, token_ids: tuple[int, ...], *, special_tokens: bool = False) -> str:
+        """The text of ``token_ids`` (bytes that are not UTF-8 become U+FFFD); with
+        ``special_tokens``, control tokens as their own text (``/detokenize``) where the
+        tokenizer has it (the mock's byte tokenizer has none).
 
         Raises:
             TokenizationError: the tokenizer failed (an id outside its vocabulary...).
         """
+        decode = self._tokenizer.decode_bytes
+        if special_tokens:
+            decode = getattr(self._tokenizer, "decode_bytes_with_special_tokens", decode)
         try:
-            return self._tokenizer.decode_bytes(token_ids).decode("utf-8", errors="replace")
+            return decode(token_ids).decode("utf-8", errors="replace")
         except Exception as exc:
             raise TokenizationError(str(exc)) from exc
 

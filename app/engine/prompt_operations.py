@@ -36,13 +36,14 @@ class PromptOperations:
         """
         return self._prompts.encode_text(text)
 
-    def decode(self, token_ids: tuple[int, ...]) -> str:
-        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize).
+    def decode(self, token_ids: tuple[int, ...], *, special_tokens: bool = False) -> str:
+        """The text of ``token_ids`` (``PromptEncoder.decode``; /detokenize with
+        ``special_tokens``).
 
         Raises:
             TokenizationError: the tokenizer failed.
         """
-        return self._prompts.decode(token_ids)
+        return self._prompts.decode(token_ids, special_tokens=special_tokens)
 
     def token_bytes(self, token_ids: tuple[int, ...]) -> list[bytes]:
         """Each token's own bytes (logprobs answers)."""

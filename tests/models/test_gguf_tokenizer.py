@@ -42,6 +42,13 @@ def test_special_tokens_in_a_prompt_are_one_id_each(tokenizer: TextTokenizer) ->
 
 def test_control_tokens_decode_to_no_bytes(tokenizer: TextTokenizer) -> None:
     assert tokenizer.decode_bytes([1, 4093, 2]) == b"user"
+    # /detokenize keeps them, as vLLM's does (found by a helper: a chat's /tokenize ids came
+    # back from /detokenize without their template markers)
+    text = "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>"
+    assert tokenizer.decode_bytes_with_special_tokens(tokenizer.encode(text)) == text.encode()
+    assert tokenizer.decode_bytes_with_special_tokens([4093]) == b"user"
+    with pytest.raises(IndexError):
+        tokenizer.decode_bytes_with_special_tokens([tokenizer.vocab_size])
 
 
 def test_a_character_split_over_tokens_reassembles(tokenizer: TextTokenizer) -> None:

@@ -155,6 +155,21 @@ class TextTokenizer:
                 raise IndexError(f"token id {token_id} outside [0, {vocab_size})")
         return b"".join(token_bytes[token_id] for token_id in token_ids)
 
+    def decode_bytes_with_special_tokens(self, token_ids: Sequence[int]) -> bytes:
+        """:meth:`decode_bytes`, with each control token as its own text (``<|im_start|>``, BOS,
+        EOS): what ``/detokenize`` answers, as vLLM's (a tokenizer's ``decode`` keeps them).
+
+        Raises:
+            IndexError: an id outside ``[0, vocab_size)``.
+        """
+        raw = self.decode_bytes(token_ids)  # checks the ids
+        if all(self._token_bytes[token_id] for token_id in token_ids):
+            return raw
+        return b"".join(
+            self._token_bytes[token_id] or (self._hf.id_to_token(token_id) or "").encode()
+            for token_id in token_ids
+        )
+
     def token_text(self, token_id: int) -> str:
         """The token's bytes as text, invalid UTF-8 replaced (for logs and tests).
 
