@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from app.api.openai.tools import (
@@ -31,6 +31,18 @@ from app.api.request_builder import ChatPrompt, GenerationParams, TokenBudget
 from app.api.schemas import SEED_LIMIT
 from app.constraints import ConstraintSpec
 from app.engine.chat_template import ChatMessage, ToolCallTurn
+
+# Fields of OpenAI's this server cannot honour -> why; each is a 400 naming it unless it asks
+# for nothing (None, its value in _OFF, else False or []).
+_REFUSED = {
+    "store": "this server is stateless: store must be false",
+    "previous_response_id": "this server is stateless: send the whole conversation as input",
+    "background": "this server is stateless: background must be false",
+    "top_logprobs": "logprobs are not answered on /v1/responses: use /v1/chat/completions",
+    "include": "no extra output can be included",
+    "truncation": "input is never truncated: truncation must be disabled (a longer input is a 400)",
+}
+_OFF: dict[str, tuple[Any, ...]] = {"top_logprobs": (0,), "truncation": ("disabled",)}
 
 
 def _invalid(message: str) -> PydanticCustomError:
@@ -170,7 +182,7 @@ class ResponsesRequestBody(BaseModel):
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
-    # fields of OpenAI's this server cannot honour: a 400 naming the field when asked for
+    # more fields of OpenAI's this server cannot honour (_REFUSED)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     include: list[str] | None = None
     background: bool | None = None
@@ -179,62 +191,14 @@ class ResponsesRequestBody(BaseModel):
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     top_k: int | None = Field(None, ge=0)
 
-    @field_validator("top_logprobs")
+    @field_validator(*_REFUSED)
     @classmethod
-    def _no_logprobs(cls, top_logprobs: int | None) -> int | None:
-        if top_logprobs:
-            raise PydanticCustomError(
-                "unsupported_value",
-                "logprobs are not answered on /v1/responses: use /v1/chat/completions",
-            )
-        return top_logprobs
-
-    @field_validator("include")
-    @classmethod
-    def _nothing_included(cls, include: list[str] | None) -> list[str] | None:
-        if include:
-            raise PydanticCustomError(
-                "unsupported_value", f"no extra output can be included: {', '.join(include)}"
-            )
-        return include
-
-    @field_validator("background")
-    @classmethod
-    def _not_in_background(cls, background: bool | None) -> bool | None:
-        if background:
-            raise PydanticCustomError(
-                "unsupported_value", "this server is stateless: background must be false"
-            )
-        return background
-
-    @field_validator("truncation")
-    @classmethod
-    def _no_truncation(cls, truncation: str | None) -> str | None:
-        if truncation == "auto":
-            raise PydanticCustomError(
-                "unsupported_value",
-                "input is never truncated: truncation must be disabled (a longer input is a 400)",
-            )
-        return truncation
-
-    @field_validator("store")
-    @classmethod
-    def _nothing_stored(cls, store: bool | None) -> bool | None:
-        if store:
-            raise PydanticCustomError(
-                "unsupported_value", "this server is stateless: store must be false"
-            )
-        return store
-
-    @field_validator("previous_response_id")
-    @classmethod
-    def _no_previous(cls, previous: str | None) -> str | None:
-        if previous is not None:
-            raise PydanticCustomError(
-                "unsupported_value",
-                "this server is stateless: send the whole conversation as input",
-            )
-        return previous
+    def _refused_when_asked_for(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each field of ``_REFUSED`` is a 400 naming it when it asks for what this server
+        does not do (a value other than its off value)."""
+        if value is not None and value not in _OFF.get(info.field_name or "", (False, [])):
+            raise PydanticCustomError("unsupported_value", _REFUSED[info.field_name or ""])
+        return value
 
     @field_validator("input")
     @classmethod
