@@ -33,7 +33,7 @@ from app.constraints import ConstraintSpec
 from app.engine.chat_template import ChatMessage, ToolCallTurn
 
 # Fields of OpenAI's this server cannot honour -> why; each is a 400 naming it unless it asks
-# for nothing (None, its value in _OFF, else False or []).
+# for nothing (None, False, 0 or [], or its value in _OFF).
 _REFUSED = {
     "store": "this server is stateless: store must be false",
     "previous_response_id": "this server is stateless: send the whole conversation as input",
@@ -42,7 +42,7 @@ _REFUSED = {
     "include": "no extra output can be included",
     "truncation": "input is never truncated: truncation must be disabled (a longer input is a 400)",
 }
-_OFF: dict[str, tuple[Any, ...]] = {"top_logprobs": (0,), "truncation": ("disabled",)}
+_OFF: dict[str, tuple[Any, ...]] = {"truncation": ("disabled",)}
 
 
 def _invalid(message: str) -> PydanticCustomError:
@@ -196,7 +196,7 @@ class ResponsesRequestBody(BaseModel):
     def _refused_when_asked_for(cls, value: Any, info: ValidationInfo) -> Any:
         """Each field of ``_REFUSED`` is a 400 naming it when it asks for what this server
         does not do (a value other than its off value)."""
-        if value is not None and value not in _OFF.get(info.field_name or "", (False, [])):
+        if value not in (None, False, [], *_OFF.get(info.field_name or "", ())):
             raise PydanticCustomError("unsupported_value", _REFUSED[info.field_name or ""])
         return value
 
