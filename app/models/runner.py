@@ -40,7 +40,7 @@ from app.models.forward.kv_cache import (
 )
 from app.models.sampling.logprobs import token_logprobs
 from app.models.sampling.sampler import Sampler
-from app.models.sampling.verification import sample_rows
+from app.models.sampling.verification import argmax_suffices, sample_rows
 from app.models.weights.record import Quantization
 
 logger = logging.getLogger(__name__)
@@ -201,8 +201,9 @@ class ModelRunner:
         )
         scored = [r for r in rows if self._wants_prompt_logprobs(r)]
         hidden: list[torch.Tensor] | None = [] if scored else None
+        argmax = not scored and argmax_suffices(self._sampler, rows)  # tokens, not logits
         with torch.inference_mode():
-            logits = self.model.forward(plan, self.cache, hidden_out=hidden)
+            logits = self.model.forward(plan, self.cache, hidden_out=hidden, argmax=argmax)
             # sampled before the prompt logprobs' own head calls: a wide or decoded head's logits
             # are a view of the model thread's output buffer until its next call (GGMLLinear)
             samples = sample_rows(self._sampler, logits, rows)

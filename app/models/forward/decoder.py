@@ -51,6 +51,7 @@ from app.models.forward.rope import rope_tables
 from app.models.hparams import Activation, HParams
 from app.models.kernels.decoder_layout import DecoderLayout
 from app.models.kernels.fused_decode import FusedDecodeKernels
+from app.models.sampling.sampler import GreedyTokens
 from app.models.weights.ggml import GGMLLinear
 from app.models.weights.projections import Projection, project
 from app.models.weights.record import ModelWeights, Quantization
@@ -119,7 +120,8 @@ class DecoderModel:
         *,
         hidden_out: list[torch.Tensor] | None = None,
         num_layers: int | None = None,
-    ) -> torch.Tensor:
+        argmax: bool = False,
+    ) -> torch.Tensor | GreedyTokens:
         """Run all layers over the packed tokens, writing their K/V into ``cache``.
 
         Returns logits ``[len(plan.logits_index), vocab]`` in the model dtype (a bfloat16
@@ -131,7 +133,12 @@ class DecoderModel:
         logprobs. ``num_layers``, when given, runs only the first ``num_layers`` layers on the
         eager path before the output norm and LM head: the warm-up's shape (every layer has
         the same shapes, so one layer pays for the buffers and primitives of all of them);
-        the logits of such a call mean nothing. Call under ``torch.inference_mode()``.
+        the logits of such a call mean nothing. ``argmax``: only each logit row's argmax is
+        wanted (every row greedy, nothing reads the logits): an LM head on GGUF blocks then
+        returns :class:`GreedyTokens` in place of the logits, without storing them (Gemma 3's
+        262,144-column head at 16 rows: 16 MiB written and read again, ~2 ms of a ~26 ms step
+        on the AMX Xeon, docs/MODEL_PERF.md); other heads return the logits. Call under
+        ``torch.inference_mode()``.
         """
         if (
             hidden_out is None
@@ -140,7 +147,7 @@ class DecoderModel:
             and plan.token_rows is not None
         ):
             layout = self._decoder_layout(cache, plan.token_rows.count - plan.drafted_tokens)
-            return self._forward_fused_decode(plan, cache, self.fused_decode, layout)
+            return self._forward_fused_decode(plan, cache, self.fused_decode, layout, argmax)
         w, hp = self.weights, self.hparams
         hidden = self._scaled(w.embedding(plan.token_ids))
         ropes = {False: _rope_rows(self._rope_cos, self._rope_sin, plan)}
@@ -184,7 +191,7 @@ class DecoderModel:
                 hidden = self._add_output(layer.down, activated, exact, hidden, layer.ffn_post_norm)
         if hidden_out is not None:
             hidden_out.append(hidden)
-        return self._logits(hidden, plan, plan.exact_logits)
+        return self._logits(hidden, plan, plan.exact_logits, argmax)
 
     def output_logits(self, hidden: torch.Tensor, *, exact: bool = False) -> torch.Tensor:
         """The output norm and LM head of hidden states ``[n, hidden]`` (from ``hidden_out``):
@@ -201,7 +208,8 @@ class DecoderModel:
         cache: KVCache,
         kernels: FusedDecodeKernels,
         layout: DecoderLayout | None,
-    ) -> torch.Tensor:
+        argmax: bool,
+    ) -> torch.Tensor | GreedyTokens:
         """:meth:`forward` for a step planned as single-token rows (``plan.token_rows``: decode
         rows and the tokens of short prompt chunks, none ``batch_invariant``), with the glue
         between projections in four fused calls per layer (:mod:`app.models.kernels.fused_decode`).
@@ -227,7 +235,7 @@ class DecoderModel:
                 scores,
                 threads=torch.get_num_threads(),
             )
-            return self._logits(hidden, plan, None)
+            return self._logits(hidden, plan, None, argmax)
         gelu = hp.ffn_activation is Activation.GELU_TANH
         activate = partial(
             kernels.gelu_tanh_mul if gelu else kernels.silu_mul, threads=torch.get_num_threads()
@@ -274,7 +282,7 @@ class DecoderModel:
             following = w.layers[index + 1].attn_norm if index + 1 < len(w.layers) else None
             normed = norm(down, following, residual=hidden)
             hidden = down
-        return self._logits(hidden, plan, None)
+        return self._logits(hidden, plan, None, argmax)
 
     def _decoder_layout(self, cache: KVCache, num_rows: int) -> DecoderLayout | None:
         """The C view of this model's layers for ``sl_decode_layers`` when every projection
@@ -302,18 +310,24 @@ class DecoderModel:
         return (embedded.float() * scale).to(embedded.dtype)
 
     def _logits(
-        self, hidden: torch.Tensor, plan: ForwardPlan, exact: torch.Tensor | None
-    ) -> torch.Tensor:
+        self, hidden: torch.Tensor, plan: ForwardPlan, exact: torch.Tensor | None, argmax: bool
+    ) -> torch.Tensor | GreedyTokens:
         """The output norm and LM head for the rows that want logits (a head on GGUF blocks
-        picks its path by the rows without the drafted ones, as the layers do)."""
+        picks its path by the rows without the drafted ones, as the layers do); their argmax
+        alone where ``argmax`` and the head's call takes the blocks (:meth:`forward`)."""
         if plan.logits_index.numel() == 0:  # only prompt chunks that sample nothing
             return hidden.new_empty((0, self.hparams.vocab_size))
         w = self.weights
         last = F.rms_norm(
             hidden[plan.logits_index], w.output_norm.shape, w.output_norm, self.hparams.rms_norm_eps
         )
-        if plan.drafted_tokens and exact is None and isinstance(w.lm_head, GGMLLinear):
-            return w.lm_head(last, as_rows=last.shape[0] - plan.drafted_tokens)
+        if exact is None and isinstance(w.lm_head, GGMLLinear):
+            as_rows = last.shape[0] - plan.drafted_tokens
+            tokens = w.lm_head.argmax(last, as_rows=as_rows) if argmax else None
+            if tokens is not None:
+                return GreedyTokens(tokens)
+            if plan.drafted_tokens:
+                return w.lm_head(last, as_rows=as_rows)
         return project(w.lm_head, last, exact)
 
     def _add_output(

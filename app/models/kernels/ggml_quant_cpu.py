@@ -1,16 +1,23 @@
 """The GGUF-block library's C side as Python sees it (:mod:`app.models.kernels.ggml_quant`):
-the functions' ctypes signatures, and what the library runs on this CPU, chosen at run time:
-the instruction set (cpuid, or ``SLOTSERVE_GGML_ISA``) and where its kernels prefetch."""
+the functions' ctypes signatures and a product's call arguments, and what the library runs on
+this CPU, chosen at run time: the instruction set (cpuid, or ``SLOTSERVE_GGML_ISA``) and where
+its kernels prefetch."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+import torch
 
 from app.models.kernels.build import KernelBuildError
 
-__all__ = ["Isa", "best_isa", "declare", "prefetch_level"]
+if TYPE_CHECKING:
+    from app.models.kernels.ggml_quant import PreparedSegments
+
+__all__ = ["Isa", "best_isa", "call_arguments", "check_status", "declare", "prefetch_level"]
 
 
 class Isa(IntEnum):
@@ -66,6 +73,12 @@ def declare(library: ctypes.CDLL) -> None:
         _c_int,  # threads
     ]
     library.sl_quant_matmul.restype = _c_int
+    library.sl_quant_argmax.argtypes = [
+        *library.sl_quant_matmul.argtypes[:11],  # isa .. bias, as sl_quant_matmul's
+        _c_void_p,  # index (int64 [m])
+        _c_int,  # threads
+    ]
+    library.sl_quant_argmax.restype = _c_int
     library.sl_quant_repack8.argtypes = [_c_int, _c_void_p, _c_void_p, _c_int64, _c_int64]
     library.sl_quant_repack8.restype = _c_int
     library.sl_quant_dequantize_rows.argtypes = [
@@ -122,3 +135,39 @@ def prefetch_level(library: ctypes.CDLL) -> str:
     library.sl_quant_set_prefetch_l2(int(to_l2))
     why = "SLOTSERVE_GGML_PREFETCH" if forced else ("an Intel CPU" if intel else "not Intel")
     return f"prefetch into {'L2' if to_l2 else 'L1'} ({why})"
+
+
+def call_arguments(
+    isa: Isa, prepared: PreparedSegments, x: torch.Tensor, bias: torch.Tensor | None
+) -> tuple:
+    """The first arguments of ``sl_quant_matmul`` and ``sl_quant_argmax`` (isa .. bias).
+
+    Raises:
+        ValueError: ``x`` is not float32 or bfloat16 rows.
+    """
+    if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1:
+        raise ValueError(f"x must be float32 or bfloat16 rows, got {x.dtype} {x.stride()}")
+    rows, columns = x.shape
+    bf16 = int(x.dtype == torch.bfloat16)
+    return (
+        int(isa),
+        len(prepared.segments),
+        prepared.qtypes,
+        prepared.pointers,
+        prepared.seg_rows,
+        columns,
+        x.data_ptr(),
+        bf16,
+        rows,
+        x.stride(0),
+        None if bias is None else bias.data_ptr(),
+    )
+
+
+def check_status(status: int, prepared: PreparedSegments, columns: int) -> None:
+    """Raises what a kernel call's ``status`` says (MemoryError for -2, ValueError for -1)."""
+    if status == -2:
+        raise MemoryError("no memory for the quantised activations")
+    if status != 0:
+        kinds = [s.tensor_type for s in prepared.segments]
+        raise ValueError(f"segments {kinds} of width {columns}")

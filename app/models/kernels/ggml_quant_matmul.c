@@ -10,7 +10,14 @@
  * vec_dot per activation row.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "ggml_quant.h"
 
@@ -130,11 +137,78 @@ static void sl_quantize_activation_row(const void *x, int x_bf16, int64_t ldx, i
     }
 }
 
+/* A call of sl_quant_argmax (calls are not concurrent): each thread's best value and its
+ * column per activation row, [thread][m], instead of storing the outputs; NULL otherwise. */
+static float *sl_argmax_value = NULL;
+static int64_t *sl_argmax_column = NULL;
+static int64_t sl_argmax_rows = 0;
+#define SL_NO_COLUMN INT64_MAX /* nothing above -inf seen (yet) */
+
+/* `value` at `column` is better than `best` at `best_column`: torch.argmax's order, a NaN the
+ * largest and of equal values (a NaN among them) the first column. */
+static inline int sl_argmax_better(float value, int64_t column, float best, int64_t best_column) {
+    if (value > best) return 1;
+    if (value == best) return column < best_column;
+    return value != value && (best == best || column < best_column);
+}
+
+/* Whether `rows` values at v hold one above `best` or a NaN: four independent maxima (no
+ * loop-carried compare per value; a scan of each value against the best so far took 3-4 ns a
+ * value), then the exact rule only where this says a chunk may change the best. */
+static inline int sl_argmax_may_improve(const float *v, int64_t rows, float best) {
+    int64_t r = 0;
+    int improve = 0;
+#if defined(__SSE2__)
+    __m128 top = _mm_set1_ps(-INFINITY), unordered = _mm_setzero_ps();
+    for (; r + 4 <= rows; r += 4) {
+        const __m128 values = _mm_loadu_ps(v + r);
+        top = _mm_max_ps(top, values);
+        unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(values, values));
+    }
+    improve = _mm_movemask_ps(_mm_or_ps(unordered, _mm_cmpgt_ps(top, _mm_set1_ps(best))));
+#endif
+    for (; r < rows; r++) improve |= v[r] > best || v[r] != v[r];
+    return improve && best == best; /* after a NaN, only an earlier column would replace it */
+}
+
+/* The argmax epilogue of one activation row i over `rows` outputs from column `column` (bias
+ * added first): the calling thread's best so far. A thread meets its columns in increasing
+ * order, so only a strictly larger value (or a first NaN) replaces its best. */
+static void sl_argmax_row(const float *out, int64_t rows, int64_t i, int64_t column,
+                          const float *bias) {
+#ifdef _OPENMP
+    const int64_t at = omp_get_thread_num() * sl_argmax_rows + i;
+#else
+    const int64_t at = i;
+#endif
+    float biased[SL_TILE_ROWS];
+    if (bias != NULL) {
+        for (int64_t r = 0; r < rows; r++) biased[r] = out[r] + bias[column + r];
+        out = biased;
+    }
+    float best = sl_argmax_value[at];
+    if (!sl_argmax_may_improve(out, rows, best)) return;
+    int64_t best_column = sl_argmax_column[at];
+    for (int64_t r = 0; r < rows; r++) {
+        if (sl_argmax_better(out[r], column + r, best, best_column)) {
+            best = out[r];
+            best_column = column + r;
+        }
+    }
+    sl_argmax_value[at] = best;
+    sl_argmax_column[at] = best_column;
+}
+
 /* The epilogue of one activation row i over `rows` outputs from column `column`: bias,
- * residual, and the one rounding to bfloat16. */
+ * residual, and the one rounding to bfloat16 (or, in a call of sl_quant_argmax, the row's
+ * best output so far: nothing is stored). */
 static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t column,
                          const float *bias, const void *residual, int64_t ldr, void *y,
                          int y_bf16, int64_t ldy) {
+    if (sl_argmax_value != NULL) {
+        sl_argmax_row(out, rows, i, column, bias);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         float v = out[r];
         if (bias != NULL) v += bias[column + r];
@@ -411,6 +485,46 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
         if (amx) sl_amx_release();
     }
     return no_memory ? -2 : 0;
+}
+
+/*
+ * index[i] = argmax over c of y[i, c] for sl_quant_matmul's y (float32, no residual), without
+ * storing y: torch.argmax's index (the first of equal values, a NaN the largest; a row of -inf
+ * gives 0), from the same float sums as sl_quant_matmul's outputs. A greedy step's LM head:
+ * Gemma 3's 16 rows x 262,144 logits are 16 MiB written and read again (docs/MODEL_PERF.md).
+ * Returns as sl_quant_matmul; -2 also when the threads' partial maxima cannot be allocated.
+ */
+int sl_quant_argmax(int isa, int n_segments, const int32_t *qtypes, const void *const *weights,
+                    const int64_t *seg_rows, int64_t k, const void *x, int x_bf16, int64_t m,
+                    int64_t ldx, const float *bias, int64_t *index, int threads) {
+    if (threads < 1) threads = 1;
+    const int64_t slots = (int64_t)threads * (m > 0 ? m : 1);
+    float *value = (float *)malloc((size_t)slots * sizeof(float));
+    int64_t *column = (int64_t *)malloc((size_t)slots * sizeof(int64_t));
+    if (value == NULL || column == NULL) {
+        free(value);
+        free(column);
+        return -2;
+    }
+    for (int64_t j = 0; j < slots; j++) value[j] = -INFINITY, column[j] = SL_NO_COLUMN;
+    sl_argmax_value = value, sl_argmax_column = column, sl_argmax_rows = m;
+    const int status = sl_quant_matmul(isa, n_segments, qtypes, weights, seg_rows, k, x, x_bf16,
+                                       m, ldx, bias, NULL, 0, NULL, 0, 0, NULL, threads);
+    sl_argmax_value = NULL, sl_argmax_column = NULL;
+    for (int64_t i = 0; status == 0 && i < m; i++) { /* the threads' columns, in order */
+        float best = value[i];
+        int64_t best_column = column[i];
+        for (int t = 1; t < threads; t++) {
+            const int64_t at = t * m + i;
+            if (column[at] != SL_NO_COLUMN &&
+                sl_argmax_better(value[at], column[at], best, best_column))
+                best = value[at], best_column = column[at];
+        }
+        index[i] = best_column == SL_NO_COLUMN ? 0 : best_column;
+    }
+    free(value);
+    free(column);
+    return status;
 }
 
 /* The row decode of `qtype` (without SL_X8), or NULL for a type not computed here. */

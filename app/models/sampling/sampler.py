@@ -67,6 +67,15 @@ class SampleRequest:
     token_mask: TokenMask | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class GreedyTokens:
+    """What :meth:`Sampler.sample` would pick from logits whose every row is greedy and
+    unprocessed (:meth:`Sampler.argmax_suffices`), computed by the LM head in their place:
+    ``token_ids`` int64 ``[N]``, each logit row's argmax (``DecoderModel.forward(argmax=True)``)."""
+
+    token_ids: torch.Tensor
+
+
 class Sampler:
     """Owns one random generator per slot (CPU generators: draws are a handful of floats) and
     the sampling state of the sequence in each busy slot.
@@ -162,16 +171,40 @@ class Sampler:
         if counts is not None and drawn > kept:
             counts.undraw(drawn - kept)
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
+    def argmax_suffices(self, requests: Sequence[SampleRequest]) -> bool:
+        """Whether every request's token is the argmax of its raw logits, and nothing else of
+        them is read: greedy, no logprobs, no processor or mask (then the LM head may give
+        :class:`GreedyTokens` in place of the logits). False for no requests, and for a
+        sampler without ``vocab_size``."""
+        return (
+            bool(requests)
+            and self._vocab_size > 0
+            and all(
+                r.sampling.is_greedy
+                and r.sampling.logprobs is None
+                and not _is_processed(r, self._state(r, self._vocab_size))
+                for r in requests
+            )
+        )
+
+    def sample(
+        self, logits: torch.Tensor | GreedyTokens, requests: Sequence[SampleRequest]
+    ) -> list[int]:
         """Token ids for ``logits [R, vocab]``, one per request, in order; each drawn token
         is counted in its slot's state.
 
         ``logits`` may be bfloat16 (a bfloat16 model's LM head output): unprocessed greedy
         rows take the argmax as they are (a cast to float32 is exact, so it would not change
         it); rows that sample or use a processor are copied to float32 first. ``logits`` is
-        never modified.
+        never modified. :class:`GreedyTokens` (requests that ``argmax_suffices``) are the
+        tokens themselves.
         """
-        states = [self._state(r, logits) for r in requests]
+        if isinstance(logits, GreedyTokens):
+            drawn = logits.token_ids.tolist()
+            for request, token in zip(requests, drawn, strict=True):
+                self._state(request, self._vocab_size).drawn(token)
+            return drawn
+        states = [self._state(r, self._vocab_size or logits.shape[-1]) for r in requests]
         processed = [_is_processed(r, state) for r, state in zip(requests, states, strict=True)]
         raw_greedy = [
             i for i, r in enumerate(requests) if r.sampling.is_greedy and not processed[i]
@@ -221,16 +254,17 @@ class Sampler:
             results[i] = result
         return tuple(results)
 
-    def _state(self, request: SampleRequest, logits: torch.Tensor) -> SlotTokenCounts:
-        """The slot's state; a fresh one when the slot holds none for these parameters (a
-        caller driving the sampler alone, without :meth:`start_sequence`)."""
+    def _state(self, request: SampleRequest, vocab_size: int) -> SlotTokenCounts:
+        """The slot's state; a fresh one over ``vocab_size`` tokens when the slot holds none
+        for these parameters (a caller driving the sampler alone, without
+        :meth:`start_sequence`)."""
         state = self._states[request.slot]
         if state is None or (
             state.sampling is not request.sampling and state.sampling != request.sampling
         ):
             state = SlotTokenCounts.start(
                 request.sampling,
-                self._vocab_size or logits.shape[-1],
+                vocab_size,
                 eos_token_ids=self._eos_token_ids,
             )
             self._states[request.slot] = state

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from app.models.base import StepRow, TokenLogprobs
-from app.models.sampling.sampler import Sampler, SampleRequest
+from app.models.sampling.sampler import GreedyTokens, Sampler, SampleRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +59,23 @@ def accepted_length(draft: Sequence[int], samples: Sequence[int]) -> int:
     return count
 
 
+def argmax_suffices(sampler: Sampler, rows: Sequence[StepRow]) -> bool:
+    """Whether each position of every sampling row (a verify row's too) takes the argmax of its
+    raw logits and nothing else reads them (``Sampler.argmax_suffices``): the model may then
+    give :class:`~app.models.sampling.sampler.GreedyTokens` for :func:`sample_rows`."""
+    requests = [SampleRequest(r.slot, r.sampling, r.token_mask) for r in rows if r.sample]
+    return sampler.argmax_suffices(requests)
+
+
 def sample_rows(
-    sampler: Sampler, logits: torch.Tensor, rows: Sequence[StepRow]
+    sampler: Sampler, logits: torch.Tensor | GreedyTokens, rows: Sequence[StepRow]
 ) -> list[RowSample | None]:
     """One :class:`RowSample` per row of ``rows`` (None for a row with ``sample`` False).
 
     Args:
         sampler: the model's sampler (its per-slot generators and counts advance).
         logits: ``[sum over sampling rows of (num_draft_tokens + 1), vocab]``, in row order,
-            each row's positions in order.
+            each row's positions in order; or their argmax (rows that ``argmax_suffices``).
         rows: the step's rows.
 
     Raises:
@@ -88,7 +96,8 @@ def sample_rows(
         request = SampleRequest(row.slot, row.sampling, row.token_mask)
         requests.extend([request] * (row.num_draft_tokens + 1))
     sampled = sampler.sample(logits, requests)
-    logprobs = sampler.logprobs(logits, requests, sampled)
+    greedy = isinstance(logits, GreedyTokens)  # nobody asked for logprobs
+    logprobs = None if greedy else sampler.logprobs(logits, requests, sampled)
     results: list[RowSample | None] = []
     start = 0
     for row in rows:

@@ -141,6 +141,17 @@ class GGMLLinear:
             self.prepared, x.contiguous(), bias=self.bias, out_dtype=self.out_dtype
         )
 
+    def argmax(self, x: torch.Tensor, *, as_rows: int | None = None) -> torch.Tensor | None:
+        """``self(x, as_rows=as_rows).argmax(dim=-1)`` (int64 ``[M]``) computed on the blocks
+        without storing the outputs (``GGMLKernels.argmax``: a greedy step's LM head), or None
+        where the call would not take the blocks (a ``wide`` copy or a decoded matrix)."""
+        rows = x.shape[0] if as_rows is None else as_rows
+        if (self.wide is not None and rows > self.blocks_max_rows) or self._decodes_for(x, rows):
+            return None
+        if (self.out_dtype or x.dtype) != torch.float32:  # the argmax of rounded outputs
+            return None
+        return self.kernels.argmax(self.prepared, x.contiguous(), bias=self.bias)
+
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W.T (+ bias)``, added before the one rounding (on the blocks);
         ``residual`` is not modified."""

@@ -1,0 +1,120 @@
+"""The LM head's argmax on the blocks (``GGMLKernels.argmax``, ``sl_quant_argmax``): the index
+``torch.argmax`` gives on :meth:`GGMLKernels.matmul`'s float32 outputs, computed without storing
+them, exactly (the same sums; torch's order: the first of equal values, a NaN above everything,
+a row of -inf at 0), on every format, layout and instruction set this CPU has, with the columns
+split over one thread and over two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from app.models.kernels.ggml_quant import (
+    INTERLEAVED_TYPES,
+    KERNEL_TYPES,
+    Isa,
+    QuantSegment,
+    load_ggml_quant,
+)
+from app.models.weights.ggml import GGMLLinear
+from tests.models.test_ggml_kernels import random_blocks
+
+KERNELS, HOW = load_ggml_quant()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"GGUF-block kernels: {HOW}")
+ISAS = [isa for isa in Isa if KERNELS is not None and KERNELS.supports(isa)]
+# 1 row (the gemv), 2-16 (the gemv of several rows, decoded tiles, AMX from 12 or 16), 33 and 64
+ROWS = (1, 2, 3, 7, 12, 16, 33, 64)
+# 19 units of 16 weight rows, the last one short: both threads get columns
+WEIGHT_ROWS = 300
+
+
+def segments(kind: str) -> list[QuantSegment]:
+    """``kind``'s random matrix in the file's layout and, where it has one, interleaved."""
+    assert KERNELS is not None
+    blocks = random_blocks(kind, WEIGHT_ROWS, 256, seed=len(kind))
+    layouts = [QuantSegment(kind, torch.from_numpy(blocks))]
+    if kind in INTERLEAVED_TYPES:
+        out = np.empty_like(blocks)
+        KERNELS.repack8(kind, blocks, out)
+        layouts.append(QuantSegment(kind, torch.from_numpy(out), interleaved=True))
+    return layouts
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
+@pytest.mark.parametrize("kind", sorted(KERNEL_TYPES))
+def test_the_argmax_is_torchs_on_the_matmuls_outputs(kind: str, isa: Isa, threads: int) -> None:
+    assert KERNELS is not None
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 256, generator=generator)
+    bias = torch.randn(WEIGHT_ROWS, generator=generator)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for segment in segments(kind):
+            for rows in ROWS:
+                for dtype, with_bias in ((torch.float32, None), (torch.bfloat16, bias)):
+                    xs = x[:rows].to(dtype)
+                    want = KERNELS.matmul(
+                        (segment,), xs, bias=with_bias, out_dtype=torch.float32, isa=isa
+                    )
+                    got = KERNELS.argmax((segment,), xs, bias=with_bias, isa=isa)
+                    assert got.dtype == torch.int64
+                    assert torch.equal(got, want.argmax(dim=-1)), (
+                        f"{kind} {isa.name} interleaved={segment.interleaved} {rows} rows"
+                    )
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+def test_ties_nans_and_infinities_follow_torchs_argmax(threads: int) -> None:
+    """Zero weights make every output its bias exactly, so the bias writes the cases: equal
+    maxima in both threads' columns (the first wins), NaNs (the first NaN wins over anything),
+    a row of -inf (index 0), +inf beside a NaN."""
+    assert KERNELS is not None
+    zeros = QuantSegment("Q8_0", torch.zeros((WEIGHT_ROWS, 34 * 8), dtype=torch.uint8))
+    inf, nan = float("inf"), float("nan")
+    cases = []
+    tie = torch.full((WEIGHT_ROWS,), -1.0)
+    tie[[7, 150, 290]] = 3.0
+    cases.append(tie)
+    late_tie = torch.full((WEIGHT_ROWS,), -1.0)
+    late_tie[[200, 260]] = 3.0  # both in the second thread's columns
+    cases.append(late_tie)
+    nans = torch.randn(WEIGHT_ROWS, generator=torch.Generator().manual_seed(1))
+    nans[[180, 40, 250]] = nan
+    nans[10] = inf
+    cases.append(nans)
+    cases.append(torch.full((WEIGHT_ROWS,), -inf))
+    one_nan = torch.full((WEIGHT_ROWS,), -inf)
+    one_nan[170] = nan
+    cases.append(one_nan)
+    infinite = torch.full((WEIGHT_ROWS,), -inf)
+    infinite[[99, 230]] = inf
+    cases.append(infinite)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for bias in cases:
+            for rows in (1, 5, 16):
+                x = torch.randn(rows, 256)
+                want = KERNELS.matmul((zeros,), x, bias=bias)
+                assert torch.allclose(want, bias.expand(rows, -1), rtol=0, atol=0, equal_nan=True)
+                got = KERNELS.argmax((zeros,), x, bias=bias)
+                assert torch.equal(got, want.argmax(dim=-1)), (bias, got)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_head_answers_none_where_its_call_would_not_take_the_blocks() -> None:
+    """``GGMLLinear.argmax``: on the blocks its outputs' argmax; None where a call of that many
+    rows takes a decoded matrix, or where its outputs would be rounded to bfloat16."""
+    assert KERNELS is not None
+    segment = segments("Q8_0")[0]
+    x = torch.randn(9, 256).to(torch.bfloat16)
+    head = GGMLLinear(KERNELS, (segment,), 256, out_dtype=torch.float32, dense_from_rows=8)
+    assert head.argmax(x) is None  # 9 rows: decoded for the call
+    assert torch.equal(head.argmax(x, as_rows=4), head(x, as_rows=4).argmax(dim=-1))
+    assert GGMLLinear(KERNELS, (segment,), 256).argmax(x[:2]) is None  # bfloat16 outputs
