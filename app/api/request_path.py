@@ -17,7 +17,6 @@ routes, the gate and the batch runner import it, and it imports no route.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -41,12 +40,11 @@ from app.api.openai.errors import V1_PREFIX, invalid_field, openai_error_respons
 from app.api.openai.responses_answer import responses_plan
 from app.api.openai.responses_request import ResponsesRequestBody
 from app.api.openai.schemas import ChatCompletionRequestBody, CompletionRequestBody
+from app.api.openai.wire_fields import extra_field_error
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources, resources_of
 from app.api.schemas import GenerateRequestBody, request_body_openapi
 from app.engine.engine import EngineUnavailable, Overloaded
-
-logger = logging.getLogger(__name__)
 
 _Body = TypeVar("_Body", bound=BaseModel)
 
@@ -204,8 +202,9 @@ async def early_refusal(
 def parse_body(
     schema: type[_Body], raw: bytes, invalid_body: Callable[[ValidationError], APIError]
 ) -> _Body:
-    """Validates a body (JSON whatever the Content-Type); unknown fields, where the schema
-    allows them, are logged.
+    """Validates a body (JSON whatever the Content-Type). A field outside the schema is refused
+    (``extra="forbid"``), or, where the schema keeps such fields, refused by
+    ``extra_field_error`` unless its ``tolerated_fields`` allow its value.
 
     Raises:
         APIError: ``invalid_body`` of the validation error.
@@ -215,5 +214,8 @@ def parse_body(
     except ValidationError as exc:
         raise invalid_body(exc) from None
     if body.model_extra:
-        logger.debug("ignoring unknown fields %s", sorted(body.model_extra))
+        tolerated = getattr(schema, "tolerated_fields", {})
+        error = extra_field_error(body.model_extra, tolerated)
+        if error is not None:
+            raise invalid_body(error)
     return body

@@ -421,3 +421,28 @@ async def test_a_message_is_cancelled_by_its_id():
     assert deleted.json() == {"id": "msg-7", "status": "cancelled"}
     assert '"stop_reason":"cancelled"' in text
     assert text.rstrip().endswith('data: {"type":"message_stop"}')
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/messages", "seed", 3),  # was 200, and the text was not seeded
+        ("/v1/messages", "container", "c1"),
+        ("/v1/messages", "stop_token_ids", [5]),
+        ("/v1/messages/count_tokens", "max_tokens", 5),
+    ],
+)
+async def test_an_unknown_field_is_refused_as_anthropic_refuses_it(client, path, field, value):
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 5}
+    if path.endswith("count_tokens"):
+        del body["max_tokens"]
+    response = await client.post(path, json={**body, field: value})
+    assert response.status_code == 400, response.text
+    assert response.json()["type"] == "error"
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert field in error["message"]
+    accepted = dict(body)
+    if not path.endswith("count_tokens"):  # Anthropic's bookkeeping fields of a message
+        accepted.update(metadata={"user_id": "u"}, service_tier="auto")
+    assert (await client.post(path, json=accepted)).status_code == 200

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 
 import httpx
 import openai
@@ -13,6 +12,7 @@ import pytest
 from harness.sse import EventStream
 from harness.wait import wait_for
 
+from app.api.openai.wire_fields import TOLERATED_FIELDS
 from app.engine.chat_template import ChatMessage, ChatTemplate
 from app.models.mock import ByteTokenizer
 from tests.http.conftest import app_client, metric_value, mock_config, wait_for_queue
@@ -239,39 +239,124 @@ async def test_bad_fields_are_400_naming_the_field(client, path, body, param, co
     assert response.headers["x-request-id"]
 
 
-async def test_accepted_fields_and_unknown_ones(client, caplog):
-    caplog.set_level(logging.DEBUG, logger="app.api.request_path")
-    response = await client.post(
-        "/v1/chat/completions",
-        json={
-            "model": "anything",
-            "messages": [
-                {"role": "developer", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Hello"}], "name": "ann"},
-            ],
-            "max_tokens": 5,
-            "max_completion_tokens": 3,  # wins over max_tokens
-            "user": "user-1",
-            "n": 1,
-            "presence_penalty": 0,
-            "logprobs": False,
-            "response_format": {"type": "text"},
-            "parallel_tool_calls": False,
-            "some_future_field": {"x": 1},
-            "ignore_eos": True,
-        },
-    )
+async def test_accepted_fields_and_unknown_ones(client):
+    body = {
+        "model": "anything",
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hello"}], "name": "ann"},
+        ],
+        "max_tokens": 5,
+        "max_completion_tokens": 3,  # wins over max_tokens
+        "user": "user-1",
+        "metadata": {"team": "eval"},  # OpenAI's bookkeeping fields: accepted, change nothing
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "safety_identifier": "s",
+        "store": False,
+        "n": 1,
+        "presence_penalty": 0,
+        "logprobs": False,
+        "response_format": {"type": "text"},
+        "parallel_tool_calls": False,
+        "ignore_eos": True,
+    }
+    response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["model"] == MODEL
-    assert body["usage"]["completion_tokens"] == 3
-    assert body["choices"][0]["finish_reason"] == "length"
-    # parallel_tool_calls is a known field since tools are served (without tools it is moot)
-    assert "some_future_field" in caplog.text and "parallel_tool_calls" not in caplog.text
+    answer = response.json()
+    assert answer["model"] == MODEL
+    assert answer["usage"]["completion_tokens"] == 3
+    assert answer["choices"][0]["finish_reason"] == "length"
     rendered = chatml(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
     )
-    assert body["usage"]["prompt_tokens"] == len(rendered.encode())
+    assert answer["usage"]["prompt_tokens"] == len(rendered.encode())
+
+
+# Fields a vLLM or OpenAI client may send that this server does not honour: each was answered
+# 200 and ignored (stop_token_ids did not stop, guided_choice did not constrain).
+UNKNOWN_FIELDS = [
+    ("include_stop_str_in_output", True),
+    ("skip_special_tokens", False),
+    ("guided_choice", ["a", "b"]),
+    ("guided_json", {"type": "object"}),
+    ("use_beam_search", True),
+    ("functions", [{"name": "f", "parameters": {}}]),
+    ("reasoning_effort", "low"),
+    ("some_future_field", {"x": 1}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), UNKNOWN_FIELDS, ids=[f for f, _ in UNKNOWN_FIELDS])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "abc", "max_tokens": 4}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 4}),
+    ],
+    ids=["completions", "chat", "responses"],
+)
+async def test_an_unknown_field_is_a_400_naming_it(client, path, body, field, value):
+    response = await client.post(path, json={**body, field: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field
+    tolerated = field in TOLERATED_FIELDS and path != "/v1/responses"
+    assert error["code"] == ("unsupported_value" if tolerated else "unknown_parameter")
+    assert error["type"] == "invalid_request_error"
+    assert field in error["message"]
+
+
+async def test_what_vllm_router_adds_to_every_request_is_tolerated(client):
+    """The fields vllm-router 0.1.17 was seen to add to each request it forwards, at its values
+    (each a 400 when unknown fields were first refused: the routing scenario's every request),
+    and null for any field."""
+    completion = {"prompt": "abc", "max_tokens": 4, "echo": False, "no_stop_trim": False}
+    completion |= {"skip_special_tokens": True, "return_hidden_states": False, "guided_json": None}
+    response = await client.post("/v1/completions", json=completion)
+    assert response.status_code == 200, response.text
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logprobs": False}
+    chat |= {"no_stop_trim": False, "ignore_eos": False, "continue_final_message": False}
+    chat |= {"skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True}
+    chat |= {"return_hidden_states": False, "include_reasoning": True}
+    response = await client.post("/v1/chat/completions", json=chat)
+    assert response.status_code == 200, response.text
+
+
+async def test_stop_token_ids_stop_on_v1_as_on_generate(client):
+    """vLLM's ``stop_token_ids`` extension (was accepted and ignored: the text ran on)."""
+    plain = await client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 4})
+    text = plain.json()["choices"][0]["text"]
+    first = (await client.post("/tokenize", json={"prompt": text[0]})).json()["tokens"][-1]
+    body = {"prompt": "abc", "max_tokens": 4, "stop_token_ids": [first]}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert len(choice["text"]) < len(text)
+
+
+async def test_store_true_is_refused_and_responses_takes_the_bookkeeping_fields(client):
+    response = await client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "store": True},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "store"
+    response = await client.post(
+        "/v1/responses",
+        json={
+            "input": "hi",
+            "max_output_tokens": 2,
+            "metadata": {"a": "b"},
+            "user": "u",
+            "service_tier": "auto",
+            "prompt_cache_key": "k",
+            "safety_identifier": "s",
+        },
+    )
+    assert response.status_code == 200, response.text
 
 
 async def test_context_length_and_chat_default_budget():

@@ -166,9 +166,11 @@ class ThinkingParam(BaseModel):
 
 
 class MessagesBase(BaseModel):
-    """What ``/v1/messages`` and ``/v1/messages/count_tokens`` both take: the conversation."""
+    """What ``/v1/messages`` and ``/v1/messages/count_tokens`` both take: the conversation. An
+    unknown field is a 400 naming it, as Anthropic's API answers one ("Extra inputs are not
+    permitted"), not ignored."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(None, description="ignored: the server has one model")
     messages: list[MessageParam] = Field(min_length=1)
@@ -273,6 +275,7 @@ class MessagesRequestBody(MessagesBase):
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=0)
     metadata: dict[str, Any] | None = Field(None, description="accepted and ignored")
+    service_tier: str | None = Field(None, description="accepted and ignored")
     stream: bool | None = None
 
     def generation_params(self) -> GenerationParams:

@@ -4,8 +4,9 @@ Errors are raised as the native ``APIError`` everywhere (admission, the request 
 routes) and rendered here, with the statuses of API.md except that a native 422 is a 400, as
 OpenAI answers invalid parameters. ``code`` is the native error type (``context_length_exceeded``,
 ``unauthorized``, ``conflict``, ``overloaded``...) or, for a bad field, ``invalid_value``,
-``missing_required_parameter`` or ``unsupported_value``; ``type`` is ``authentication_error``
-(401), ``rate_limit_error`` (429), ``server_error`` (5xx), else ``invalid_request_error``.
+``missing_required_parameter``, ``unknown_parameter`` or ``unsupported_value``; ``type`` is
+``authentication_error`` (401), ``rate_limit_error`` (429), ``server_error`` (5xx), else
+``invalid_request_error``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _CODE_BY_NATIVE_TYPE = {"invalid_request": "invalid_value"}
 _CODE_BY_PYDANTIC_TYPE = {
     "missing": "missing_required_parameter",
     "unsupported_value": "unsupported_value",
+    "extra_forbidden": "unknown_parameter",  # OpenAI's code for a field it does not know
 }
 
 

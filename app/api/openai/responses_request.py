@@ -13,7 +13,7 @@ are the fields asking for what the answer does not hold (``top_logprobs``, ``inc
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -163,9 +163,11 @@ class TextOptions(BaseModel):
 
 
 class ResponsesRequestBody(BaseModel):
-    """Body of ``POST /v1/responses`` (see the module doc)."""
+    """Body of ``POST /v1/responses`` (see the module doc); an unknown field is a 400 naming it,
+    as on the other /v1 routes."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+    tolerated_fields: ClassVar[dict[str, tuple[Any, ...]]] = {}  # none: every other is a 400
 
     model: str | None = None
     input: str | list[InputItem]
@@ -180,8 +182,11 @@ class ResponsesRequestBody(BaseModel):
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, str] | None = None  # accepted and ignored, as the next three
     user: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # more fields of OpenAI's this server cannot honour (_REFUSED)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     include: list[str] | None = None

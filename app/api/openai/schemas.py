@@ -1,22 +1,27 @@
 """Request bodies of the OpenAI-compatible API (``/v1/...``): validation happens here, once, and
 each body becomes the wire-neutral ``GenerationParams`` (``generation_params()``).
 
-Bodies follow OpenAI's field names and defaults. Like OpenAI, unknown fields are accepted (the
-route logs and ignores them). Known fields are checked against the native ranges of
-``../shared/API.md`` (a bad value is an error naming the field) and the OpenAI features this
-server does not have are refused with the error type ``unsupported_value`` instead of being
-silently ignored: ``best_of`` other than ``n``, ``suffix``, several prompts.
+Bodies follow OpenAI's field names and defaults. An unknown field is a 400 naming it, as OpenAI
+answers one (API.md: a field the server cannot honour is never silently ignored: vLLM's
+``stop_token_ids`` or ``guided_json`` would otherwise change nothing); OpenAI's bookkeeping fields
+that change no output (``user``, ``metadata``, ``service_tier``, ``prompt_cache_key``,
+``safety_identifier``, ``store`` false) are accepted and ignored. Known fields are checked against
+the native ranges of ``../shared/API.md`` (a bad value is an error naming the field) and the OpenAI
+features this server does not have are refused with the error type ``unsupported_value`` instead of
+being silently ignored: ``best_of`` other than ``n``, ``suffix``, several prompts.
 ``response_format`` (``text``, ``json_object``, ``json_schema``) is enforced by constrained
 decoding, on both endpoints; tools are ``app.api.openai.tools``'s. Native fields are accepted as
 extensions, under vLLM's names: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
-``ignore_eos`` and ``constraint``.
+``ignore_eos``, ``stop_token_ids`` and ``constraint``; vLLM's and SGLang's other fields are
+tolerated at the values this server follows anyway (``wire_fields.TOLERATED_FIELDS``: what
+vllm-router sends with every request).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -30,7 +35,7 @@ from pydantic_core import PydanticCustomError
 
 from app.api.constraint_body import ConstraintBody
 from app.api.openai.tools import MAX_TOOLS, ToolBody, ToolChoiceBody, ToolPlan, tool_plan
-from app.api.openai.wire_fields import ChatMessageBody, accepts, unsupported
+from app.api.openai.wire_fields import TOLERATED_FIELDS, ChatMessageBody, accepts, unsupported
 from app.api.request_builder import (
     ChatPrompt,
     GenerationParams,
@@ -42,6 +47,7 @@ from app.api.schemas import (
     MAX_LOGPROBS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
     SEED_LIMIT,
     LogitBiasMap,
     TokenId,
@@ -105,9 +111,11 @@ class ResponseFormat(BaseModel):
 
 
 class OpenAIRequestBody(BaseModel):
-    """Fields both ``/v1/completions`` and ``/v1/chat/completions`` take."""
+    """Fields both ``/v1/completions`` and ``/v1/chat/completions`` take; any other is a 400
+    naming it unless ``tolerated_fields`` allows its value (``extra_field_error``)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+    tolerated_fields: ClassVar[dict[str, tuple[Any, ...]]] = TOLERATED_FIELDS
 
     model: str | None = Field(None, description="ignored: the server has one model")
     max_tokens: int | None = Field(None, ge=0)
@@ -130,6 +138,11 @@ class OpenAIRequestBody(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     logit_bias: LogitBiasMap | None = None
     user: str | None = Field(None, description="accepted and ignored")
+    metadata: dict[str, str] | None = Field(None, description="accepted and ignored")
+    service_tier: str | None = Field(None, description="accepted and ignored")
+    prompt_cache_key: str | None = Field(None, description="accepted and ignored")
+    safety_identifier: str | None = Field(None, description="accepted and ignored")
+    store: bool | None = Field(None, description="false: this server stores nothing")
     # Extensions, as vLLM names them (``extra_body`` in the openai SDK); not OpenAI fields.
     top_k: int | None = Field(None, ge=0, description="extension: keep the k likeliest; 0: off")
     min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False, description="extension")
@@ -138,6 +151,9 @@ class OpenAIRequestBody(BaseModel):
     )
     min_tokens: int | None = Field(None, ge=0, description="extension: EOS held back until then")
     ignore_eos: bool | None = Field(None, description="extension: only max tokens or stop end it")
+    stop_token_ids: list[TokenId] = Field(
+        default_factory=list, max_length=MAX_STOP_TOKEN_IDS, description="extension: as vLLM's"
+    )
     constraint: ConstraintBody | None = Field(
         None, description="extension: structured output, as /generate's constraint"
     )
@@ -158,6 +174,13 @@ class OpenAIRequestBody(BaseModel):
         if options is not None and not info.data.get("stream"):
             raise PydanticCustomError("invalid_value", "only allowed when stream is true")
         return options
+
+    @field_validator("store")
+    @classmethod
+    def _nothing_stored(cls, store: bool | None) -> bool | None:
+        if store:
+            raise unsupported("this server is stateless: store must be false")
+        return store
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -202,6 +225,7 @@ class OpenAIRequestBody(BaseModel):
             top_k=self.top_k or 0,
             seed=self.seed,
             stop=tuple(self.stop),
+            stop_token_ids=tuple(self.stop_token_ids),
             ignore_eos=bool(self.ignore_eos),
             min_p=self.min_p or 0.0,
             presence_penalty=self.presence_penalty or 0.0,

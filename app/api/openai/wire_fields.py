@@ -1,9 +1,10 @@
 """Wire pieces the /v1 bodies share: the chat message (``ChatMessageBody``, with the tool
-calls an assistant turn made), and how a field refuses or documents what it takes."""
+calls an assistant turn made), how a field refuses or documents what it takes, and the fields
+outside a body that are tolerated at the values this server follows anyway."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -13,9 +14,52 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from app.engine.chat_template import ChatMessage, ToolCallTurn
+
+# Fields of vLLM's and SGLang's request bodies that these routes do not take, each with the values
+# that ask for what this server does anyway. vllm-router forwards every /v1 request re-serialised
+# with some of them set: completions ``echo``, ``no_stop_trim``, ``skip_special_tokens``,
+# ``return_hidden_states``; chat also ``continue_final_message``, ``separate_reasoning``,
+# ``stream_reasoning``, ``include_reasoning`` (captured behind vllm-router 0.1.17). Such a field
+# at another value, and any field outside the body and this table, is a 400 naming it
+# (``extra_field_error``); null is accepted for every field (it asks for nothing).
+TOLERATED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "echo": (False,),  # chat (completions takes it)
+    "no_stop_trim": (False,),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "return_hidden_states": (False,),
+    "continue_final_message": (False,),
+    "add_generation_prompt": (True,),
+    "separate_reasoning": (True,),
+    "stream_reasoning": (True,),
+    "include_reasoning": (True,),
+    "use_beam_search": (False,),
+    "bad_words": ([],),
+    "allowed_token_ids": ([],),
+}
+
+
+def extra_field_error(
+    extra: dict[str, Any], tolerated: Mapping[str, tuple[Any, ...]]
+) -> ValidationError | None:
+    """The 400 of the first field of ``extra`` (a body's fields outside its schema) that asks
+    for something: unknown (``extra_forbidden``, OpenAI's ``unknown_parameter``), or a field of
+    ``tolerated`` at a value other than its own (``unsupported_value``); None when every one is
+    null or tolerated at its value."""
+    for name, value in extra.items():
+        if value is None or (name in tolerated and value in tolerated[name]):
+            continue
+        if name in tolerated:
+            kind: Any = unsupported(f"{name} other than {tolerated[name][0]!r} is not supported")
+        else:
+            kind = "extra_forbidden"
+        detail: InitErrorDetails = {"type": kind, "loc": (name,), "input": value}
+        return ValidationError.from_exception_data("request body", [detail])
+    return None
 
 
 def unsupported(message: str) -> PydanticCustomError:
