@@ -10,7 +10,8 @@ Tool calls, by the request's ``ToolPlan``:
 
 * ``auto``: text is passed on until a ``<tool_call>`` tag may begin; from there the rest is
   held and read at the end (complete blocks are calls; an unclosed one, cut by the length
-  limit, is dropped, never shown as text). White space before the calls is dropped.
+  limit, is dropped, never shown as text). White space before the calls is dropped (kept
+  when the tagged text holds no call after all), in a stream as in the whole output.
 * ``required``: the output is a JSON array of ``{"name", "arguments"}``; each call is given as
   soon as its array item is complete, so a cut keeps the calls completed before it and drops
   the partial one.
@@ -243,6 +244,7 @@ class OutputReader:
         self._calls = 0
         self._held = ""  # auto: text that may begin a call; named: the arguments
         self._in_calls = False  # auto: a <tool_call> tag was seen
+        self._space_before_calls = ""  # auto: the white space before that tag
         self._items = JsonArrayItems()
 
     @property
@@ -294,18 +296,20 @@ class OutputReader:
         return [TextPiece(text)]
 
     def _auto_text(self, text: str) -> list[OutputPiece]:
+        """Text up to a possible tag and the white space before it (held: dropped before
+        calls), so that every split of the output gives the pieces the whole does."""
         held = self._held + text
         start = held.find(TOOL_CALL_OPEN)
         if start >= 0:
             self._in_calls = True
             self._held = held[start:]
-            emit, _ = _split_trailing_space(held[:start])
+            emit, self._space_before_calls = _split_trailing_space(held[:start])
             return [TextPiece(emit)] if emit else []
         emit, trailing = _split_trailing_space(held)
         keep = partial_tag_length(emit, TOOL_CALL_OPEN)
-        if keep:
-            trailing = emit[len(emit) - keep :] + trailing
-            emit = emit[: len(emit) - keep]
+        if keep:  # the space before a partial tag is held with it
+            emit, space = _split_trailing_space(emit[: len(emit) - keep])
+            trailing = space + held[len(emit) + len(space) :]
         self._held = trailing
         return [TextPiece(emit)] if emit else []
 
@@ -321,6 +325,8 @@ class OutputReader:
             assert self._plan is not None
             calls, rest = self._plan.read_calls(held, self._prefix)
             rest_text = _without_open_call(rest or "") if calls else _without_open_call(held)
+            if rest_text and not calls:  # no call after all: the text keeps its space
+                rest_text = self._space_before_calls + rest_text
             pieces: list[OutputPiece] = [TextPiece(rest_text)] if rest_text else []
             for call in calls:
                 pieces.append(self._piece(call.name, call.arguments))
