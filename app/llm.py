@@ -211,13 +211,18 @@ class LLM:
                 the defaults.
 
         Raises:
-            ValueError: ``sampling`` is a list of another length than ``prompts``, a prompt
-                that is not a string, or a prompt the server would refuse (``prompts[i]: `` and
+            ValueError: ``prompts`` neither a string nor a sequence of them (bytes, None),
+                ``sampling`` a list of another length than ``prompts``, a prompt that is not a
+                string, or a prompt the server would refuse (``prompts[i]: `` and
                 the server's message: no tokens, over the prompt limit or the context length,
                 ``max_tokens`` over the cap, a stop token id outside the vocabulary). Nothing
                 runs when any is refused.
             RuntimeError: the tokenizer failed on a prompt (the server's 500).
         """
+        if isinstance(prompts, bytes | bytearray) or not isinstance(prompts, str | Sequence):
+            raise ValueError(
+                f"prompts: a string or a list of strings, got {type(prompts).__name__}"
+            )
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         for index, text in enumerate(texts):
             if not isinstance(text, str):  # token ids: the HTTP API's /v1/completions takes them

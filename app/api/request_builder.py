@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,10 +85,12 @@ class TokenBudget:
         max_tokens: a count (0 finishes at once), or None: whatever the context has room for
             after the prompt, up to the server's cap (a chat without a limit).
         param: the field it came from, for error messages (``max_completion_tokens``...).
+        default: ``max_tokens`` is the wire's default, not the client's: the cap lowers it.
     """
 
     max_tokens: int | None
     param: str = "max_tokens"
+    default: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +233,7 @@ class RequestBuilder:
 
     def _check_before_encoding(self, params: GenerationParams) -> None:
         budget = params.budget
-        if budget.max_tokens is not None:
+        if budget.max_tokens is not None and not budget.default:
             self._check_max_tokens(budget.max_tokens, budget.param)
         self._check_stop_token_ids(params.stop_token_ids)
         self._check_logit_bias(params.logit_bias)
@@ -287,38 +289,22 @@ class RequestBuilder:
             raise APIError(422, "invalid_request", f"{param} must be <= {cap}", param=param)
 
     def _check_stop_token_ids(self, stop_token_ids: tuple[int, ...]) -> None:
-        vocab_size = self._engine.capabilities.vocab_size
-        outside = [token for token in stop_token_ids if token >= vocab_size]
-        if outside:
-            raise APIError(
-                422,
-                "invalid_request",
-                f"stop_token_ids: {outside[0]} is outside the vocabulary (size {vocab_size})",
-                param="stop_token_ids",
-            )
+        self._check_vocabulary(stop_token_ids, "stop_token_ids", "stop_token_ids: {}")
 
     def _checked_token_ids(self, prompt: TokenPrompt) -> tuple[int, ...]:
-        vocab_size = self._engine.capabilities.vocab_size
-        outside = [token for token in prompt.token_ids if token >= vocab_size]
-        if outside:
-            raise APIError(
-                422,
-                "invalid_request",
-                f"{prompt.param}: token {outside[0]} is outside the vocabulary (size {vocab_size})",
-                param=prompt.param,
-            )
+        self._check_vocabulary(prompt.token_ids, prompt.param, prompt.param + ": token {}")
         return prompt.token_ids
 
     def _check_logit_bias(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
+        self._check_vocabulary([token for token, _ in logit_bias], "logit_bias", "logit_bias: {}")
+
+    def _check_vocabulary(self, token_ids: Sequence[int], param: str, what: str) -> None:
+        """A 422 naming ``param`` for the first of ``token_ids`` outside the vocabulary."""
         vocab_size = self._engine.capabilities.vocab_size
-        outside = [token for token, _ in logit_bias if token >= vocab_size]
+        outside = [token for token in token_ids if token >= vocab_size]
         if outside:
-            raise APIError(
-                422,
-                "invalid_request",
-                f"logit_bias: {outside[0]} is outside the vocabulary (size {vocab_size})",
-                param="logit_bias",
-            )
+            message = f"{what.format(outside[0])} is outside the vocabulary (size {vocab_size})"
+            raise APIError(422, "invalid_request", message, param=param)
 
     def _encode(
         self, prompt: TextPrompt | TokenPrompt | ChatPrompt, request_id: str
@@ -373,7 +359,8 @@ class RequestBuilder:
 
     def _max_tokens(self, budget: TokenBudget, prompt_tokens: int) -> int:
         if budget.max_tokens is not None:
-            return budget.max_tokens
+            cap = self.limits.max_tokens_cap if budget.default else budget.max_tokens
+            return min(budget.max_tokens, cap)
         room = self._engine.capabilities.context_length - prompt_tokens
         # no room at all: ask for one token, so that the context check refuses the request
         return min(self.limits.max_tokens_cap, max(room, 1))

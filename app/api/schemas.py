@@ -79,7 +79,7 @@ class GenerateRequestBody(BaseModel):
     def generation_params(self) -> GenerationParams:
         return GenerationParams(
             prompt=TextPrompt(self.prompt),
-            budget=TokenBudget(self.max_tokens),
+            budget=TokenBudget(self.max_tokens, default="max_tokens" not in self.model_fields_set),
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,

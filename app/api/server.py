@@ -134,6 +134,7 @@ def create_app(
         openapi_url=None if keyed else "/openapi.json",
         docs_url=None if keyed else "/docs",
         redoc_url=None if keyed else "/redoc",
+        redirect_slashes=False,  # "/generate/" is a 404 as any unknown path, not a 307
     )
     # the last added runs first: the request id, then the gate (its answers carry the id)
     app.add_middleware(AdmissionGate, state=app.state)

@@ -175,6 +175,14 @@ def test_an_invalid_prompt_is_refused_before_any_work(prompt, options, message):
     assert len(after.token_ids) == 2  # nothing was left queued
 
 
+@pytest.mark.parametrize("prompts", [None, b"abc", 5])
+def test_prompts_that_are_no_string_nor_list_are_a_value_error(prompts):
+    """``None`` was a TypeError and ``b"abc"`` "a prompt is a string, got int" (found by a
+    helper): both are a ValueError naming what was given, as README promises."""
+    with pytest.raises(ValueError, match=f"got {type(prompts).__name__}"):
+        LLM("mock").generate(prompts)
+
+
 def test_sampling_list_of_another_length_is_refused():
     with pytest.raises(ValueError, match="1 sampling options for 2 prompts"):
         LLM("mock").generate(["a", "b"], [SamplingOptions()])

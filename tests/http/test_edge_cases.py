@@ -54,3 +54,32 @@ async def test_long_prompts_are_tokenized_off_the_event_loop(monkeypatch) -> Non
             assert response.status_code in (200, 400), response.text
     assert threads[0] == loop_thread
     assert threads[1] != loop_thread
+
+
+async def test_the_default_max_tokens_follows_the_servers_cap():
+    """A request that does not send ``max_tokens`` gets the wire's default lowered to
+    ``--max-tokens-cap`` (was a 422 "max_tokens must be <= 100" about a field the client never
+    sent; found by a helper); one that sends more than the cap is still refused."""
+    async with app_client(mock_config(max_tokens_cap=3)) as client:
+        native = await client.post("/generate", json={"prompt": "abc"})
+        assert native.status_code == 200, native.text
+        assert native.json()["usage"]["completion_tokens"] <= 3
+        legacy = await client.post("/v1/completions", json={"prompt": "abc"})
+        assert legacy.status_code == 200, legacy.text
+        assert legacy.json()["usage"]["completion_tokens"] <= 3
+        asked = await client.post("/generate", json={"prompt": "abc", "max_tokens": 4})
+        assert asked.status_code == 422
+        assert asked.json()["error"]["param"] == "max_tokens"
+
+
+async def test_a_trailing_slash_is_an_unknown_path_with_its_request_id():
+    """``DELETE /generate/`` was a 307 to ``/generate`` without ``X-Request-Id`` (API.md: every
+    response carries it; found by a helper): now a 404 like any unknown path."""
+    async with app_client() as client:
+        for method, path in (("DELETE", "/generate/"), ("POST", "/generate/")):
+            response = await client.request(method, path, json={"prompt": "a"})
+            assert response.status_code == 404, (method, path)
+            assert response.headers["X-Request-Id"]
+        response = await client.post("/v1/completions/", json={"prompt": "a"})
+        assert response.status_code == 404
+        assert response.json()["error"]["type"] == "invalid_request_error"

@@ -269,7 +269,8 @@ class CompletionRequestBody(OpenAIRequestBody):
             if isinstance(self.prompt, str)
             else TokenPrompt(tuple(self.prompt))
         )
-        params = self._params(prompt, TokenBudget(max_tokens), self.logprobs)
+        budget = TokenBudget(max_tokens, default=self.max_tokens is None)
+        params = self._params(prompt, budget, self.logprobs)
         if self.echo and self.logprobs is not None:  # the echoed prompt's logprobs
             params = replace(params, prompt_logprobs=self.logprobs)
         return params
