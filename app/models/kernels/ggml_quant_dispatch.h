@@ -25,12 +25,6 @@
 /* On interleaved rows from 16: the x8 gemv below is faster at 12 (SmolLM2's projections 12.7
  * against 13.4-14.1 ms) and as fast at 16. */
 #define SL_AMX_MIN_ROWS_X8 16
-/* Q8_0's interleaved codes, read by the tiles in place (no decode pass), from 8 rows: the LM
- * heads' argmax on the AMX Xeon, x8 gemv against tiles, ms: Gemma 3's 262,144 x 640 at 8 rows
- * 6.8-7.2 against 6.0-6.6, 9 7.9-8.5 against 6.4-6.7, 12 9.9-10.4 against 7.3, 14 11.4-11.6
- * against 7.6; SmolLM2's 49,152 x 576 at 6 rows 0.85-0.89 against 0.84-0.89, 8 1.05-1.12
- * against 0.90-0.95, 9 1.29-1.31 against 0.94-0.99, 12 1.63 against 1.18-1.20. */
-#define SL_AMX_MIN_ROWS_Q8_0X 8
 /* Calls of 2 to this many activation rows on interleaved rows (SL_X8) take the x8 gemv, each
  * chunk unpacked once per 8 activation rows, instead of decoding a tile: the same bits, faster
  * (AMX Xeon, SmolLM2's 121 projections; AVX2: 0.78-0.86x the time at 2-64 rows, equal at 128;

@@ -244,9 +244,8 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
     const int64_t tile_bytes = format->tile_bytes(k);
     /* AMX: the 16 rows decoded into one tile (two halves: this unit's, the next one's), then
      * m x 16 outputs at once */
-    const int q8_0x = x8_rows == 16 && format->signed_codes; /* Q8_0's codes read in place */
     amx = amx && format->amx_decode != NULL && x8_rows != 8 &&
-          m >= (q8_0x ? SL_AMX_MIN_ROWS_Q8_0X : x8_rows ? SL_AMX_MIN_ROWS_X8 : SL_AMX_MIN_ROWS);
+          m >= (x8_rows ? SL_AMX_MIN_ROWS_X8 : SL_AMX_MIN_ROWS);
     const int64_t needed =
         amx ? 2 * sl_amx_tile_bytes(k) + m * 16 * (int64_t)sizeof(float) : tile_bytes;
     if (gemm && needed > capacity) {
@@ -265,7 +264,7 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
         static _Thread_local int half = 0; /* the half holding it */
         const int64_t amx_bytes = sl_amx_tile_bytes(k);
         float *out = (float *)((uint8_t *)tile + 2 * amx_bytes);
-        if (q8_0x) {
+        if (x8_rows == 16 && format->signed_codes) { /* Q8_0: its x8 codes read in place */
             sl_amx_gemm16_q8_0x(w, k, xq, xq_bytes, m, out, w + 16 * row_bytes,
                                 16 * row_bytes);
             for (int64_t i = 0; i < m; i++)
