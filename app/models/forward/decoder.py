@@ -136,8 +136,8 @@ class DecoderModel:
         the logits of such a call mean nothing. ``argmax``: only each logit row's argmax is
         wanted (every row greedy, nothing reads the logits): an LM head on GGUF blocks then
         returns :class:`GreedyTokens` in place of the logits, without storing them (Gemma 3's
-        262,144-column head at 16 rows: 16 MiB written and read again, ~2 ms of a ~26 ms step
-        on the AMX Xeon, docs/MODEL_PERF.md); other heads return the logits. Call under
+        262,144-column head: steps of 16 and 32 rows 4% and 11% shorter on the AMX Xeon,
+        docs/MODEL_PERF.md); other heads, and a call on a wide copy, return the logits. Call under
         ``torch.inference_mode()``.
         """
         if (
