@@ -10,19 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from app.models.kernels.ggml_quant import (
-    INTERLEAVED_TYPES,
-    KERNEL_TYPES,
-    Isa,
-    QuantSegment,
-    load_ggml_quant,
-)
+from app.models.kernels.ggml_quant import INTERLEAVED_TYPES, KERNEL_TYPES, Isa, QuantSegment
 from app.models.weights.ggml import GGMLLinear
-from tests.models.test_ggml_kernels import random_blocks
+from tests.models.test_ggml_kernels import HOW, ISAS, KERNELS, random_blocks
 
-KERNELS, HOW = load_ggml_quant()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"GGUF-block kernels: {HOW}")
-ISAS = [isa for isa in Isa if KERNELS is not None and KERNELS.supports(isa)]
 # 1 row (the gemv), 2-16 (the gemv of several rows, decoded tiles, AMX from 12 or 16), 33 and 64
 ROWS = (1, 2, 3, 7, 12, 16, 33, 64)
 # 19 units of 16 weight rows, the last one short: both threads get columns
