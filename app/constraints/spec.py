@@ -1,8 +1,11 @@
 """What a client asked the output to be, in no wire format's terms.
 
-A ``ConstraintSpec`` is a kind and one canonical source text (a schema as sorted JSON, a regex,
-the choices as a JSON list, a Lark grammar), so equal constraints are equal keys of the compile
-cache whatever order a client wrote a schema's keys in. ``grammar()`` turns it into the grammar
+A ``ConstraintSpec`` is a kind and one source text (a schema as compact JSON in the client's key
+order, a regex, the choices as a JSON list, a Lark grammar): equal constraints are equal keys of
+the compile cache. A schema's keys keep their order because ``properties``' order is the order
+the object's keys are generated in (as OpenAI's structured outputs write them: a "reasoning"
+property before an "answer" one is written first; sorted keys wrote "answer" first, found by a
+helper). ``grammar()`` turns it into the grammar
 text llguidance compiles (https://github.com/guidance-ai/llguidance, docs/json_schema.md and
 docs/syntax.md for what each kind accepts).
 """
@@ -45,7 +48,7 @@ class ConstraintSpec:
 
     Attributes:
         kind: which language.
-        source: the canonical text of it (see the module doc).
+        source: its text (see the module doc).
         param: the request field it came from, for error messages (not part of equality).
     """
 
@@ -61,7 +64,7 @@ class ConstraintSpec:
     def json_schema(
         cls, schema: dict[str, Any] | bool, *, param: str = "constraint"
     ) -> ConstraintSpec:
-        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True), param)
+        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema), param)
 
     @classmethod
     def regex(cls, pattern: str, *, param: str = "constraint") -> ConstraintSpec:

@@ -80,11 +80,13 @@ class PromptEncoder:
         )
         if continue_final_message:
             text = _open_final_message(text, messages[-1].content)
-        # The template writes BOS itself: a tokenizer that adds one to plain prompts must not
-        # add a second (vLLM encodes chats with add_special_tokens=False too). The mock's
-        # byte tokenizer adds none and has no such method.
+        # A model's template writes BOS itself: a tokenizer that adds one to plain prompts must
+        # not add a second (vLLM encodes chats with add_special_tokens=False too). The ChatML
+        # fallback writes none: there the tokenizer adds its BOS as to a plain prompt (Gemma 3's
+        # base file answered "assistant\nassistant..." without it; found by a helper). The
+        # mock's byte tokenizer adds none and has no such method.
         encode = getattr(self._tokenizer, "encode_without_special_tokens", None)
-        if encode is None:
+        if encode is None or not self.chat_template.from_model:
             return self.encode_text(text)
         try:
             return tuple(encode(text))

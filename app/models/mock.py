@@ -247,12 +247,12 @@ class MockModelRunner:
                 time.sleep(rest)
             result: list[int | None] = [None] * len(batch.rows)
             accepted = [0] * len(batch.rows)
-            for index, token in zip(sampled, tokens, strict=True):
+            for index, prefix, token in zip(sampled, prefixes, tokens, strict=True):
                 row = batch.rows[index]
                 if row.num_draft_tokens:
                     accepted[index], token = self._verify(row)
                 mask = row.token_mask
-                result[index] = token if mask is None else _within(mask, token, prefixes[index])
+                result[index] = token if mask is None else _within(mask, token, prefix)
             asked = any(row.sampling.logprobs is not None for row in batch.rows)
             if not asked and not any(row.num_draft_tokens for row in batch.rows):
                 return StepOutput(tuple(map(RowOutput, result, errors)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from app.engine.engine import AsyncEngine
 from app.engine.metrics import EngineMetrics
@@ -228,3 +229,23 @@ async def test_async_engine_serves_a_fixed_shape_model():
         await engine.stop()
     assert [final.text for final in finals] == [bytes(s).decode() for s in SCRIPTS.values()]
     assert model.steps and all(len(batch.rows) == 2 for batch in model.steps)
+
+
+def test_mock_runner_masks_a_constrained_row_with_its_own_prefix():
+    """(found by a helper) a constrained row after a row that samples nothing read the prefix
+    of another row, or past the list (an IndexError that failed every row of the step): its
+    token is now the one it gets alone."""
+    sampling = StepRow.padding(0).sampling
+    words = torch.zeros(9, dtype=torch.int32)  # 257 tokens: the mock's vocabulary
+    for token in b"xyz":  # never EOS, and none of them the mock's own next token here
+        words[token // 32] |= 1 << (token % 32)
+    constrained = StepRow(2, tuple(b("constrained")), 0, True, sampling, token_mask=words)
+    alone = MockModelRunner(max_num_seqs=3).step(StepBatch((constrained,)))
+    rows = (
+        StepRow(0, tuple(b("plain")), 0, True, sampling),
+        StepRow(1, tuple(b("a chunk that samples nothing")), 0, False, sampling),
+        constrained,
+    )
+    together = MockModelRunner(max_num_seqs=3).step(StepBatch(rows))
+    assert together.next_token_ids[2] == alone.next_token_ids[0]
+    assert chr(alone.next_token_ids[0]) in "xyz"

@@ -1,4 +1,5 @@
-"""A raw prompt gets the BOS its tokenizer adds; a chat prompt does not, its template wrote one."""
+"""A raw prompt gets the BOS its tokenizer adds; a chat prompt does not when the model's own
+template wrote one, and does when the ChatML fallback renders it (which writes none)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,22 @@ class BosTokenizer(ByteTokenizer):
         return super().encode(text)
 
 
+class TemplatedBosTokenizer(BosTokenizer):
+    """The same with a chat template of its own, which writes the BOS itself."""
+
+    chat_template = (
+        "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    bos_token = chr(BOS)
+
+
 async def test_a_chat_prompt_is_encoded_without_a_second_bos() -> None:
     config = mock_config()
     model = RecordingMock(
         max_num_seqs=config.max_num_seqs, step_ms=0.0, context_length=config.mock_context_length
     )
-    model.tokenizer = BosTokenizer()
+    model.tokenizer = TemplatedBosTokenizer()
     async with app_client(config, model=model) as client:
         for path, body in (
             ("/generate", {"prompt": "hi"}),
@@ -34,4 +45,19 @@ async def test_a_chat_prompt_is_encoded_without_a_second_bos() -> None:
             assert response.status_code == 200, response.text
     generate, completion, chat = model.started_prompts
     assert generate == completion == bytes([BOS]) + b"hi"
-    assert chat.startswith(b"<|im_start|>user\nhi") and bytes([BOS]) not in chat
+    assert chat.startswith(bytes([BOS]) + b"<|im_start|>user\nhi")  # the template's, once
+    assert chat.count(bytes([BOS])) == 1
+
+
+async def test_the_chatml_fallback_gets_the_bos_a_plain_prompt_gets() -> None:
+    config = mock_config()
+    model = RecordingMock(
+        max_num_seqs=config.max_num_seqs, step_ms=0.0, context_length=config.mock_context_length
+    )
+    model.tokenizer = BosTokenizer()  # no chat template: the fallback
+    async with app_client(config, model=model) as client:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+    (chat,) = model.started_prompts
+    assert chat.startswith(bytes([BOS]) + b"<|im_start|>user\nhi")
