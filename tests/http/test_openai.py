@@ -597,3 +597,20 @@ async def test_sdk_client_leaving_cancels(live_server_factory):
 
         await wait_for(both_cancelled, timeout=3)
         assert await metric_value(plain, "slotserve_generated_tokens_total") < 200
+
+
+async def test_responses_take_the_v1_extensions(client):
+    """API.md's /v1 extensions (``extra_body``) on /v1/responses too (they were 400s there,
+    where chat takes them; found by a helper)."""
+    body = {"input": "hi", "max_output_tokens": 6, "ignore_eos": True, "min_tokens": 6}
+    body |= {"min_p": 0.1, "repetition_penalty": 1.1, "top_k": 5, "seed": 3}
+    response = await client.post("/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["output_tokens"] == 6
+    choice = {"type": "choice", "choices": ["alpha", "beta"]}
+    response = await client.post("/v1/responses", json={"input": "hi", "constraint": choice})
+    assert response.status_code == 200, response.text
+    assert response.json()["output"][-1]["content"][0]["text"] in ("alpha", "beta")
+    both = {"input": "hi", "constraint": choice, "text": {"format": {"type": "json_object"}}}
+    response = await client.post("/v1/responses", json=both)
+    assert response.status_code == 400, response.text

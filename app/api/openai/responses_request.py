@@ -8,7 +8,8 @@ function ``tools`` and ``tool_choice`` as ``app.api.openai.tools``' plan; ``reas
 (an earlier answer's output sent back) are accepted and not rendered again. Nothing is stored:
 ``store: true``, ``previous_response_id`` and ``background: true`` are 400s naming the field, as
 are the fields asking for what the answer does not hold (``top_logprobs``, ``include``,
-``truncation: auto``).
+``truncation: auto``). The /v1 extensions are taken here too (``seed``, ``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``constraint``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from app.api.constraint_body import ConstraintBody
 from app.api.openai.tools import (
     MAX_TOOLS,
     FunctionBody,
@@ -192,9 +194,14 @@ class ResponsesRequestBody(BaseModel):
     include: list[str] | None = None
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    # extensions, as on the other /v1 routes
+    # extensions, as on the other /v1 routes (API.md)
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0, allow_inf_nan=False)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
+    constraint: ConstraintBody | None = None
 
     @field_validator(*_REFUSED)
     @classmethod
@@ -218,8 +225,11 @@ class ResponsesRequestBody(BaseModel):
             plan = self.tool_plan
         except ValueError as exc:
             raise _invalid(str(exc)) from None
-        if plan is not None and plan.constraint() is not None and self._format_spec():
+        forced = plan is not None and plan.constraint() is not None
+        if forced and self._format_spec():
             raise _invalid("tool_choice required or named cannot be combined with text.format")
+        if self.constraint is not None and (forced or self._format_spec()):
+            raise _invalid("give either constraint or text.format / a required tool, not both")
         return self
 
     @property
@@ -246,6 +256,8 @@ class ResponsesRequestBody(BaseModel):
     def generation_params(self) -> GenerationParams:
         plan = self.tool_plan
         constraint = self._format_spec() or (None if plan is None else plan.constraint())
+        if self.constraint is not None:
+            constraint = self.constraint.spec("constraint")
         prompt = ChatPrompt(
             self._turns(),
             param="input",
@@ -257,6 +269,10 @@ class ResponsesRequestBody(BaseModel):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_tokens=self.min_tokens or 0,
+            ignore_eos=bool(self.ignore_eos),
             seed=self.seed,
             constraint=constraint,
         )
