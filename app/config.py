@@ -134,7 +134,9 @@ class ServerConfig(BaseSettings):
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads for the real model; unset: torch's choice"
     )
-    device: str = Field("auto", description="torch device of the real model: auto, cpu, cuda")
+    device: str = Field(
+        "auto", description="torch device of the real model: auto, cpu, cuda or cuda:N"
+    )
     scheduling: Literal["continuous", "static"] = Field(
         "continuous", description="admission policy: continuous batching or static batches"
     )
@@ -178,6 +180,13 @@ class ServerConfig(BaseSettings):
     def _check_kv_cache_memory(cls, value: str | None) -> str | None:
         if value is not None:
             parse_memory_size(value)
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", value):
+            raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {value!r}")
         return value
 
     @field_validator("chat_template")

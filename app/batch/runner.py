@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import sys
 import threading
 from contextlib import ExitStack
@@ -173,8 +174,9 @@ async def run_batch(
             if created:  # no model, no results: leave no empty file behind
                 Path(config.output).unlink(missing_ok=True)
             raise
-        if sink is not sys.stdout.buffer:
-            sink.truncate(0)  # the old results go only now that the run can start
+        if sink is not sys.stdout.buffer and stat.S_ISREG(os.fstat(sink.fileno()).st_mode):
+            sink.truncate(0)  # the old results go only now that the run can start (a device
+            # or a pipe, /dev/null among them, has none and cannot be truncated)
         try:
             if source_path is not None and source_path.is_file():  # not a FIFO: read once
                 _count_in_background(source_path, progress)
@@ -253,9 +255,20 @@ def _open_output(
     if source_path is not None and existed and _same_file(path, source_path):
         raise BatchFailed(f"the output {spec} is the input file; it would be overwritten")
     try:
-        return files.enter_context(path.open("ab")), spec, not existed
+        sink = path.open("ab")
     except OSError as exc:
         raise BatchFailed(f"cannot write {spec}: {exc.strerror or exc}") from None
+    files.callback(_close_after_failure_reported, sink)
+    return sink, spec, not existed
+
+
+def _close_after_failure_reported(sink: BinaryIO) -> None:
+    """Closes ``sink``; a write that failed (``/dev/full``) was reported already as the run's
+    ``BatchFailed`` (the last flush is inside the run), and closing retries it: not again."""
+    try:
+        sink.close()
+    except OSError:
+        pass
 
 
 def _same_file(a: Path, b: Path) -> bool:

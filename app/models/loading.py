@@ -39,7 +39,11 @@ def inspect_model(config: ServerConfig) -> LoadPlan | None:
         return None
     from app.models.load.plan import LoadOptions, plan_load  # the real model's modules
 
-    return plan_load(config.model, LoadOptions.from_config(config))
+    try:
+        options = LoadOptions.from_config(config)
+    except ValueError as error:  # a device this torch cannot use
+        raise ModelRefused(config.model, str(error)) from None
+    return plan_load(config.model, options)
 
 
 def load_model(config: ServerConfig, plan: LoadPlan | None = None) -> Model:

@@ -203,3 +203,19 @@ def test_a_second_run_replaces_the_output(tmp_path, capsys):
     assert command.main(config) == 0
     assert [line["custom_id"] for line in read_output(output)] == ["r0", "r1"]
     assert capsys.readouterr().err.startswith("batch: 2 requests in ")
+
+
+def test_a_device_or_a_full_disk_as_the_output(tmp_path, forked_cli):
+    """(found by a helper) ``-o /dev/null`` failed with a traceback (a device cannot be
+    truncated); a write that fails (``/dev/full``) is one line and exit 2, not a traceback."""
+    source = good_input(tmp_path)
+    run = ("-m", "app", "batch", "-i", str(source), "--model", "mock")
+    done = forked_cli.run(*run, "-o", "/dev/null", cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    if not Path("/dev/full").exists():
+        return
+    done = forked_cli.run(*run, "-o", "/dev/full", cwd=ROOT, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"{PROG}: error: cannot write /dev/full: No space left on device" in done.stderr

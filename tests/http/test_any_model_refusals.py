@@ -137,3 +137,29 @@ def test_refused_before_the_port_opens(name: str, cases, refused) -> None:
     prefix = f"python -m app serve: error: {case.path}: "
     assert errors[0].startswith(prefix), errors[0]
     assert re.search(case.reason, errors[0][len(prefix) :]), errors[0]
+
+
+@pytest.mark.parametrize(
+    ("device", "reason"),
+    [
+        ("meta", "--device: Value error, expected auto, cpu, cuda or cuda:N, got 'meta'"),
+        ("tpu", "--device: Value error, expected auto, cpu, cuda or cuda:N, got 'tpu'"),
+        ("cuda", "smollm2: --device cuda: this torch (is built without CUDA|sees no GPU)"),
+    ],
+)
+def test_a_device_this_torch_cannot_use_is_one_line(device: str, reason: str, forked_cli) -> None:
+    """(found by a helper) ``--device cuda`` without CUDA was a 39-line traceback, and
+    ``--device meta`` a server that answered every request with a 500."""
+    import re
+
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this torch sees a GPU: --device cuda serves")
+    result = forked_cli.run(
+        "-m", "app", "serve", "--device", device, "--port", str(free_port()), timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert re.search(reason, result.stderr), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr

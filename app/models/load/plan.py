@@ -128,10 +128,21 @@ class LoadPlan:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` becomes ``cuda`` when torch sees a GPU, else ``cpu``."""
-    if device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """``auto`` becomes ``cuda`` when torch sees a GPU, else ``cpu``.
+
+    Raises:
+        ValueError: ``cuda`` (or ``cuda:N``) where torch sees no such GPU.
+    """
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available():
+            build = "is built without CUDA" if torch.version.cuda is None else "sees no GPU"
+            raise ValueError(f"--device {device}: this torch {build}")
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} GPUs")
+    return device
 
 
 def resolve_quantization(
