@@ -53,6 +53,7 @@ class ServerConfig(BaseSettings):
     sse_send_timeout: float = Field(
         30.0,
         gt=0,
+        allow_inf_nan=False,
         description="seconds one SSE send may block on a client that stopped reading, "
         "after which the request is cancelled",
     )
@@ -141,9 +142,14 @@ class ServerConfig(BaseSettings):
         "continuous", description="admission policy: continuous batching or static batches"
     )
     sse_ping_interval: float = Field(
-        15.0, gt=0, description="seconds between ': ping' comments on an SSE stream"
+        15.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds between ': ping' comments on an SSE stream",
     )
-    mock_step_ms: float = Field(0.0, ge=0, description="mock model: how long a step takes (ms)")
+    mock_step_ms: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="mock model: how long a step takes (ms)"
+    )
     mock_context_length: int = Field(8192, ge=16, description="mock model: context length")
     mock_fail_every: int = Field(
         0,
@@ -152,7 +158,10 @@ class ServerConfig(BaseSettings):
         "'<<fail>>' fails only its own row",
     )
     shutdown_timeout: float = Field(
-        30.0, ge=0, description="seconds to let in-flight requests finish on SIGTERM"
+        30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds to let in-flight requests finish on SIGTERM",
     )
     replica_id: str | None = Field(
         None,

@@ -257,7 +257,11 @@ class LLM:
             return [SamplingOptions()] * count
         if isinstance(sampling, SamplingOptions):
             return [sampling] * count
-        options = list(sampling)
+        options = list(sampling) if isinstance(sampling, Sequence) else [sampling]
+        for option in options:  # a dict of options was read key by key: say what it was
+            if not isinstance(option, SamplingOptions):
+                kind = type(option).__name__
+                raise ValueError(f"sampling: a SamplingOptions or a list of them, got {kind}")
         if len(options) != count:
             raise ValueError(f"{len(options)} sampling options for {count} prompts")
         return options

@@ -42,3 +42,21 @@ def test_the_mock_pool_follows_the_flag() -> None:
         load_model(tiny)
     with pytest.raises(ModelRefused, match="fewer than one sequence"):
         inspect_model(tiny)  # on the command line, before the port opens
+
+
+@pytest.mark.parametrize(
+    "field", ["mock_step_ms", "sse_ping_interval", "sse_send_timeout", "shutdown_timeout"]
+)
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_seconds_and_milliseconds_are_finite(field: str, value: float) -> None:
+    """(found by a helper) ``--mock-step-ms inf`` started a server whose every request was a
+    500 (the step's end time overflowed)."""
+    with pytest.raises(ValidationError, match=field):
+        ServerConfig(**{field: value})
+
+
+@pytest.mark.parametrize("device", ["meta", "tpu", "cpu:abc", "", "cuda:x"])
+def test_a_device_outside_auto_cpu_cuda_is_refused(device: str) -> None:
+    with pytest.raises(ValidationError, match="device"):
+        ServerConfig(device=device)
+    assert ServerConfig(device="cuda:1").device == "cuda:1"

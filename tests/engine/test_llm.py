@@ -183,6 +183,14 @@ def test_prompts_that_are_no_string_nor_list_are_a_value_error(prompts):
         LLM("mock").generate(prompts)
 
 
+@pytest.mark.parametrize("sampling", [{"max_tokens": 2}, ["not options"]])
+def test_sampling_that_is_no_options_is_a_value_error(sampling):
+    """A dict was read key by key: "'str' object has no attribute 'generation_params'"
+    (found by a helper)."""
+    with pytest.raises(ValueError, match="sampling: a SamplingOptions or a list of them, got"):
+        LLM("mock").generate("x", sampling)
+
+
 def test_sampling_list_of_another_length_is_refused():
     with pytest.raises(ValueError, match="1 sampling options for 2 prompts"):
         LLM("mock").generate(["a", "b"], [SamplingOptions()])
