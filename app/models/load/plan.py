@@ -24,6 +24,7 @@ from app.models.forward.decoder import DecoderModel
 from app.models.forward.kv_cache import kv_block_bytes, pool_blocks
 from app.models.kernels.ggml_quant import KERNEL_TYPES, load_ggml_quant
 from app.models.load.allocator import keep_step_buffers_in_the_heap, return_freed_memory_to_the_os
+from app.models.load.device import resolve_device
 from app.models.load.memory import (
     MemoryEstimate,
     available_memory,
@@ -125,24 +126,6 @@ class LoadPlan:
     num_kv_blocks: int
     wide_copies: bool = False
     decodes_wide_calls: bool = False
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` becomes ``cuda`` when torch sees a GPU, else ``cpu``.
-
-    Raises:
-        ValueError: ``cuda`` (or ``cuda:N``) where torch sees no such GPU.
-    """
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        index = int(device.partition(":")[2] or 0)
-        if not torch.cuda.is_available():
-            build = "is built without CUDA" if torch.version.cuda is None else "sees no GPU"
-            raise ValueError(f"--device {device}: this torch {build}")
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} GPUs")
-    return device
 
 
 def resolve_quantization(
