@@ -137,10 +137,15 @@ static void sl_quantize_activation_row(const void *x, int x_bf16, int64_t ldx, i
     }
 }
 
-/* A call of sl_quant_argmax (calls are not concurrent): each thread's best value and its
- * column per activation row, [thread][m], instead of storing the outputs; NULL otherwise. */
-static float *sl_argmax_value = NULL;
-static int64_t *sl_argmax_column = NULL;
+/* A row's best output so far: its value and column (SL_NO_COLUMN: nothing above -inf yet). */
+typedef struct {
+    float value;
+    int64_t column;
+} sl_argmax_best;
+
+/* A call of sl_quant_argmax (calls are not concurrent): each thread's best per activation row,
+ * [thread][m], instead of storing the outputs; NULL otherwise. */
+static sl_argmax_best *sl_argmax_bests = NULL;
 static int64_t sl_argmax_rows = 0;
 #define SL_NO_COLUMN INT64_MAX /* nothing above -inf seen (yet) */
 
@@ -186,17 +191,12 @@ static void sl_argmax_row(const float *out, int64_t rows, int64_t i, int64_t col
         for (int64_t r = 0; r < rows; r++) biased[r] = out[r] + bias[column + r];
         out = biased;
     }
-    float best = sl_argmax_value[at];
-    if (!sl_argmax_may_improve(out, rows, best)) return;
-    int64_t best_column = sl_argmax_column[at];
-    for (int64_t r = 0; r < rows; r++) {
-        if (sl_argmax_better(out[r], column + r, best, best_column)) {
-            best = out[r];
-            best_column = column + r;
-        }
-    }
-    sl_argmax_value[at] = best;
-    sl_argmax_column[at] = best_column;
+    sl_argmax_best best = sl_argmax_bests[at];
+    if (!sl_argmax_may_improve(out, rows, best.value)) return;
+    for (int64_t r = 0; r < rows; r++)
+        if (sl_argmax_better(out[r], column + r, best.value, best.column))
+            best = (sl_argmax_best){out[r], column + r};
+    sl_argmax_bests[at] = best;
 }
 
 /* The epilogue of one activation row i over `rows` outputs from column `column`: bias,
@@ -205,7 +205,7 @@ static void sl_argmax_row(const float *out, int64_t rows, int64_t i, int64_t col
 static void sl_store_row(const float *out, int64_t rows, int64_t i, int64_t column,
                          const float *bias, const void *residual, int64_t ldr, void *y,
                          int y_bf16, int64_t ldy) {
-    if (sl_argmax_value != NULL) {
+    if (sl_argmax_bests != NULL) {
         sl_argmax_row(out, rows, i, column, bias);
         return;
     }
@@ -492,38 +492,31 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
  * storing y: torch.argmax's index (the first of equal values, a NaN the largest; a row of -inf
  * gives 0), from the same float sums as sl_quant_matmul's outputs. A greedy step's LM head:
  * Gemma 3's 16 rows x 262,144 logits are 16 MiB written and read again (docs/MODEL_PERF.md).
- * Returns as sl_quant_matmul; -2 also when the threads' partial maxima cannot be allocated.
+ * Returns as sl_quant_matmul; -2 also when the threads' bests cannot be allocated.
  */
 int sl_quant_argmax(int isa, int n_segments, const int32_t *qtypes, const void *const *weights,
                     const int64_t *seg_rows, int64_t k, const void *x, int x_bf16, int64_t m,
                     int64_t ldx, const float *bias, int64_t *index, int threads) {
     if (threads < 1) threads = 1;
     const int64_t slots = (int64_t)threads * (m > 0 ? m : 1);
-    float *value = (float *)malloc((size_t)slots * sizeof(float));
-    int64_t *column = (int64_t *)malloc((size_t)slots * sizeof(int64_t));
-    if (value == NULL || column == NULL) {
-        free(value);
-        free(column);
-        return -2;
-    }
-    for (int64_t j = 0; j < slots; j++) value[j] = -INFINITY, column[j] = SL_NO_COLUMN;
-    sl_argmax_value = value, sl_argmax_column = column, sl_argmax_rows = m;
+    sl_argmax_best *bests = (sl_argmax_best *)malloc((size_t)slots * sizeof(sl_argmax_best));
+    if (bests == NULL) return -2;
+    for (int64_t j = 0; j < slots; j++) bests[j] = (sl_argmax_best){-INFINITY, SL_NO_COLUMN};
+    sl_argmax_bests = bests, sl_argmax_rows = m;
     const int status = sl_quant_matmul(isa, n_segments, qtypes, weights, seg_rows, k, x, x_bf16,
                                        m, ldx, bias, NULL, 0, NULL, 0, 0, NULL, threads);
-    sl_argmax_value = NULL, sl_argmax_column = NULL;
+    sl_argmax_bests = NULL;
     for (int64_t i = 0; status == 0 && i < m; i++) { /* the threads' columns, in order */
-        float best = value[i];
-        int64_t best_column = column[i];
+        sl_argmax_best best = bests[i];
         for (int t = 1; t < threads; t++) {
-            const int64_t at = t * m + i;
-            if (column[at] != SL_NO_COLUMN &&
-                sl_argmax_better(value[at], column[at], best, best_column))
-                best = value[at], best_column = column[at];
+            const sl_argmax_best other = bests[t * m + i];
+            if (other.column != SL_NO_COLUMN &&
+                sl_argmax_better(other.value, other.column, best.value, best.column))
+                best = other;
         }
-        index[i] = best_column == SL_NO_COLUMN ? 0 : best_column;
+        index[i] = best.column == SL_NO_COLUMN ? 0 : best.column;
     }
-    free(value);
-    free(column);
+    free(bests);
     return status;
 }
 
