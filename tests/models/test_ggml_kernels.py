@@ -13,7 +13,6 @@ format allows (32-weight formats at 96 and 608 columns).
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -222,39 +221,44 @@ def test_a_row_is_the_same_on_one_thread_and_on_all() -> None:
 
 
 @pytest.mark.skipif(KERNELS is None, reason=HOW)
-def test_the_prefetch_level_follows_the_vendor_or_the_setting(
+def test_the_prefetch_level_is_l2_for_narrow_calls_unless_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The tile kernels prefetch the next rows into L2 on Intel CPUs and into L1 elsewhere
-    (calls of more than 32 rows always into L1); SLOTSERVE_GGML_PREFETCH=l1|l2 chooses, anything
-    else leaves the kernels unloaded with its name in the reason. Where the rows go changes no
-    output."""
+    """The tile kernels prefetch the next rows into L2 for calls of up to 32 activation rows
+    on Intel CPUs and 64 elsewhere, into L1 for wider ones; SLOTSERVE_GGML_PREFETCH=l1 puts
+    every call's into L1, l2 is the default, anything else leaves the kernels unloaded with
+    its name in the reason. Where the rows go changes no output."""
     assert KERNELS is not None
-    level = ctypes.c_int.in_dll(KERNELS.library, "sl_prefetch_l2")
+    limit = ctypes.c_int64.in_dll(KERNELS.library, "sl_prefetch_l2_rows")
     now = ctypes.c_int.in_dll(KERNELS.library, "sl_prefetch_l2_now")
+    intel = bool(KERNELS.library.sl_quant_cpu_is_intel())
+    assert intel == ("GenuineIntel" in open("/proc/cpuinfo").read())
+    width = 32 if intel else 64
     segment = QuantSegment("Q4_1", torch.from_numpy(random_blocks("Q4_1", 37, 608, seed=3)))
     x = torch.randn(9, 608, generator=torch.Generator().manual_seed(3))
     outputs = []
     try:
-        for setting, to_l2 in (("l1", 0), ("l2", 1)):
+        for setting, rows in (("l1", 0), ("l2", width)):
             monkeypatch.setenv("SLOTSERVE_GGML_PREFETCH", setting)
             load_ggml_quant.cache_clear()
             _, how = load_ggml_quant()
-            assert f"prefetch into L{1 + to_l2} (SLOTSERVE_GGML_PREFETCH)" in how
-            assert level.value == to_l2
-            outputs.append([KERNELS.matmul((segment,), x[:rows]) for rows in (1, 9)])
-            assert now.value == to_l2  # a call of up to 32 rows prefetches where the CPU says
-            KERNELS.matmul((segment,), torch.randn(33, 608))
-            assert now.value == 0  # wider calls into L1 (Gemma 3 at 64 rows: faster)
+            assert f"prefetch into L{1 + bool(rows)}" in how and "(SLOTSERVE_GGML_PREFETCH)" in how
+            assert limit.value == rows
+            outputs.append([KERNELS.matmul((segment,), x[:n]) for n in (1, 9)])
+            assert now.value == bool(rows)  # a narrow call prefetches into L2 unless l1 is set
+            KERNELS.matmul((segment,), torch.randn(width, 608))
+            assert now.value == bool(rows)
+            KERNELS.matmul((segment,), torch.randn(width + 1, 608))
+            assert now.value == 0  # wider calls into L1
         assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
         monkeypatch.setenv("SLOTSERVE_GGML_PREFETCH", "L3")
         load_ggml_quant.cache_clear()
         assert load_ggml_quant() == (None, "SLOTSERVE_GGML_PREFETCH='l3': expected l1 or l2")
         monkeypatch.delenv("SLOTSERVE_GGML_PREFETCH")
         load_ggml_quant.cache_clear()
-        intel = "GenuineIntel" in Path("/proc/cpuinfo").read_text()
-        expected = "prefetch into L2 (an Intel CPU)" if intel else "prefetch into L1 (not Intel)"
-        assert expected in load_ggml_quant()[1] and level.value == int(intel)
+        vendor = "an Intel CPU" if intel else "not Intel"
+        assert f"prefetch into L2 up to {width} rows, L1 wider ({vendor})" in load_ggml_quant()[1]
+        assert limit.value == width
     finally:
         monkeypatch.delenv("SLOTSERVE_GGML_PREFETCH", raising=False)
         load_ggml_quant.cache_clear()

@@ -172,12 +172,14 @@ int64_t sl_tile8_bytes_q8_k(int64_t k);
  *       next_tile, a few blocks between its own products, so that the next unit's weights
  *       stream in from memory while this one's products run. */
 int sl_quant_isa_supported(int isa);
-/* Where the tile kernels prefetch the weight rows they read next (ggml_quant_cpu.c): 1 into
- * L2, 0 into L1; sl_prefetch_l2 set once at load, before any thread computes, and
- * sl_prefetch_l2_now by each call from it and its row count. sl_quant_cpu_is_intel: the CPU's
- * vendor, which the loader decides by. */
-extern int sl_prefetch_l2, sl_prefetch_l2_now;
-void sl_quant_set_prefetch_l2(int l2);
+/* Where the tile kernels prefetch the weight rows they read next (ggml_quant_cpu.c): calls of
+ * up to sl_prefetch_l2_rows activation rows into L2, wider ones into L1; sl_prefetch_l2_rows
+ * set once at load, before any thread computes, and sl_prefetch_l2_now (1: L2) by each call
+ * from it and its row count. sl_quant_cpu_is_intel: the CPU's vendor, which the loader's
+ * width decides by. */
+extern int64_t sl_prefetch_l2_rows;
+extern int sl_prefetch_l2_now;
+void sl_quant_set_prefetch_l2_rows(int64_t rows);
 int sl_quant_cpu_is_intel(void);
 int sl_quant_amx_ready(void);
 int64_t sl_amx_tile_bytes(int64_t k);

@@ -33,7 +33,7 @@ sl_nibble_codes_avx2(const uint8_t *qs, const uint8_t *qh) {
 /* Block b's share of prefetching `ahead` bytes from `prefetch` over a pass of nb blocks: the
  * tile kernels spread the next tiles' cache lines over the blocks of this one, into L2
  * (PREFETCHT1) where sl_prefetch_l2_now says so, else into L1 (PREFETCHT0); see
- * ggml_quant_matmul.c. */
+ * ggml_quant_cpu.c. */
 static inline __attribute__((always_inline)) void sl_prefetch_share(const uint8_t *prefetch, int64_t ahead,
                                                                      int64_t nb, int64_t b) {
     const int64_t lines = (ahead + 63) / 64, per_block = (lines + nb - 1) / nb;

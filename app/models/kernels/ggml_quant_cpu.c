@@ -1,13 +1,14 @@
 /*
  * What this CPU runs (see ggml_quant.h): the instruction sets cpuid reports, its vendor, and
  * where the tile kernels' software prefetches put the next weight rows, which the loader
- * decides (ggml_quant_cpu.py, prefetch_level, with the measurements): 1 L2 (PREFETCHT1), 0 L1
- * (PREFETCHT0), for calls of up to SL_PREFETCH_L2_ROWS activation rows (ggml_quant_matmul.c).
+ * decides (ggml_quant_cpu.py, prefetch_level, with the measurements): calls of up to
+ * sl_prefetch_l2_rows activation rows into L2 (PREFETCHT1), wider ones into L1 (PREFETCHT0).
  */
 #include "ggml_quant.h"
 
-int sl_prefetch_l2 = 0, sl_prefetch_l2_now = 0; /* the loader's choice; this call's */
-void sl_quant_set_prefetch_l2(int l2) { sl_prefetch_l2 = l2 != 0; }
+int64_t sl_prefetch_l2_rows = 0; /* the loader's choice */
+int sl_prefetch_l2_now = 0;       /* this call's */
+void sl_quant_set_prefetch_l2_rows(int64_t rows) { sl_prefetch_l2_rows = rows; }
 int sl_quant_cpu_is_intel(void) { return __builtin_cpu_init(), __builtin_cpu_is("intel") != 0; }
 
 /* Whether this CPU (and its OS, which must save the wide registers) runs `isa`. */

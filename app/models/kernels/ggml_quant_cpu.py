@@ -44,8 +44,8 @@ def declare(library: ctypes.CDLL) -> None:
     library.sl_quant_isa_supported.restype = _c_int
     library.sl_quant_amx_ready.argtypes = []
     library.sl_quant_amx_ready.restype = _c_int
-    library.sl_quant_set_prefetch_l2.argtypes = [_c_int]
-    library.sl_quant_set_prefetch_l2.restype = None
+    library.sl_quant_set_prefetch_l2_rows.argtypes = [_c_int64]
+    library.sl_quant_set_prefetch_l2_rows.restype = None
     library.sl_quant_cpu_is_intel.argtypes = []
     library.sl_quant_cpu_is_intel.restype = _c_int
     library.sl_quant_row_bytes.argtypes = [_c_int, _c_int64]
@@ -115,14 +115,25 @@ def best_isa(library: ctypes.CDLL) -> tuple[Isa, str]:
     return Isa.SCALAR, "scalar C"
 
 
+# Calls of up to this many activation rows prefetch into L2 (where the CPU's vendor was
+# measured), wider ones into L1. AMX Xeon: Gemma 3's 64-row steps 137-145 ms into L1, 144-149
+# into L2; 32 rows 56-58 against 53-55. Zen 4 EPYC: Gemma 3's 64-row step 130.0 ms into L1,
+# 121.0 into L2, the 1B Q4_K file's 399 and 367; a 512-token prompt 3,227 and 3,246 (even).
+PREFETCH_L2_ROWS_INTEL = 32
+PREFETCH_L2_ROWS_OTHER = 64
+
+
 def prefetch_level(library: ctypes.CDLL) -> str:
-    """Sets where the tile kernels prefetch the rows they read next (L2 on Intel CPUs, L1
-    elsewhere; ``SLOTSERVE_GGML_PREFETCH=l1|l2`` chooses) and says which, for the log. On the
-    2-core AMX Xeon (family 6 model 167, a 480 MiB L3) L1 stalled the one-row gemv on the
-    prefetches (perf: a third of its samples after one, the fill buffers full); L2 took a SmolLM2
-    one-row step from 6.9 to 6.2 ms, Gemma 3's Q8_0 head at one row from 8.9-9.5 to 7.0-7.3 ms.
-    Zen 4 fills L2 on PREFETCHT1 but is reported to drop such prefetches at times (Wang et al.
-    2024, arXiv:2411.02814), and L1 is what was measured on the EPYC: off Intel it stays.
+    """Sets where the tile kernels prefetch the rows they read next (into L2 for calls of up to
+    32 activation rows on Intel CPUs and 64 elsewhere, wider ones into L1;
+    ``SLOTSERVE_GGML_PREFETCH=l1|l2`` chooses the level of the narrow calls) and says which,
+    for the log. On the 2-core AMX Xeon (family 6 model 167, a 480 MiB L3) L1 stalled the
+    one-row gemv on the prefetches (perf: a third of its samples after one, the fill buffers
+    full); L2 took a SmolLM2 one-row step from 6.9 to 6.2 ms, Gemma 3's Q8_0 head at one row
+    from 8.9-9.5 to 7.0-7.3 ms. On the 2-core Zen 4 EPYC (family 25 model 17) the same: perf put
+    9% of a 1B Q4_K file's 8-row gemv on the instruction after a PREFETCHT0, and L2 took its
+    model step from 25.9 to 21.7 ms at one row and 65.6 to 53.9 at 8, Gemma 3's from 15.8 to
+    10.9 at one row (one process, the two levels in turns; docs/MODEL_PERF.md).
 
     Raises:
         KernelBuildError: ``SLOTSERVE_GGML_PREFETCH`` is set to something else.
@@ -131,10 +142,13 @@ def prefetch_level(library: ctypes.CDLL) -> str:
     if forced not in ("", "l1", "l2"):
         raise KernelBuildError(f"SLOTSERVE_GGML_PREFETCH={forced!r}: expected l1 or l2")
     intel = bool(library.sl_quant_cpu_is_intel())
-    to_l2 = forced == "l2" or (not forced and intel)
-    library.sl_quant_set_prefetch_l2(int(to_l2))
+    rows = PREFETCH_L2_ROWS_INTEL if intel else PREFETCH_L2_ROWS_OTHER
+    if forced == "l1":
+        library.sl_quant_set_prefetch_l2_rows(0)
+        return "prefetch into L1 (SLOTSERVE_GGML_PREFETCH)"
+    library.sl_quant_set_prefetch_l2_rows(rows)
     why = "SLOTSERVE_GGML_PREFETCH" if forced else ("an Intel CPU" if intel else "not Intel")
-    return f"prefetch into {'L2' if to_l2 else 'L1'} ({why})"
+    return f"prefetch into L2 up to {rows} rows, L1 wider ({why})"
 
 
 def call_arguments(

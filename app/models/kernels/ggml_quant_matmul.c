@@ -96,11 +96,6 @@ static const sl_quantize_row_fn sl_quantize_q8_1[3] = {
 static const sl_quantize_row_fn sl_quantize_q8_k[3] = {
     sl_quantize_q8_k_scalar, sl_quantize_q8_k_avx2, sl_quantize_q8_k_avx512};
 
-/* Calls of up to this many activation rows prefetch where the loader chose (sl_prefetch_l2,
- * ggml_quant_cpu.c), wider ones into L1: Gemma 3 steps (AMX Xeon) of 64 rows 137-145 ms into
- * L1, 144-149 into L2; 32 rows 56-58 and 53-55; 16 rows 36.7 and 33.7. */
-#define SL_PREFETCH_L2_ROWS 32
-
 /* Bytes of one row of k weights in `qtype`, or -1 when the format is not computed here or k
  * is not a whole number of its blocks. */
 int64_t sl_quant_row_bytes(int qtype, int64_t k) {
@@ -409,7 +404,7 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
     uint8_t *q8_k = q8_1 + m * q8_1_bytes;
     if (threads < 1) threads = 1;
     const int amx = isa == SL_ISA_AVX512 && sl_quant_amx_ready();
-    sl_prefetch_l2_now = sl_prefetch_l2 && m <= SL_PREFETCH_L2_ROWS; /* (calls are not concurrent) */
+    sl_prefetch_l2_now = m <= sl_prefetch_l2_rows; /* (calls are not concurrent) */
     sl_call_id++;
     int no_memory = 0;
 
