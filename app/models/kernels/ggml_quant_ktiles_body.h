@@ -218,7 +218,7 @@ KT_TARGET KT_INLINE void KT_NAME(kt_sub_block)(int fmt, int R, const uint8_t *co
     for (int g = g0; g < g0 + groups; g++) {
         const __m256i cv = _mm256_loadu_si256((const __m256i *)(codes + 32 * g));
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) dot[r] = _mm256_dpbusd_epi32(dot[r], cv, KT_NAME(kt_bcast4)(x[r][b].qs + 4 * g));
+        for (int r = 0; r < R; r++) dot[r] = sl_dpbusd_bcast(dot[r], cv, x[r][b].qs + 4 * g);
     }
     const __m256i scale = _mm256_srai_epi32(sp, 16);
 #pragma GCC unroll 8

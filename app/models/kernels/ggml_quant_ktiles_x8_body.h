@@ -36,8 +36,8 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemv_x8)(int R, const uint8_t *group, int64_
                 for (int r = 0; r < R; r++) {
                     const int8_t *q = x[r][b].qs + 64 * i + 4 * t;
 #if KT_VNNI
-                    lo[r] = _mm256_dpbusd_epi32(lo[r], cl, KT_NAME(kt_bcast4)(q));
-                    hi[r] = _mm256_dpbusd_epi32(hi[r], ch, KT_NAME(kt_bcast4)(q + 32));
+                    lo[r] = sl_dpbusd_bcast(lo[r], cl, q);
+                    hi[r] = sl_dpbusd_bcast(hi[r], ch, q + 32);
 #else /* int16 sums of 8 pairs of 2 * 15 * 127 at most */
                     lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(cl, KT_NAME(kt_bcast4)(q)));
                     hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(ch, KT_NAME(kt_bcast4)(q + 32)));

@@ -141,7 +141,7 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemvn_x8)(int fmt, int R, const uint8_t *gro
                 isum[r] = _mm256_set1_epi32(-128 * x[r][b].sum);
 #pragma GCC unroll 8
                 for (int g = 0; g < TL_GROUPS; g++)
-                    isum[r] = _mm256_dpbusd_epi32(isum[r], cu[g], tl_bcast4(x[r][b].qs + 4 * g));
+                    isum[r] = sl_dpbusd_bcast(isum[r], cu[g], x[r][b].qs + 4 * g);
             }
 #else /* (sixteen registers: each row takes its own signs, tl_x8_isum) */
 #pragma GCC unroll 8
@@ -157,7 +157,7 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemvn_x8)(int fmt, int R, const uint8_t *gro
                 isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int g = 0; g < TL_GROUPS; g++)
-                    isum[r] = _mm256_dpbusd_epi32(isum[r], codes[g], tl_group_x(fmt, x[r] + b, g, codes[g]));
+                    isum[r] = sl_dpbusd_bcast(isum[r], codes[g], x[r][b].qs + 4 * g); /* (not Q8_0) */
 #else
                 const __m256i ones = _mm256_set1_epi16(1);
                 const int run = tl_is5(fmt) ? 4 : 8;
@@ -199,11 +199,7 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
         for (int g = 0; g < TL_GROUPS; g++) {
             const __m256i cu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + g * 32)), offset);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                int32_t four;
-                memcpy(&four, x[r][b].qs + 4 * g, 4);
-                isum[r] = _mm256_dpbusd_epi32(isum[r], cu, _mm256_set1_epi32(four));
-            }
+            for (int r = 0; r < R; r++) isum[r] = sl_dpbusd_bcast(isum[r], cu, x[r][b].qs + 4 * g);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
@@ -215,8 +211,7 @@ TL_TARGET TL_INLINE void TL_NAME(tl_tile_block)(int fmt, int R, const uint8_t *c
         __m256i cv;
         const __m256i cu = tl_group_codes(fmt, codes, g, &cv);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-            isum[r] = _mm256_dpbusd_epi32(isum[r], cu, tl_group_x(fmt, x[r] + b, g, cv));
+        for (int r = 0; r < R; r++) isum[r] = sl_dpbusd_bcast(isum[r], cu, x[r][b].qs + 4 * g); /* (not Q8_0) */
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
