@@ -102,4 +102,18 @@ SL_TARGET_AVX512 static inline __attribute__((always_inline)) __m256i sl_dpbusd_
 #endif
 }
 
+/* acc + vpdpwssd(a, the two int16 at p broadcast to the eight lanes): the sums of
+ * _mm256_madd_epi16(a, broadcast) added to acc, in one macro-op ({1to8}) for three. */
+SL_TARGET_AVX512 static inline __attribute__((always_inline)) __m256i sl_dpwssd_bcast(__m256i acc, __m256i a,
+                                                                                   const void *p) {
+#ifdef SL_NO_EMBEDDED_BROADCAST
+    int32_t two;
+    memcpy(&two, p, 4);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, _mm256_set1_epi32(two)));
+#else
+    __asm__("vpdpwssd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)p));
+    return acc;
+#endif
+}
+
 #endif

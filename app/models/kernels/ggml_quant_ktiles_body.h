@@ -266,7 +266,11 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemm)(int fmt, int R, const uint8_t *tile, i
             const __m256i pairs = _mm256_loadu_si256(mp + t);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++)
+#if KT_VNNI
+                msum[r] = sl_dpwssd_bcast(msum[r], pairs, x[r][b].bsums + 2 * t);
+#else
                 msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(pairs, KT_NAME(kt_bcast4)(x[r][b].bsums + 2 * t)));
+#endif
         }
         const __m256 d = _mm256_loadu_ps((const float *)(sb + KT_D_OFFSET));
         const __m256 dmin = _mm256_loadu_ps((const float *)(sb + KT_D_OFFSET) + KT_LANES);

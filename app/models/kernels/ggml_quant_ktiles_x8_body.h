@@ -63,7 +63,11 @@ KT_TARGET KT_INLINE void KT_NAME(kt_gemv_x8)(int R, const uint8_t *group, int64_
             const __m256i pair = _mm256_or_si256(ms, _mm256_slli_epi32(ms, 16));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
+#if KT_VNNI
+                msum[r] = sl_dpwssd_bcast(msum[r], pair, x[r][b].bsums + 2 * s);
+#else
                 msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(pair, KT_NAME(kt_bcast4)(x[r][b].bsums + 2 * s)));
+#endif
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
