@@ -15,7 +15,12 @@ from make_random_gguf import write_random_gguf
 from app.models.base import SamplingParams
 from app.models.kernels.ggml_quant import QuantSegment, load_ggml_quant
 from app.models.load.plan import load_checkpoint
-from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLLinear, blocks_max_rows
+from app.models.weights.ggml import (
+    DENSE_FROM_ROWS,
+    GGMLLinear,
+    blocks_max_rows,
+    decodes_wide_calls_here,
+)
 from app.models.weights.projections import LinearKernel, project, widens_to_float32
 from tests.models.stepping import generate_alone, generate_together, load_on_blocks
 from tests.models.test_ggml_kernels import random_blocks
@@ -102,14 +107,17 @@ def random_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("wide_copies", ["off", "on"])
-def test_the_load_decodes_wide_calls_only_without_copies_on_a_bfloat16_cpu(
+def test_the_load_decodes_wide_calls_only_without_copies_on_an_amx_cpu(
     random_file: Path, wide_copies: str
 ) -> None:
+    """Without AMX (the Zen 4 EPYC) the blocks beat decoding them for a wide call."""
     runner = load_on_blocks(random_file, wide_copies=wide_copies)
     qkv = runner.model.weights.layers[0].qkv
     assert isinstance(qkv, GGMLLinear)
     native = not widens_to_float32(torch.device("cpu"), torch.bfloat16)
-    wanted = DENSE_FROM_ROWS if native and wide_copies == "off" else 0
+    amx = torch.cpu._is_amx_tile_supported()
+    assert decodes_wide_calls_here() == amx
+    wanted = DENSE_FROM_ROWS if native and amx and wide_copies == "off" else 0
     assert qkv.dense_from_rows == wanted
     assert (runner.model.weights.kernel is LinearKernel.ONEDNN) == native
 

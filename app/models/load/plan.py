@@ -39,7 +39,7 @@ from app.models.refusal import ModelRefused
 from app.models.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from app.models.weights.block_arena import BlockArena, release_unclaimed
 from app.models.weights.build import load_weights
-from app.models.weights.ggml import blocks_max_rows
+from app.models.weights.ggml import blocks_max_rows, decodes_wide_calls_here
 from app.models.weights.int4 import int4_kernel_status
 from app.models.weights.projections import LinearKernel, select_linear_kernel, widens_to_float32
 from app.models.weights.record import DTYPES, ModelWeights, Quantization
@@ -111,7 +111,7 @@ class LoadPlan:
         num_kv_blocks: blocks of the paged KV pool, the null block included.
         wide_copies: gguf keeps dense copies of the projections for wide steps
             (``--wide-copies``).
-        decodes_wide_calls: gguf without copies on a CPU with native bfloat16 matmuls: wide
+        decodes_wide_calls: gguf without copies on a CPU with AMX's bfloat16 matmuls: wide
             calls decode the blocks for the call (``GGMLLinear.dense_from_rows``).
     """
 
@@ -242,9 +242,9 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
         over = blocks_max_rows()
         reason += f"; dense copies for steps of over {over} rows ({wide_bytes / 2**20:.0f} MiB)"
     # Wide calls decode the blocks for the call (GGMLLinear.dense_from_rows) where no copy is
-    # kept and the CPU multiplies bfloat16 natively; the model thread's buffer is counted.
+    # kept and the CPU multiplies bfloat16 on AMX tiles; the model thread's buffer is counted.
     native_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not widens
-    decodes_wide_calls = bool(stored) and native_bf16 and not wide_copies
+    decodes_wide_calls = bool(stored) and native_bf16 and not wide_copies and decodes_wide_calls_here()
     decode_bytes = decode_buffer_bytes(source) if decodes_wide_calls else 0
     memory = estimate_memory(
         source.hparams,

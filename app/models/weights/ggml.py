@@ -52,9 +52,12 @@ EXACT_ROWS_ANY = 2**31 - 1
 # GGML_MAX_ROWS_NO_AMX rows.
 GGML_MAX_ROWS = 32
 GGML_MAX_ROWS_NO_AMX = 127
-# Without one, on a CPU with native bfloat16 matmuls: calls of at least this many rows decode
-# the blocks for the call (measured on the 2-core AMX Xeon at load 3-4, a 1B Q4_K layer's four
-# projections: 3.33x the blocks' speed at 512 rows, 2.17x at 256, 1.41x at 128, 0.80x at 64).
+# Without one, on a CPU with AMX tiles: calls of at least this many rows decode the blocks for
+# the call (measured on the 2-core AMX Xeon at load 3-4, a 1B Q4_K layer's four projections:
+# 3.33x the blocks' speed at 512 rows, 2.17x at 256, 1.41x at 128, 0.80x at 64). Not without
+# AMX: on the 2-core Zen 4 EPYC (AVX-512 BF16, VNNI) the blocks took 0.63x the decode and GEMM's
+# time for a 16384 x 2048 Q4_K matrix at 128 rows, 0.76x at 256, 0.78x at 512 (2048 x 8192:
+# 0.61x at 128, 0.88x at 512).
 DENSE_FROM_ROWS = 128
 
 
@@ -63,6 +66,12 @@ def blocks_max_rows() -> int:
     here: :data:`GGML_MAX_ROWS` on a CPU with AMX tiles, else :data:`GGML_MAX_ROWS_NO_AMX`
     (torch's cpuid probe; runs nothing)."""
     return GGML_MAX_ROWS if torch.cpu._is_amx_tile_supported() else GGML_MAX_ROWS_NO_AMX
+
+
+def decodes_wide_calls_here() -> bool:
+    """Whether wide calls without a dense copy decode the blocks for the call
+    (:data:`DENSE_FROM_ROWS`) on this CPU: where it has AMX tiles (torch's cpuid probe)."""
+    return bool(torch.cpu._is_amx_tile_supported())
 
 
 # The calling thread's buffer of GGMLLinear.decoded (the model thread's, in a server).
