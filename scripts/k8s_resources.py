@@ -61,11 +61,11 @@ def round_up(mib: float) -> int:
 
 
 def bytes_on_another_cpu(plan: LoadPlan) -> int:
-    """Bytes that a node whose CPU computes bfloat16 natively (AMX, AVX-512 BF16) holds and
-    that ``plan``, made on a CPU without it, left out: the dense bfloat16 copies
-    ``--wide-copies auto`` keeps there, or, where it keeps none, the buffer that wide calls
-    decode the blocks into (0 where the plan was made on such a CPU, or where no CPU adds
-    anything). A pod may be scheduled on either kind of node: its request counts the larger."""
+    """Bytes that another node's CPU holds and that ``plan``, made here, left out: the dense
+    bfloat16 copies ``--wide-copies auto`` keeps where bfloat16 is native (AMX, AVX-512 BF16),
+    or, where it keeps none, the buffer that wide calls decode the blocks into on a CPU with
+    AMX (0 where the plan already counts it, or where no CPU adds anything). A pod may be
+    scheduled on any kind of node: its request counts the largest."""
     if (
         plan.wide_copies
         or plan.decodes_wide_calls

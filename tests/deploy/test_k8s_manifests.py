@@ -127,7 +127,7 @@ def test_replica_memory_is_the_same_whatever_cpu_computes_it(monkeypatch, bfloat
 
 @pytest.mark.parametrize("wide_copies", ["auto", "off"])
 def test_pod_memory_does_not_depend_on_the_cpu_that_computes_it(monkeypatch, wide_copies):
-    """With copies (auto) or without (off: a bfloat16 CPU then decodes wide calls into a
+    """With copies (auto) or without (off: an AMX CPU then decodes wide calls into a
     buffer), ``pod_memory`` gives the numbers of the larger kind of node on either kind."""
     config = ServerConfig(model="smollm2", max_num_seqs=16, wide_copies=wide_copies)
     memory = {}

@@ -132,8 +132,10 @@ def prefetch_level(library: ctypes.CDLL) -> str:
     full); L2 took a SmolLM2 one-row step from 6.9 to 6.2 ms, Gemma 3's Q8_0 head at one row
     from 8.9-9.5 to 7.0-7.3 ms. On the 2-core Zen 4 EPYC (family 25 model 17) the same: perf put
     9% of a 1B Q4_K file's 8-row gemv on the instruction after a PREFETCHT0, and L2 took its
-    model step from 25.9 to 21.7 ms at one row and 65.6 to 53.9 at 8, Gemma 3's from 15.8 to
-    10.9 at one row (one process, the two levels in turns; docs/MODEL_PERF.md).
+    model step from 25.9 to 21.7 ms at one row and 65.6 to 53.9 at 8 (its AVX2 kernels: 34.4 to
+    27.5 at one row), SmolLM2's from 6.14 to 5.32 at one row, Gemma 3's from 41.5 to 36.1 at
+    16 rows (10.02 against 10.47 at one: even); one process, the two levels in turns
+    (docs/MODEL_PERF.md). The AVX2-only EPYC is the same Zen 4 with AVX-512 hidden.
 
     Raises:
         KernelBuildError: ``SLOTSERVE_GGML_PREFETCH`` is set to something else.

@@ -244,7 +244,9 @@ def plan_load(model: str, options: LoadOptions) -> LoadPlan:
     # Wide calls decode the blocks for the call (GGMLLinear.dense_from_rows) where no copy is
     # kept and the CPU multiplies bfloat16 on AMX tiles; the model thread's buffer is counted.
     native_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not widens
-    decodes_wide_calls = bool(stored) and native_bf16 and not wide_copies and decodes_wide_calls_here()
+    decodes_wide_calls = (
+        bool(stored) and native_bf16 and not wide_copies and decodes_wide_calls_here()
+    )
     decode_bytes = decode_buffer_bytes(source) if decodes_wide_calls else 0
     memory = estimate_memory(
         source.hparams,

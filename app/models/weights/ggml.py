@@ -10,11 +10,12 @@ input columns (a block's scale is shared by 32 or 256 columns), so a model using
 
 Every row of a call is computed alone (see the kernels' module): ``exact_rows`` is unbounded.
 
-Where no copy is kept but the CPU multiplies bfloat16 natively (AMX, AVX-512 BF16), a call of
+Where no copy is kept but the CPU multiplies bfloat16 on AMX tiles, a call of
 at least ``dense_from_rows`` rows (a long prompt's chunk) decodes the blocks into a bfloat16
 matrix for that call only and runs oneDNN's GEMM over it: the block kernels are GEMV-shaped,
 and a 1B Q4_K layer's four projections over 512 rows took 575 ms on the blocks against 173 ms
-decoded per call on the 2-core AMX Xeon (docs/MODEL_PERF.md).
+decoded per call on the 2-core AMX Xeon; without AMX the blocks' VNNI tiles win (the Zen 4
+EPYC: 0.61-0.88x the decode and GEMM's time at 128-512 rows; docs/MODEL_PERF.md).
 The decoded matrix is written into one buffer per thread, reused (the 1B file's largest
 matrix: 64 MiB, counted by the memory estimate). Then a row is batch-invariant up to
 ``dense_from_rows - 1`` rows a call.
