@@ -308,6 +308,17 @@ async def test_an_unknown_field_is_a_400_naming_it(client, path, body, field, va
     assert field in error["message"]
 
 
+@pytest.mark.parametrize("prompt", ["", [""], [], [[]]])
+async def test_an_empty_completion_prompt_is_named_as_empty(client, prompt):
+    """Found by a new-user test: ``"prompt": ""`` said "Value should have at least 1 item
+    after validation, not 0" (pydantic's union of a string and a list)."""
+    response = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt"
+    assert "the prompt is empty" in error["message"] and "item" not in error["message"]
+
+
 async def test_what_vllm_router_adds_to_every_request_is_tolerated(client):
     """The fields vllm-router 0.1.17 was seen to add to each request it forwards, at its values
     (each a 400 when unknown fields were first refused: the routing scenario's every request),
