@@ -316,7 +316,9 @@ async def test_an_empty_completion_prompt_is_named_as_empty(client, prompt):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "prompt"
-    assert "the prompt is empty" in error["message"] and "item" not in error["message"]
+    assert error["message"] == (
+        "prompt: the prompt is empty: give at least one character or token id"
+    )
 
 
 async def test_what_vllm_router_adds_to_every_request_is_tolerated(client):

@@ -280,7 +280,9 @@ class CompletionRequestBody(OpenAIRequestBody):
     def _one_prompt(cls, prompt: Any) -> Any:
         if prompt == "" or prompt == [""] or prompt == [] or prompt == [[]]:
             # (else pydantic's union says "at least 1 item" of a string)
-            raise ValueError("the prompt is empty: give at least one character or token id")
+            raise PydanticCustomError(
+                "invalid_value", "the prompt is empty: give at least one character or token id"
+            )
         if not isinstance(prompt, list):
             return prompt
         if len(prompt) == 1 and isinstance(prompt[0], str | list):
