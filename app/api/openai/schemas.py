@@ -278,7 +278,7 @@ class CompletionRequestBody(OpenAIRequestBody):
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, prompt: Any) -> Any:
-        if prompt == "" or prompt == [""] or prompt == [] or prompt == [[]]:
+        if prompt in ("", [""], [], [[]]):
             # (else pydantic's union says "at least 1 item" of a string)
             raise PydanticCustomError(
                 "invalid_value", "the prompt is empty: give at least one character or token id"
