@@ -30,12 +30,16 @@ through the scheduler's one ``_release`` (shared with ``finish``, rule R16), whi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from app.engine.kv_blocks import Admission, BlockManager
 from app.engine.metrics import EngineMetrics
 from app.engine.request import Sequence, SequenceStatus
 from app.engine.step_rows import prefix_salt
 from app.models.base import ModelCapabilities
+
+if TYPE_CHECKING:
+    from app.engine.lookahead import Following
 
 
 class KVAdmission:
@@ -107,12 +111,12 @@ class KVAdmission:
                 if victim is seq:
                     break
 
-    def grow_following(self, following: list[tuple[Sequence, int]]) -> bool:
+    def grow_following(self, following: list[Following]) -> bool:
         """Blocks for the rows of a step built ahead (``following_sequences``: each sequence
         with its row's position), from free blocks only; False when they do not all fit
         (those that did keep their blocks: the next step needs them anyway)."""
         grow = self.blocks.grow
-        return all(grow(seq, position + 1) for seq, position in following)
+        return all(grow(seq, position + 1) for seq, position, _ in following)
 
     def grow_draft(self, seq: Sequence, num_draft_tokens: int) -> int:
         """Blocks for a speculative row of decoding ``seq`` (its next position and

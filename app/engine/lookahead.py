@@ -27,7 +27,13 @@ import time
 from app.engine.kv_blocks import BlockManager
 from app.engine.request import Sequence, SequenceStatus, StopCriteria
 from app.engine.slot_table import SlotTable
-from app.engine.step_rows import ScheduledStep, padding_rows, prefill_rows, slot_of
+from app.engine.step_rows import (
+    ScheduledStep,
+    padding_rows,
+    plain_decode_row,
+    prefill_rows,
+    slot_of,
+)
 from app.models.base import (
     KVBlocks,
     Model,
@@ -42,19 +48,24 @@ PENDING_TOKEN = -1
 """The token of a row built ahead, until the model thread puts step N's sample there."""
 
 
+Following = tuple[Sequence, int, KVBlocks | None]
+"""A sequence step N+1 continues, the position of its row there, and the block table its
+row in step N carried (:func:`pending_row` keeps it when the table did not grow)."""
+
+
 def following_sequences(
     running: ScheduledStep, slots: SlotTable, context_length: int
-) -> list[tuple[Sequence, int]] | None:
+) -> list[Following] | None:
     """The sequences of ``running`` (step N) that step N+1 continues, each with the position
-    of its row in step N+1, in step N's order; None when step N+1 cannot be built before step
-    N's output is applied.
+    of its row in step N+1 (and step N's block table: :data:`Following`), in step N's order;
+    None when step N+1 cannot be built before step N's output is applied.
 
     None when a live row of step N is not a plain sampling row (a prompt chunk that does not
     end the prompt, a draft, a constraint's mask), or a running sequence has no row in step N
     (its prompt chunk did not fit the token budget). A sequence that step N ends for certain
     (its ``max_tokens``-th token, or the context full) is left out.
     """
-    following: list[tuple[Sequence, int]] = []
+    following: list[Following] = []
     in_step = 0
     for seq, row in zip(running.sequences, running.live_rows, strict=True):
         if not slots.holds(row.slot, seq) or seq.status is not SequenceStatus.RUNNING:
@@ -68,23 +79,25 @@ def following_sequences(
             or seq.num_prompt_tokens + generated >= context_length
         ):
             continue
-        following.append((seq, row.position + len(row.token_ids)))
+        following.append((seq, row.position + len(row.token_ids), row.kv_blocks))
     if in_step != slots.num_running:
         return None
     return following
 
 
-def pending_row(seq: Sequence, position: int, kv: BlockManager | None) -> StepRow:
+def pending_row(
+    seq: Sequence, position: int, kv: BlockManager | None, previous: KVBlocks | None = None
+) -> StepRow:
     """The decode row of ``seq`` at ``position`` whose token step N is sampling
-    (``PENDING_TOKEN`` until :func:`filled_batch`); its block table must already cover it."""
-    return StepRow(
-        slot_of(seq),
-        (PENDING_TOKEN,),
-        position,
-        True,
-        seq.request.sampling,
-        kv_blocks=None if kv is None else KVBlocks(kv.table(seq)),
-    )
+    (``PENDING_TOKEN`` until :func:`filled_batch`); its block table must already cover it.
+    ``previous``, step N's block table for ``seq``, is reused when the table is the same (15
+    decode steps in 16 at 16 positions a block) and it does not start the sequence."""
+    blocks = None
+    if kv is not None:
+        table = kv.table(seq)
+        reusable = previous is not None and not previous.starts_sequence
+        blocks = previous if reusable and previous.block_ids == table else KVBlocks(table)
+    return plain_decode_row(slot_of(seq), (PENDING_TOKEN,), position, seq.request.sampling, blocks)
 
 
 def ending_tokens(stop: StopCriteria, eos_token_ids: frozenset[int]) -> frozenset[int]:
@@ -96,7 +109,7 @@ def ending_tokens(stop: StopCriteria, eos_token_ids: frozenset[int]) -> frozense
 
 
 def ahead_step(
-    following: list[tuple[Sequence, int]],
+    following: list[Following],
     admitted: list[Sequence],
     kv: BlockManager | None,
     max_num_batched_tokens: int,
@@ -106,14 +119,14 @@ def ahead_step(
     (:func:`following_sequences`), then prompt chunks of ``admitted`` (sequences that entered
     a slot while step N runs, in admission order) within the token budget, then, for a model
     with a fixed batch shape, padding. None when it holds no row."""
-    rows = [pending_row(seq, position, kv) for seq, position in following]
+    rows = [pending_row(seq, position, kv, previous) for seq, position, previous in following]
     budget = max_num_batched_tokens - len(rows)
     chunks = prefill_rows(admitted, budget, capabilities.max_tokens_per_row, kv)
     if not rows and not chunks:
         return None
-    sequences = (*(seq for seq, _ in following), *admitted[: len(chunks)])
+    sequences = (*(entry[0] for entry in following), *admitted[: len(chunks)])
     eos = capabilities.eos_token_ids
-    pending = tuple(ending_tokens(seq.request.stop, eos) for seq, _ in following)
+    pending = tuple(ending_tokens(entry[0].request.stop, eos) for entry in following)
     rows.extend(chunks)
     if capabilities.fixed_batch_shape:
         rows.extend(padding_rows(rows, capabilities.max_num_seqs))
@@ -145,9 +158,7 @@ def filled_batch(
         rows[index] = (
             StepRow.padding(row.slot)
             if token is None or token in ends
-            else StepRow(
-                row.slot, (token,), row.position, True, row.sampling, kv_blocks=row.kv_blocks
-            )
+            else plain_decode_row(row.slot, (token,), row.position, row.sampling, row.kv_blocks)
         )
     return StepBatch(tuple(rows))
 
