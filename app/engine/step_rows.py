@@ -89,22 +89,23 @@ def row_results(step: ScheduledStep, output: StepOutput) -> list[RowResult]:
             f"model returned {len(output.rows)} results for {len(step.batch.rows)} rows"
         )
     results = []
+    append = results.append
     live = zip(step.sequences, step.live_rows, output.rows[: len(step.sequences)], strict=True)
     for index, (seq, row, out) in enumerate(live):
         token, accepted, logprobs = out.token_id, out.num_accepted, out.logprobs
-        if not 0 <= accepted <= row.num_draft_tokens:
-            raise ValueError(f"row {index}: {accepted} accepted of {row.num_draft_tokens}")
-        results.append(
-            RowResult(
-                sequence=seq,
-                row=row,
-                token_ids=() if token is None else (*row.draft_token_ids[:accepted], token),
-                logprobs=None if logprobs is None else (*(out.draft_logprobs or ()), logprobs),
-                prompt_logprobs=out.prompt_logprobs,
-                error=out.error,
-                num_accepted=accepted,
-            )
-        )
+        if row.num_draft_tokens:
+            if not 0 <= accepted <= row.num_draft_tokens:
+                raise ValueError(f"row {index}: {accepted} accepted of {row.num_draft_tokens}")
+            token_ids = () if token is None else (*row.draft_token_ids[:accepted], token)
+            if logprobs is not None:
+                logprobs = (*(out.draft_logprobs or ()), logprobs)
+        elif accepted:
+            raise ValueError(f"row {index}: {accepted} accepted of 0")
+        else:  # an ordinary row (positional fields: a row's result is built every step)
+            token_ids = () if token is None else (token,)
+            if logprobs is not None:
+                logprobs = (logprobs,)
+        append(RowResult(seq, row, token_ids, logprobs, out.prompt_logprobs, out.error, accepted))
     return results
 
 
