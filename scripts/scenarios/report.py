@@ -131,9 +131,10 @@ def render_markdown(plan: Plan, sections: Sequence[Section], info: dict[str, obj
         f"the **median of {plan.repeats} repeat(s)** (min and max shown where it helps), and "
         "every ratio is computed inside one repeat, from two runs back to back in alternating "
         "order, before its median is taken. The servers are subprocesses on 127.0.0.1 with "
-        "`--log-level warning` (no access log); the load generator (`scripts/loadgen`, httpx) "
-        "runs in the benchmark's own process on the same cores, so the client competes with "
-        "the server for CPU: the tables give both CPU shares.",
+        "`--log-level warning` (no access log); the load generator (`scripts/loadgen`: "
+        "aiohttp reads the streams, httpx-sse parses their events) runs in the benchmark's "
+        "own process on the same cores, so the client competes with the server for CPU: the "
+        "tables give both CPU shares.",
         "",
         "The real model's speed against transformers and llama.cpp (1 / 16 / 64 streams, "
         "dtypes, int4, memory, batch invariance) is in [`MODEL_PERF.md`](MODEL_PERF.md) "

@@ -226,6 +226,10 @@ def fake(server: FakeServer) -> FakeServer:
     return server
 
 
+# Streams read over either transport: httpx, or aiohttp with httpx-sse parsing its bytes.
+STREAM_TRANSPORTS = pytest.mark.parametrize("transport", list(Transport))
+
+
 def config_for(url: str, **changes: object) -> LoadConfig:
     """A small closed-loop run: 8-word prompts, 5 output tokens; `changes` override."""
     workload = changes.pop("workload", WorkloadConfig(prompt_len=8, output_len=5))
@@ -404,8 +408,11 @@ def test_config_rejects_what_cannot_run(changes: dict, message: str) -> None:
 # Against the fake server
 
 
-def test_streaming_ttft_itl_tpot_match_the_server_pace(fake: FakeServer) -> None:
-    result = run(config_for(fake.url, concurrency=2, num_requests=4))
+@STREAM_TRANSPORTS
+def test_streaming_ttft_itl_tpot_match_the_server_pace(
+    fake: FakeServer, transport: Transport
+) -> None:
+    result = run(config_for(fake.url, transport=transport, concurrency=2, num_requests=4))
 
     assert sorted(fake.request_ids) == sorted(r.spec.request_id for r in result.records)
     for rec in result.records:
@@ -447,21 +454,27 @@ def test_overload_answers_count_as_rejected(fake: FakeServer, status: int, kind:
     assert summary.request_throughput == 0
 
 
-def test_error_event_mid_stream_is_an_error_by_type(fake: FakeServer) -> None:
+@STREAM_TRANSPORTS
+def test_error_event_mid_stream_is_an_error_by_type(fake: FakeServer, transport: Transport) -> None:
     fake.script = Script(first_token_delay_s=0.01, token_delay_s=0.01, error_after_tokens=2)
-    result = run(config_for(fake.url))
+    result = run(config_for(fake.url, transport=transport))
 
     assert [r.outcome for r in result.records] == [Outcome.ERROR, Outcome.ERROR]
     assert result.summary.errors == {"stream internal": 2}
     assert all(r.output_tokens == 2 for r in result.records)
 
 
-def test_cancel_with_delete_sends_delete_for_the_chosen_ids(fake: FakeServer) -> None:
+@STREAM_TRANSPORTS
+def test_cancel_with_delete_sends_delete_for_the_chosen_ids(
+    fake: FakeServer, transport: Transport
+) -> None:
     fake.script = Script(first_token_delay_s=0.02, token_delay_s=0.01)
     workload = WorkloadConfig(
         prompt_len=4, output_len=30, seed=3, cancel=CancelPolicy(fraction=0.5, after_tokens=3)
     )
-    result = run(config_for(fake.url, concurrency=4, num_requests=10, workload=workload))
+    result = run(
+        config_for(fake.url, transport=transport, concurrency=4, num_requests=10, workload=workload)
+    )
 
     chosen = {r.spec.request_id for r in result.records if r.spec.cancel_after_tokens}
     assert 0 < len(chosen) < 10
@@ -475,14 +488,15 @@ def test_cancel_with_delete_sends_delete_for_the_chosen_ids(fake: FakeServer) ->
     assert result.summary.outcomes["cancelled"] == len(chosen)
 
 
-def test_cancel_with_disconnect_closes_the_stream(fake: FakeServer) -> None:
+@STREAM_TRANSPORTS
+def test_cancel_with_disconnect_closes_the_stream(fake: FakeServer, transport: Transport) -> None:
     fake.script = Script(first_token_delay_s=0.02, token_delay_s=0.02)
     workload = WorkloadConfig(
         prompt_len=4,
         output_len=50,
         cancel=CancelPolicy(1.0, after_tokens=2, mode=CancelMode.DISCONNECT),
     )
-    result = run(config_for(fake.url, workload=workload))
+    result = run(config_for(fake.url, transport=transport, workload=workload))
 
     assert [r.outcome for r in result.records] == [Outcome.CANCELLED] * 2
     assert [r.output_tokens for r in result.records] == [2, 2]
@@ -547,9 +561,10 @@ def count_arrivals_before(rate: float, seed: int, horizon_s: float) -> int:
     raise AssertionError("unreachable")
 
 
-def test_openai_stream_format(fake: FakeServer) -> None:
+@STREAM_TRANSPORTS
+def test_openai_stream_format(fake: FakeServer, transport: Transport) -> None:
     fake.script = Script(first_token_delay_s=0.05, token_delay_s=0.02)
-    result = run(config_for(fake.url, api=Api.OPENAI, model="m", api_key="k"))
+    result = run(config_for(fake.url, transport=transport, api=Api.OPENAI, model="m", api_key="k"))
 
     for rec in result.records:
         assert rec.outcome is Outcome.OK and rec.finish_reason == "length"
@@ -608,8 +623,6 @@ def test_aiohttp_transport_sends_plain_requests(fake: FakeServer) -> None:
         assert [r.outcome for r in result.records] == [Outcome.OK] * 4
         assert all((r.output_tokens, r.prompt_tokens) == (4, 3) for r in result.records)
         assert sorted(fake.request_ids) == sorted(r.spec.request_id for r in result.records)
-    with pytest.raises(ValueError, match="needs --no-stream"):
-        config_for(fake.url, transport=Transport.AIOHTTP)
 
 
 def test_refused_connection_is_a_transport_error() -> None:
