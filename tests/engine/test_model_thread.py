@@ -102,3 +102,50 @@ async def test_queued_calls_run_in_order_and_drain_waits_for_them() -> None:
     assert order == ["step", "release"] and released.done()
     model_thread.shutdown()
     await asyncio.wait_for(model_thread.drain(), 1)
+
+
+async def test_shutdown_lets_the_running_call_end_and_drops_the_queued_ones() -> None:
+    model_thread = ModelThread()
+    gate, started = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def held() -> str:
+        started.set()
+        gate.wait(10)
+        ran.append("held")
+        return "done"
+
+    running = model_thread.start(held)
+    queued = model_thread.start(ran.append, "queued")
+    release = model_thread.queue(ran.append, "release")
+    await asyncio.to_thread(started.wait, 10)
+    model_thread.shutdown()
+    gate.set()
+    assert await running == "done"
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert release.cancelled() and ran == ["held"]
+    with pytest.raises(RuntimeError, match="shut down"):
+        model_thread.start(ran.append, "late")
+    with pytest.raises(RuntimeError, match="shut down"):
+        model_thread.queue(ran.append, "late")
+
+
+async def test_a_call_cancelled_before_it_started_is_skipped() -> None:
+    """As ``run_in_executor``'s: the caller gave up on it, so it never runs; the calls after
+    it still do, in order."""
+    model_thread = ModelThread()
+    gate, started = threading.Event(), threading.Event()
+    ran: list[str] = []
+    try:
+        running = model_thread.start(lambda: (started.set(), gate.wait(10)))
+        skipped = model_thread.start(ran.append, "skipped")
+        kept = model_thread.start(ran.append, "kept")
+        await asyncio.to_thread(started.wait, 10)
+        skipped.cancel()
+        gate.set()
+        await running
+        await kept
+        assert ran == ["kept"]
+    finally:
+        model_thread.shutdown()
