@@ -251,8 +251,6 @@ class MockModelRunner:
             sampled = [i for i, row in enumerate(batch.rows) if row.sample and errors[i] is None]
             prefixes = [self._prefixes[batch.rows[i].slot] for i in sampled]  # read-only
             tokens = self.model.next_tokens(prefixes) if prefixes else []
-            if (rest := ends_at - time.perf_counter()) > 0:
-                time.sleep(rest)
             result: list[int | None] = [None] * len(batch.rows)
             accepted = [0] * len(batch.rows)
             for index, prefix, token in zip(sampled, prefixes, tokens, strict=True):
@@ -263,21 +261,28 @@ class MockModelRunner:
                 result[index] = token if mask is None else _within(mask, token, prefix)
             asked = any(row.sampling.logprobs is not None for row in batch.rows)
             if not asked and not any(row.num_draft_tokens for row in batch.rows):
-                return StepOutput(tuple(map(RowOutput, result, errors)))
-            return StepOutput(
-                tuple(
-                    RowOutput(
-                        token,
-                        error,
-                        _certain_logprobs(row, token),
-                        num_accepted=count,
-                        draft_logprobs=_certain_draft_logprobs(row, count),
-                    )
-                    for row, token, error, count in zip(
-                        batch.rows, result, errors, accepted, strict=True
+                output = StepOutput(tuple(map(RowOutput, result, errors)))
+            else:
+                output = StepOutput(
+                    tuple(
+                        RowOutput(
+                            token,
+                            error,
+                            _certain_logprobs(row, token),
+                            num_accepted=count,
+                            draft_logprobs=_certain_draft_logprobs(row, count),
+                        )
+                        for row, token, error, count in zip(
+                            batch.rows, result, errors, accepted, strict=True
+                        )
                     )
                 )
-            )
+            # Every row's work is done before the sleep, so the step returns when its time is
+            # up, as a model whose kernels end with the step would (work after the sleep ran
+            # past it: 10.27 ms for a 10 ms step at 64 rows).
+            if (rest := ends_at - time.perf_counter()) > 0:
+                time.sleep(rest)
+            return output
 
     def _verify(self, row: StepRow) -> tuple[int, int]:
         """A speculative row: (drafted tokens accepted, the model's own next token); the
