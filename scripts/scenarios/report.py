@@ -174,7 +174,15 @@ OTHER_TABLES = (
         "(the default's quality check)",
         "python scripts/bench_model_quality.py",
     ),
-    ("ROBUSTNESS.md: soak (nothing leaks)", "python scripts/soak.py"),
+    (
+        'MODEL_PERF.md, "Paged KV cache and prefix caching": multi-turn TTFT, a shared '
+        "1,000-token prompt, 64 slots in 400 MiB, decode tok/s against another checkout",
+        "python scripts/bench_prefix_cache.py --baseline CHECKOUT",
+    ),
+    (
+        "ROBUSTNESS.md: soak (nothing leaks, no KV block held at the end)",
+        "python scripts/soak.py",
+    ),
     ("ROBUSTNESS.md: overload burst (429 latency)", "python scripts/overload_burst.py"),
     ("README.md: 1 vs 2 mock replicas behind nginx", "python scripts/bench_replicas.py"),
     ("README.md: batch runner vs HTTP server, same requests", "python scripts/bench_batch.py"),
