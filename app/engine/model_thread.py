@@ -28,6 +28,7 @@ import asyncio
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
@@ -36,6 +37,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
+
+_IDLE_CHECK_S = 0.5  # how often an idle thread looks whether the interpreter is exiting
 
 # One queued call: (fn, args, the loop to settle ``future`` on, or None for a
 # ``concurrent.futures.Future`` settled on the thread itself, future).
@@ -55,10 +58,13 @@ class ModelThread:
     def __init__(self, name: str = "model-step") -> None:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._closed = False
-        # A daemon: an interpreter that exits without ``shutdown`` does not wait on an idle
-        # thread (the engine's ``stop`` waits for the steps in flight itself, rule R16).
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        # Not a daemon: an interpreter that exits waits for the call in progress (a model
+        # still loading after a Ctrl-C), as it did for the executor's worker; an idle thread
+        # ends once the main thread has (``_serve``), or once this object is collected
+        # without ``shutdown`` (the thread holds the queue only, never ``self``).
+        self._thread = threading.Thread(target=_serve, args=(self._calls,), name=name)
         self._thread.start()
+        weakref.finalize(self, self._calls.put, None)
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Awaits ``fn(*args, **kwargs)`` on the model thread; its exception is raised here."""
@@ -110,25 +116,36 @@ class ModelThread:
         if self._closed:
             raise RuntimeError("the model thread is shut down")
 
-    def _serve(self) -> None:
-        calls = self._calls
-        while (call := calls.get()) is not None:
-            fn, args, loop, future = call
-            if loop is None:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn(*args))
-                    except BaseException as error:  # noqa: BLE001 (the caller's to see)
-                        future.set_exception(error)
-                continue
-            if future.cancelled():  # its caller gave up before it started
-                continue
-            try:
-                result = fn(*args)
-            except BaseException as error:  # noqa: BLE001 (raised where it is awaited)
-                _settle_soon(loop, future, None, error)
-            else:
-                _settle_soon(loop, future, result, None)
+
+def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+    """The model thread: runs the calls in order until ``None`` (``shutdown``, or its
+    ``ModelThread`` collected) or, while idle, until the main thread has ended."""
+    main = threading.main_thread()
+    while True:
+        try:
+            call = calls.get(timeout=_IDLE_CHECK_S)
+        except queue.Empty:
+            if not main.is_alive():  # the interpreter is exiting
+                return
+            continue
+        if call is None:
+            return
+        fn, args, loop, future = call
+        if loop is None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as error:  # noqa: BLE001 (the caller's to see)
+                    future.set_exception(error)
+            continue
+        if future.cancelled():  # its caller gave up before it started
+            continue
+        try:
+            result = fn(*args)
+        except BaseException as error:  # noqa: BLE001 (raised where it is awaited)
+            _settle_soon(loop, future, None, error)
+        else:
+            _settle_soon(loop, future, result, None)
 
 
 def _settle_soon(
@@ -149,6 +166,10 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         return
     if error is None:
         future.set_result(result)
+    elif isinstance(error, StopIteration):  # a future cannot hold one: it would never settle
+        failure = RuntimeError(f"a call on the model thread raised {error!r}")
+        failure.__cause__ = error
+        future.set_exception(failure)
     else:
         future.set_exception(error)
 
@@ -157,8 +178,11 @@ def _cancel(call: _Call) -> None:
     _, _, loop, future = call
     if loop is None:
         future.cancel()
-    elif not loop.is_closed():
+        return
+    try:
         loop.call_soon_threadsafe(future.cancel)
+    except RuntimeError:  # the loop is closed: nobody awaits it
+        pass
 
 
 def _log_failure(call: Future) -> None:

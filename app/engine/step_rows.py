@@ -119,12 +119,13 @@ def _plain_decode_row_constructor() -> Callable[..., StepRow]:
     frozen as any other.
 
     Raises:
-        TypeError: ``StepRow``'s fields are not the nine this sets (a field was added).
+        TypeError: ``StepRow``'s fields are not the nine this sets (a field was added), or
+            it gained a ``__post_init__`` this would skip.
     """
     names = ("slot", "token_ids", "position", "sample", "sampling", "inert", "token_mask")
     names += ("kv_blocks", "num_draft_tokens")
-    if tuple(f.name for f in fields(StepRow)) != names:
-        raise TypeError("StepRow's fields changed: update _plain_decode_row_constructor")
+    if tuple(f.name for f in fields(StepRow)) != names or hasattr(StepRow, "__post_init__"):
+        raise TypeError("StepRow's fields or checks changed: update _plain_decode_row_constructor")
     setters = tuple(StepRow.__dict__[name].__set__ for name in names)
     set_slot, set_tokens, set_position, set_sample, set_sampling = setters[:5]
     set_inert, set_mask, set_blocks, set_drafts = setters[5:]

@@ -195,7 +195,8 @@ class Attempt:
 
 
 class LoadClient:
-    """Sends `RequestSpec`s to one server: streams over `http`, the rest over `plain`."""
+    """Sends `RequestSpec`s to one server: streams over `http`, or over aiohttp when `plain` is
+    `AiohttpPlain` (its session); the rest over `plain`."""
 
     def __init__(
         self,
@@ -282,15 +283,18 @@ class LoadClient:
                 body = b"" if answer.status == 200 else await answer.read()
                 if not self._accepted(attempt, answer.status, body):
                     return
+                # Only what httpx-sse reads: aiohttp has already undone any Content-Encoding.
+                headers = {"content-type": answer.headers.get("content-type", "")}
+                if attempt.server_request_id is not None:
+                    headers["x-request-id"] = attempt.server_request_id
                 response = httpx.Response(
-                    answer.status,
-                    headers=list(answer.headers.items()),
-                    stream=AiohttpByteStream(answer),
+                    answer.status, headers=headers, stream=AiohttpByteStream(answer)
                 )
+                stream = EventStream(response)
                 try:
-                    await self._read_stream(attempt, EventStream(response), deletes)
+                    await self._read_stream(attempt, stream, deletes)
                 finally:
-                    answer.close()  # a disconnect on purpose, or the end: the connection goes
+                    await stream.aclose()  # a disconnect on purpose: the connection goes
         finally:
             await asyncio.gather(*deletes)  # _delete never raises
 

@@ -137,7 +137,12 @@ class LoadRun:
                 yield LoadClient(http, self._config, self._clock)
                 return
             connector = aiohttp.TCPConnector(limit=0, ssl=self._tls)
-            async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+            # No session timeout (aiohttp's default is 300 s in all): ``--timeout`` bounds each
+            # request (``LoadClient.send``), streams included.
+            session = aiohttp.ClientSession(
+                connector=connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=None)
+            )
+            async with session:
                 yield LoadClient(http, self._config, self._clock, AiohttpPlain(session))
 
     def _result(self, started_at_unix: float) -> LoadResult:

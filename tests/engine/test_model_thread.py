@@ -4,6 +4,7 @@ that torch's OpenMP keeps a single team of workers (app/engine/model_thread.py).
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import httpx
@@ -147,5 +148,32 @@ async def test_a_call_cancelled_before_it_started_is_skipped() -> None:
         await running
         await kept
         assert ran == ["kept"]
+    finally:
+        model_thread.shutdown()
+
+
+def test_a_model_thread_dropped_without_shutdown_ends_its_thread() -> None:
+    """Found by a review: the thread held its ``ModelThread`` (a bound method as its target),
+    so one never shut down (an engine built and never stopped) kept a thread for good."""
+    model_thread = ModelThread(name="dropped-model-thread")
+    thread = model_thread._thread  # noqa: SLF001 (the thread under test)
+    del model_thread
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+async def test_a_call_raising_stop_iteration_still_reaches_its_caller() -> None:
+    """A future cannot hold a StopIteration (asyncio raises TypeError): it comes as a
+    RuntimeError caused by it, instead of a future that never settles."""
+    model_thread = ModelThread()
+
+    def exhausted() -> None:
+        raise StopIteration
+
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            await asyncio.wait_for(model_thread.run(exhausted), 5)
+        assert isinstance(raised.value.__cause__, StopIteration)
     finally:
         model_thread.shutdown()
