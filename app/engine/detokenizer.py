@@ -23,6 +23,11 @@ from collections.abc import Sequence
 class TextAssembler:
     """Builds one request's output text from token bytes.
 
+    Only the text not yet released is kept as one string (the held-back suffix: a part of a
+    character, or what could still start a stop string); released text is kept as its
+    chunks, joined when ``text`` is read. So a token costs the same at the end of a long
+    output as at its start (appending to the whole text copied it every token).
+
     Args:
         stop_strings: strings that end generation; each non-empty.
 
@@ -30,19 +35,19 @@ class TextAssembler:
         matched_stop: the stop string that ended the text, or None.
     """
 
-    __slots__ = ("_decoder", "_stop_strings", "_text", "_released", "matched_stop")
+    __slots__ = ("_decoder", "_stop_strings", "_released", "_pending", "matched_stop")
 
     def __init__(self, stop_strings: Sequence[str] = ()) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop_strings = tuple(stop_strings)
-        self._text = ""
-        self._released = 0
+        self._released: list[str] = []  # the chunks released so far, in order
+        self._pending = ""  # decided text not released yet (a stop string's possible start)
         self.matched_stop: str | None = None
 
     @property
     def text(self) -> str:
         """All text decided so far (released and held back), stop string excluded."""
-        return self._text
+        return "".join(self._released) + self._pending
 
     def append(self, data: bytes) -> str:
         """Adds one token's bytes; returns the text that became safe to release (may be "").
@@ -51,46 +56,49 @@ class TextAssembler:
         """
         if self.matched_stop is not None:
             raise RuntimeError("text already ended by a stop string")
-        self._text += self._decoder.decode(data)
+        self._pending += self._decoder.decode(data)
         if not self._stop_strings:
-            return self._release(len(self._text))
+            return self._release(len(self._pending))
         match = self._earliest_stop_match()
         if match is not None:
             start, stop = match
-            self._text = self._text[:start]
+            self._pending = self._pending[:start]
             self.matched_stop = stop
             return self._release(start)
-        return self._release(len(self._text) - self._undecided_suffix_length())
+        return self._release(len(self._pending) - self._undecided_suffix_length())
 
     def flush(self) -> str:
         """Releases everything held back (generation ended without a stop string).
 
         Bytes of a character that never completed are dropped, never shown as U+FFFD.
         """
-        return self._release(len(self._text))
+        return self._release(len(self._pending))
 
     def _release(self, end: int) -> str:
-        if end <= self._released:
+        """Releases the first ``end`` characters of the held-back text."""
+        if end <= 0:
             return ""
-        chunk = self._text[self._released : end]
-        self._released = end
+        chunk = self._pending[:end]
+        self._pending = self._pending[end:]
+        self._released.append(chunk)
         return chunk
 
     def _earliest_stop_match(self) -> tuple[int, str] | None:
+        """The earliest stop string in the held-back text (none can start in released text)."""
         best: tuple[int, str] | None = None
         for stop in self._stop_strings:
-            start = self._text.find(stop, self._released)
+            start = self._pending.find(stop)
             if start != -1 and (best is None or start < best[0]):
                 best = (start, stop)
         return best
 
     def _undecided_suffix_length(self) -> int:
-        """Length of the longest suffix of the unreleased text that begins some stop string."""
-        pending = len(self._text) - self._released
+        """Length of the longest suffix of the held-back text that begins some stop string."""
+        pending = self._pending
         longest = 0
         for stop in self._stop_strings:
-            for length in range(min(len(stop) - 1, pending), longest, -1):
-                if self._text.endswith(stop[:length]):
+            for length in range(min(len(stop) - 1, len(pending)), longest, -1):
+                if pending.endswith(stop[:length]):
                     longest = length
                     break
         return longest

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from app.engine.detokenizer import TextAssembler
@@ -71,3 +73,33 @@ def test_byte_by_byte_join_equals_text(text):
     pieces.append(assembler.flush())
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_released_text_is_the_output_cut_at_the_earliest_stop(seed):
+    """Random valid UTF-8 split at random byte boundaries, one stop string: what is released,
+    then flushed, is the whole text cut where the stop string first occurs; at every token the
+    released text is a prefix of it, and what is held back is shorter than the stop string (a
+    part of a character aside: it is not text yet). (With one stop string its first
+    occurrence is also the first to complete, whatever the token boundaries.)"""
+    generator = random.Random(seed)
+    alphabet = "ab<>/ eé中😀"
+    text = "".join(generator.choice(alphabet) for _ in range(generator.randint(0, 300)))
+    stop = "</a>" if seed % 2 else ""
+    stop = stop or "".join(generator.choice(alphabet) for _ in range(generator.randint(1, 4)))
+    stops = [stop]
+    cuts = [text.find(stop)] if stop in text else []
+    expected = text[: cuts[0]] if cuts else text
+    data = text.encode()
+    assembler = TextAssembler(stops)
+    released, position = "", 0
+    while position < len(data) and assembler.matched_stop is None:
+        size = generator.randint(1, 5)
+        released += assembler.append(data[position : position + size])
+        position += size
+        assert expected.startswith(released)
+        assert len(assembler.text) - len(released) < max(map(len, stops))
+    if assembler.matched_stop is None:
+        released += assembler.flush()
+    assert released == expected == assembler.text
+    assert (assembler.matched_stop is not None) == bool(cuts)
