@@ -689,6 +689,28 @@ def test_a_change_to_any_source_file_rebuilds(
     assert sorted(fresh_loader.glob("*.so")) == sorted([first.path, second.path])
 
 
+def test_slotserve_ggml_isa_narrows_the_build(
+    fresh_loader: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SLOTSERVE_GGML_ISA=avx2`` builds the library without AVX-512 (another cached file),
+    so the whole model runs as the AVX2-only CPU would; its kernels still compute the norm."""
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler")
+    monkeypatch.delenv("SLOTSERVE_GGML_ISA", raising=False)
+    native, how = load_fused_decode()
+    assert native is not None, how
+    monkeypatch.setenv("SLOTSERVE_GGML_ISA", "avx2")
+    assert fused_decode.build_flags() == (*fused_decode.CFLAGS, "-mno-avx512f")
+    load_fused_decode.cache_clear()
+    narrowed, how = load_fused_decode()
+    assert narrowed is not None, how
+    assert narrowed.path != native.path
+    x = _random(4, 576, seed=5, scale=2.0)
+    expected = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(BF16)
+    got = narrowed.rms_norm(x, None, 1e-5)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=1e-6)
+
+
 def _greedy(runner: ModelRunner, text: str, count: int) -> bytes:
     prompt = runner.tokenizer.encode(text)
     plan = ForwardPlan.build([RowSpec(0, prompt, 0, True)], cache=runner.cache)

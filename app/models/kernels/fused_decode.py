@@ -21,14 +21,16 @@ threads: a decode step takes 0.69-0.84x the eager step's time from 1 to 64 rows 
 2000 positions (docs/MODEL_PERF.md).
 
 Building: :func:`app.models.kernels.build.build_library` (the one way every C library here is
-built and cached), with ``-march=native``. A missing compiler or a failed build is not an error:
-:func:`load_fused_decode` says why and the model keeps its eager torch path.
+built and cached), with ``-march=native`` (narrowed by ``SLOTSERVE_GGML_ISA``). A missing
+compiler or a failed build is not an error: :func:`load_fused_decode` says why and the model
+keeps its eager torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,19 +42,25 @@ from app.models.kernels.decoder_layout import DecoderLayout
 
 SOURCE_DIR = Path(__file__).parent
 # Every file of the library's source, in build order; the cache key hashes them all.
-SOURCES = (
-    "fused_decode.h",
-    "fused_decode_norms.c",
-    "fused_decode_attention.c",
-    "fused_attention_tiles.c",
-    "fused_decode_layers.c",
-)
+SOURCES = ("fused_decode.h", "fused_decode_norms.c", "fused_decode_attention.c")
+SOURCES += ("fused_attention_tiles.c", "fused_decode_layers.c")
 # Built for this machine (the cache key holds the CPU): -march=native. -fno-trapping-math lets
 # GCC vectorise the element-wise loops whose float selects (exp_approx's clamp, the NaN test of
 # float_to_bf16) it otherwise keeps scalar for fear of a floating-point trap: silu_mul over
 # 64 x 1536 values went from 1306 to ~100 us. No value changes (no reassociation, no
 # contraction: -std=c11 keeps -ffp-contract=off), and no code here uses trap handlers.
 CFLAGS = ("-march=native", "-fno-trapping-math")
+# SLOTSERVE_GGML_ISA holds this library to the quantized kernels' forced instruction set.
+ISA_CFLAGS = {"avx2": ("-mno-avx512f",), "scalar": ("-mno-avx",)}
+
+
+def build_flags() -> tuple[str, ...]:
+    """:data:`CFLAGS`, narrowed by ``SLOTSERVE_GGML_ISA``: ``-mno-avx512f`` drops every
+    AVX-512 extension, ``-mno-avx`` AVX, AVX2 and FMA (other values: the flags as they are)."""
+    forced = os.environ.get("SLOTSERVE_GGML_ISA", "").strip().lower()
+    return CFLAGS + ISA_CFLAGS.get(forced, ())
+
+
 # The attention kernel keeps a query group in fixed-size arrays (fused_decode_attention.c).
 MAX_HEAD_DIM = 256
 MAX_GROUP = 16
@@ -379,7 +387,8 @@ def load_fused_decode() -> tuple[FusedDecodeKernels | None, str]:
     server's start-up log. Never raises.
     """
     try:
-        library, target, threaded = build_library("fused_decode", SOURCE_DIR, SOURCES, CFLAGS)
+        flags = build_flags()
+        library, target, threaded = build_library("fused_decode", SOURCE_DIR, SOURCES, flags)
         _declare(library)
     except KernelBuildError as error:
         return None, str(error)
