@@ -36,7 +36,11 @@ chunk would swamp the difference): ``T0(R)`` is the median of the last plain ste
 ``R``'s row class (1, 2-3, 4-7, ..., 64+). Medians, because a shared machine's steps spike. A
 row count whose plain time is unknown, or ``PLAIN_EVERY`` drafted steps old, gets a plain step
 (no row drafts) to measure it; until a row class has ``MIN_COST_SAMPLES`` samples,
-``DRAFT_TOKEN_COST`` stands in.
+``DRAFT_TOKEN_COST`` stands in. A cost that holds every row back gets no new sample, so it ages
+instead: ``HOLD_PATIENCE`` held steps drop its oldest sample, the wait doubling each time
+(``DraftCosts.drafted_at_cost``). Before that rule, two spiked samples of a fresh server's
+first drafted steps (1.19 against a copying row's acceptance of 1.0) stopped drafting at one
+row for the server's life.
 
 *How many tokens a row drafts.* Each row keeps ``Sequence.draft_acceptance``: the running
 probability ``q`` that a drafted token is accepted given that the ones before it were (an
@@ -103,6 +107,11 @@ MIN_PLAIN_SAMPLES = 3
 COST_SAMPLES = 15
 MIN_COST_SAMPLES = 3
 PLAIN_EVERY = 40
+# A row class whose measured cost has held its eligible rows back (none drafted) for this many
+# decode steps drops its oldest cost sample, and waits twice as long before the next drop (up
+# to HOLD_PATIENCE_MAX); a step that drafts at the measured cost resets the wait.
+HOLD_PATIENCE = 16
+HOLD_PATIENCE_MAX = 1024
 _ITEM = array("i").itemsize
 
 
@@ -142,6 +151,8 @@ class DraftCosts:
         self._plain: dict[int, deque[float]] = {}
         self._drafted_since_plain: dict[int, int] = {}
         self._samples: dict[int, deque[float]] = {}
+        self._held: dict[int, int] = {}
+        self._patience: dict[int, int] = {}
         self._timing: tuple[object, float, int, int] | None = None
 
     @staticmethod
@@ -156,6 +167,33 @@ class DraftCosts:
         if samples is not None and len(samples) >= MIN_COST_SAMPLES:
             return statistics.median(samples)
         return table_cost(self.table, rows)
+
+    def measured(self, rows: int) -> bool:
+        """Whether ``cost(rows)`` is measured (enough samples), not the table's."""
+        samples = self._samples.get(self.row_class(rows))
+        return samples is not None and len(samples) >= MIN_COST_SAMPLES
+
+    def drafted_at_cost(self, rows: int, drafted: bool) -> None:
+        """A decode step of ``rows`` rows was drafted at the measured cost: ``drafted``, some
+        row drafted; False, the cost held every eligible row back.
+
+        Samples only come from drafted steps, so without this a cost that spiked (a shared
+        machine's burst over the few samples a row class has) would hold every row back for
+        good: once held for ``HOLD_PATIENCE`` steps the oldest sample goes (the estimate ages
+        out), the wait doubling while drafting does not resume (a cost that is really that
+        high is probed more and more rarely)."""
+        cls = self.row_class(rows)
+        if drafted:
+            self._held[cls] = 0
+            self._patience[cls] = HOLD_PATIENCE
+            return
+        held = self._held.get(cls, 0) + 1
+        patience = self._patience.get(cls, HOLD_PATIENCE)
+        if held >= patience:
+            self._samples[cls].popleft()
+            held = 0
+            self._patience[cls] = min(2 * patience, HOLD_PATIENCE_MAX)
+        self._held[cls] = held
 
     def plain_due(self, rows: int) -> bool:
         """Whether the next step of ``rows`` decoding rows should be plain (no drafts), to
@@ -284,6 +322,7 @@ class NgramSpeculation:
         cost = costs.cost(rows) if costs is not None else table_cost(self.draft_token_cost, rows)
         budget -= rows
         drafts = []
+        held = False
         for seq in decoding:
             limit = min(
                 budget,
@@ -291,12 +330,19 @@ class NgramSpeculation:
                 seq.request.max_tokens - len(seq.generated) - 1,
                 capabilities.context_length - seq.num_computed_tokens - 1,
             )
-            length = self.worth(seq, cost) if self.eligible(seq) else 0
+            length = 0
+            if self.eligible(seq):
+                length = self.worth(seq, cost)
+                held |= not length
             draft = self.draft(seq, min(limit, length)) if length else ()
             if draft and kv is not None:
                 draft = draft[: kv.grow_draft(seq, len(draft))]
             budget -= len(draft)
             drafts.append(draft)
+        if costs is not None and costs.measured(rows):
+            drafted = any(drafts)
+            if drafted or held:
+                costs.drafted_at_cost(rows, drafted)
         return drafts
 
     def draft(self, seq: Sequence, limit: int) -> tuple[int, ...]:

@@ -17,6 +17,8 @@ from app.engine.policy import ContinuousBatching
 from app.engine.request import FinishReason, GenerationRequest, StopCriteria
 from app.engine.scheduler import Scheduler
 from app.engine.speculation import (
+    COST_SAMPLES,
+    HOLD_PATIENCE,
     MIN_COST_SAMPLES,
     MIN_PLAIN_SAMPLES,
     NO_SPECULATION,
@@ -358,7 +360,10 @@ def _timed_run(requests, speculation, base: float, per_position: float, slots: i
 def test_drafting_stops_where_the_measured_cost_beats_what_it_earns():
     """A step whose every position costs as much as a row (compute-bound) against a table that
     says drafts are cheap (the 0.87x at 16 free-form streams): the measurement wins, drafting
-    all but stops, and the run is no slower than without speculation."""
+    all but stops, and the run is no slower than without speculation. (All but: a cost that
+    holds every row back ages out, ``HOLD_PATIENCE``, and the table stands in again for the
+    few steps it takes to measure it anew: 250 drafted tokens here against 23 before that
+    rule and 1,506 on the table alone.)"""
     requests = [_request(f"r{i}", p, max_tokens=150) for i, p in enumerate(_prompts(16, 4))]
     cheap_table = NgramSpeculation(4, draft_token_cost=((1, 0.05),))
     off, off_time, _, _ = _timed_run(requests, NO_SPECULATION, 0.0, 0.001, 16)
@@ -367,7 +372,7 @@ def test_drafting_stops_where_the_measured_cost_beats_what_it_earns():
     assert costs.cost(16) == pytest.approx(1.0)  # a drafted position costs a row
     unmeasured = NgramSpeculation(4, draft_token_cost=((1, 0.05),), measure=False)
     _, table_time, table_drafted, _ = _timed_run(requests, unmeasured, 0.0, 0.001, 16)
-    assert table_drafted > 10 * drafted  # the table alone keeps drafting
+    assert table_drafted > 5 * drafted  # the table alone keeps drafting
     assert on_time <= off_time * 1.03
 
 
@@ -495,3 +500,94 @@ def test_a_model_that_does_not_verify_drafts_never_gets_one():
     run_until_idle(scheduler, model)
     assert len(sink.final.token_ids) == 12
     assert all(row.num_draft_tokens == 0 for step in model.steps for row in step.rows)
+
+
+def test_a_cost_that_spiked_ages_out_instead_of_holding_drafts_back_for_good():
+    """The failing input: a fresh server's first drafted steps at one row spiked (a shared
+    machine), so the median cost (1.19) beat a copying row's acceptance (1.0), no row drafted,
+    no new sample came, and drafting was off for the server's life. Held steps now age the
+    samples out: the oldest goes after ``HOLD_PATIENCE`` of them."""
+    costs = DraftCosts(((1, 0.04),))
+    for _ in range(MIN_PLAIN_SAMPLES):
+        costs.observe(1, 0, 0.010)
+    for seconds in (0.1728, 0.0148, 0.0236, 0.0916):  # 4.07, 0.12, 0.34, 2.04 a token
+        costs.observe(1, 4, seconds)
+    assert costs.measured(1) and costs.cost(1) > 1.0
+    speculation = NgramSpeculation(4)
+    seq, _ = make_sequence(_request("r", b"ab ab ab ab ab ab ab "))
+    seq.draft_acceptance = 1.0
+    for _ in range(HOLD_PATIENCE - 1):
+        assert speculation.worth(seq, costs.cost(1)) == 0
+        costs.drafted_at_cost(1, drafted=False)
+    assert costs.cost(1) > 1.0
+    costs.drafted_at_cost(1, drafted=False)  # the HOLD_PATIENCE-th: the oldest spike goes
+    assert costs.cost(1) == pytest.approx(0.34)
+    assert speculation.worth(seq, costs.cost(1)) == 4
+
+
+def test_a_cost_that_is_really_high_is_probed_more_and_more_rarely():
+    costs = DraftCosts(((1, 0.04),))
+    for _ in range(MIN_PLAIN_SAMPLES):
+        costs.observe(8, 0, 0.010)
+    for _ in range(COST_SAMPLES):
+        costs.observe(8, 8, 0.020)  # each drafted token costs a row
+    drops = []
+    for step in range(1, 16 * HOLD_PATIENCE):
+        before = len(costs._samples[costs.row_class(8)])
+        costs.drafted_at_cost(8, drafted=False)
+        if len(costs._samples[costs.row_class(8)]) < before:
+            drops.append(step)
+    assert drops[:4] == [HOLD_PATIENCE, 3 * HOLD_PATIENCE, 7 * HOLD_PATIENCE, 15 * HOLD_PATIENCE]
+    costs.drafted_at_cost(8, drafted=True)  # drafting resumed: the wait starts over
+    for _ in range(HOLD_PATIENCE):
+        costs.drafted_at_cost(8, drafted=False)
+    assert len(costs._samples[costs.row_class(8)]) == COST_SAMPLES - 5
+
+
+class _SpikedModel(_ClockedModel):
+    """A ``_ClockedModel`` whose drafted steps numbered in ``spiked`` take ``spike`` seconds
+    more (a shared machine's burst while a fresh server first measures the cost)."""
+
+    def __init__(self, model: MockModelRunner, spiked: set[int], spike: float) -> None:
+        super().__init__(model, base=0.01, per_position=0.0001)
+        self.spiked = spiked
+        self.spike = spike
+        self.drafted_steps = 0
+
+    def step(self, batch):
+        if any(row.num_draft_tokens for row in batch.rows):
+            if self.drafted_steps in self.spiked:
+                self.now += self.spike
+            self.drafted_steps += 1
+        return super().step(batch)
+
+
+def test_one_row_drafts_again_after_its_first_drafted_steps_spiked():
+    """Through the scheduler: two of the first three drafted steps spike, so the measured
+    cost (samples 4.96, 0.01, 9.91) is above any acceptance. Before the ageing rule the row
+    drafted 3 times in 300 steps; now it drafts again once the spikes age out."""
+    model = MockModelRunner(
+        max_num_seqs=1, context_length=512, kv_blocks=400, eos_one_in=1000, order=3
+    )
+    clocked = _SpikedModel(model, spiked={0, 2}, spike=0.2)
+    scheduler = Scheduler(
+        capabilities=model.capabilities,
+        tokenizer=model.tokenizer,
+        policy=ContinuousBatching(),
+        metrics=EngineMetrics(),
+        release_slot=model.release,
+        max_num_batched_tokens=512,
+        clock=clocked.clock,
+        speculation=NgramSpeculation(4),
+    )
+    seq, sink = make_sequence(_request("r", b"ab ab ab ab ab ab ab ", max_tokens=300))
+    scheduler.add(seq)
+    steps = 0
+    while scheduler.has_work:
+        scheduler.admit_waiting()
+        step = scheduler.schedule()
+        scheduler.apply(step, clocked.step(step.batch))
+        steps += 1
+    assert len(sink.final.token_ids) == 300
+    assert clocked.drafted_steps > 20, "drafting stopped for good after the spikes"
+    assert steps < 200
