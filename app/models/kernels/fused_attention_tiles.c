@@ -2,8 +2,9 @@
  * The inner loops of sl_decode_attention for one KV head of one row, a cache block of 16
  * positions at a time, with AVX-512 BF16: scores with vdpbf16ps and a 16-way transposing sum,
  * the weighted sum of values with the accumulators in registers. Part of the fused decode
- * library (fused_decode.h says which file holds what); empty without AVX-512 BF16
- * (SL_TILED_ATTENTION 0), where fused_decode_attention.c keeps its portable loops.
+ * library (fused_decode.h says which file holds what); empty without AVX-512 BF16, where
+ * fused_attention_tiles_avx2.c has them for AVX2, or fused_decode_attention.c keeps its
+ * portable loops.
  *
  * Why: the portable loops reduce each dot product horizontally, store each score on its own,
  * and keep the accumulators of the weighted sum in memory; a row then cost ~120 ns of one
@@ -16,7 +17,7 @@
 
 #include "fused_decode.h"
 
-#if SL_TILED_ATTENTION
+#if SL_TILED_ATTENTION == SL_TILES_AVX512BF16
 #include <immintrin.h>
 
 enum { TILE = SL_TILE_POSITIONS, MAX_PAIRS = 8 /* head_dim <= 256 */, VALUE_GROUP = 4, VALUE_CHUNK = 4 };
@@ -187,4 +188,4 @@ void sl_tile_values(const float *probs, int64_t group, const bf16 *pool, const i
     }
 }
 
-#endif /* SL_TILED_ATTENTION */
+#endif /* SL_TILED_ATTENTION == SL_TILES_AVX512BF16 */

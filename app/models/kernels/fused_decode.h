@@ -127,9 +127,15 @@ static inline void softmax_in_place(float *s, int64_t length) {
     }
 }
 
-/* Whether fused_attention_tiles.c holds the AVX-512 BF16 inner loops of the attention. */
+/* Which file holds the tiled inner loops of the attention (sl_tile_scores, sl_tile_values):
+ * fused_attention_tiles.c with AVX-512 BF16, fused_attention_tiles_avx2.c with AVX2 and FMA;
+ * 0: neither, and fused_decode_attention.c keeps its portable loops. */
+#define SL_TILES_AVX512BF16 1
+#define SL_TILES_AVX2 2
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-#define SL_TILED_ATTENTION 1
+#define SL_TILED_ATTENTION SL_TILES_AVX512BF16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SL_TILED_ATTENTION SL_TILES_AVX2
 #else
 #define SL_TILED_ATTENTION 0
 #endif

@@ -4,11 +4,11 @@ use into one library and called through :mod:`ctypes`.
 The C source is split by job: ``fused_decode.h`` (the bfloat16 type and arithmetic the kernels
 share, and the exported functions' prototypes), ``fused_decode_norms.c`` (``sl_rms_norm``,
 ``sl_silu_mul``), ``fused_decode_attention.c`` (``sl_decode_attention``) and
-``fused_attention_tiles.c`` (its inner loops with AVX-512 BF16, a cache block at a time) and
-``fused_decode_layers.c`` (``sl_decode_layers``: every layer of a step in one call, for models
-whose projections compute on GGUF blocks, see :mod:`app.models.kernels.decoder_layout`; and
-``sl_rms_norm_rows`` / ``sl_activate_rows``, the row-wise kernels with their rows shared among
-threads, which the Python layer loop calls).
+``fused_attention_tiles.c`` / ``_avx2.c`` (its inner loops with AVX-512 BF16 / AVX2, a cache
+block at a time) and ``fused_decode_layers.c`` (``sl_decode_layers``: every layer of a step in
+one call, for models whose projections compute on GGUF blocks, see
+:mod:`app.models.kernels.decoder_layout`; and ``sl_rms_norm_rows`` / ``sl_activate_rows``, the
+row-wise kernels with their rows shared among threads, which the Python layer loop calls).
 
 Why: a one-row int4 decode step of SmolLM2 spent ~6 ms of ~15 in the ~20 small torch ops per
 layer between the projections (two RMSNorms, rope, the K/V cache write, SDPA, silu, residual
@@ -43,7 +43,7 @@ from app.models.kernels.decoder_layout import DecoderLayout
 SOURCE_DIR = Path(__file__).parent
 # Every file of the library's source, in build order; the cache key hashes them all.
 SOURCES = ("fused_decode.h", "fused_decode_norms.c", "fused_decode_attention.c")
-SOURCES += ("fused_attention_tiles.c", "fused_decode_layers.c")
+SOURCES += ("fused_attention_tiles.c", "fused_attention_tiles_avx2.c", "fused_decode_layers.c")
 # Built for this machine (the cache key holds the CPU): -march=native. -fno-trapping-math lets
 # GCC vectorise the element-wise loops whose float selects (exp_approx's clamp, the NaN test of
 # float_to_bf16) it otherwise keeps scalar for fear of a floating-point trap: silu_mul over
