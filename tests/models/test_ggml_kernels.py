@@ -191,6 +191,46 @@ def test_segments_bias_residual_and_bfloat16_rounding() -> None:
     assert torch.equal(KERNELS.matmul(segments, x[:0]), torch.empty(0, 88, dtype=torch.bfloat16))
 
 
+def _bf16_rule(values: np.ndarray) -> np.ndarray:
+    """The epilogue's rounding of float32 ``values`` to bfloat16 bits (ggml_quant.h,
+    sl_fp32_to_bf16): to nearest, ties to even; a NaN keeps its high half, made quiet."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K"])
+def test_the_bfloat16_epilogue_rounds_ties_to_even_and_keeps_nans(kind: str) -> None:
+    """Outputs of exactly 0 (zero activations) plus a bias whose bits are ties (both parities),
+    NaNs (quiet and signalling), infinities and -0, with and without a residual: each stored
+    value is the rule's, in the vector part of the epilogue and in its tail (27 rows)."""
+    assert KERNELS is not None
+    rows, columns = 27, WIDTHS[kind][0]
+    segment = QuantSegment(kind, torch.from_numpy(random_blocks(kind, rows, columns, seed=4)))
+    rng = np.random.default_rng(5)
+    ties = [0x3F808000, 0x3F818000, 0xBF808000]  # 1.00391 (even), 1.01172 (odd), -1.00391
+    nans = [0x7FC00000, 0x7F800001, 0xFFA00000]  # quiet, signalling, negative with a payload
+    others = [0x7F800000, 0xFF800000, 0x80000000, 0x7F7FFFFF, 0x0000FFFF]  # +-inf, -0, ...
+    special = ties + nans + others
+    raw = rng.integers(0, 2**32, rows, dtype=np.uint64)
+    raw[: len(special)] = special
+    raw[len(special) :: 2] = (raw[len(special) :: 2] & 0xFFFF0000) | 0x8000  # more ties
+    bias_values = raw.astype(np.uint32).view(np.float32)
+    bias = torch.from_numpy(bias_values.copy())
+    linear = GGMLLinear(KERNELS, (segment,), columns, bias)
+    x = torch.zeros(3, columns, dtype=torch.bfloat16)
+    got = linear(x).view(torch.int16).numpy().view(np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and infinity are the point
+        outputs = np.float32(0.0) + bias_values
+        residual = torch.randn(3, rows, generator=torch.Generator().manual_seed(6))
+        residual = residual.to(torch.bfloat16)
+        summed = outputs[None, :] + residual.float().numpy()
+    assert np.array_equal(got, np.broadcast_to(_bf16_rule(outputs), got.shape))
+    got = linear.add_to(residual, x).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(got, _bf16_rule(summed))
+
+
 @pytest.mark.parametrize("kind", sorted(KERNEL_TYPES))
 def test_token_lookups_decode_as_gguf_does(kind: str) -> None:
     assert KERNELS is not None
