@@ -73,7 +73,11 @@ noise of the shared machine). Again with ``MIN_PLAIN_SAMPLES`` (load 1-3): groun
 the stand-in cost is above a fresh row's acceptance, and no row waits long enough to try).
 On the 2-core AMX Xeon with the GGUF-block kernels (2026-12-06, every grounded prompt run
 alone at 1 stream, docs/MODEL_PERF.md): grounded 1.58x at 1 stream (82%) and 1.11x at 4;
-free-form 1.38x, 1.02x and 0.96x at 1, 16 and 64 streams.
+free-form 1.38x, 1.02x and 0.96x at 1, 16 and 64 streams. Those runs had the stuck cost of
+``HOLD_PATIENCE``'s note: the quoting prompt drafted for its first 10 steps only. With the
+ageing rule (Zen 4 EPYC, 2026-12-07, ``K`` = 8, 3 rounds): grounded 1.89x at 1 stream (rounds
+1.68-2.07, 80%; 2.16x in a grounded-only run, rounds 2.15-2.21) and 1.06x at 4; free-form
+1.45x, 0.96x (rounds 0.95-1.03; 1.06x in a second run) and 0.99x at 1, 16 and 64.
 """
 
 from __future__ import annotations
