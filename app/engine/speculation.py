@@ -185,8 +185,11 @@ class DraftCosts:
         machine's burst over the few samples a row class has) would hold every row back for
         good: once held for ``HOLD_PATIENCE`` steps the oldest sample goes (the estimate ages
         out), the wait doubling while drafting does not resume (a cost that is really that
-        high is probed more and more rarely)."""
+        high is probed more and more rarely). A row class without measured samples (the
+        table's cost) is left alone."""
         cls = self.row_class(rows)
+        if not self.measured(rows):
+            return
         if drafted:
             self._held[cls] = 0
             self._patience[cls] = HOLD_PATIENCE
@@ -326,7 +329,7 @@ class NgramSpeculation:
         cost = costs.cost(rows) if costs is not None else table_cost(self.draft_token_cost, rows)
         budget -= rows
         drafts = []
-        held = False
+        eligible = held = 0
         for seq in decoding:
             limit = min(
                 budget,
@@ -337,7 +340,8 @@ class NgramSpeculation:
             length = 0
             if self.eligible(seq):
                 length = self.worth(seq, cost)
-                held |= not length
+                eligible += 1
+                held += not length
             draft = self.draft(seq, min(limit, length)) if length else ()
             if draft and kv is not None:
                 draft = draft[: kv.grow_draft(seq, len(draft))]
@@ -345,7 +349,7 @@ class NgramSpeculation:
             drafts.append(draft)
         if costs is not None and costs.measured(rows):
             drafted = any(drafts)
-            if drafted or held:
+            if drafted or (eligible and held == eligible):  # drafting, or held back by the cost
                 costs.drafted_at_cost(rows, drafted)
         return drafts
 

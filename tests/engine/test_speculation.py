@@ -591,3 +591,26 @@ def test_one_row_drafts_again_after_its_first_drafted_steps_spiked():
     assert len(sink.final.token_ids) == 300
     assert clocked.drafted_steps > 20, "drafting stopped for good after the spikes"
     assert steps < 200
+
+
+def test_only_a_step_whose_every_eligible_row_the_cost_held_back_ages_the_cost():
+    """One row held back by the cost beside one that would draft but finds no n-gram: the
+    cost did not hold that step back, so its samples stay."""
+    costs = DraftCosts(((1, 0.04),))
+    for _ in range(MIN_PLAIN_SAMPLES):
+        costs.observe(2, 0, 0.010)
+    for _ in range(MIN_COST_SAMPLES):
+        costs.observe(2, 4, 0.015)  # a drafted token costs a quarter of a row
+    speculation = NgramSpeculation(4)
+    capabilities = MockModelRunner(max_num_seqs=2).capabilities
+    unmatched, _ = make_sequence(_request("a", bytes(range(65, 91))))  # no token repeats
+    unmatched.draft_acceptance = 0.9
+    doubtful, _ = make_sequence(_request("b", b"ab ab ab ab ab ab ab "))
+    doubtful.draft_acceptance = 0.1
+    for _ in range(2 * HOLD_PATIENCE):
+        drafts = speculation.drafts([unmatched, doubtful], 64, capabilities, None, costs)
+        assert drafts == [(), ()]
+    assert costs.cost(2) == pytest.approx(0.25)
+    for _ in range(HOLD_PATIENCE):  # both held back by the cost: now it ages
+        speculation.drafts([doubtful, doubtful], 64, capabilities, None, costs)
+    assert len(costs._samples[costs.row_class(2)]) == MIN_COST_SAMPLES - 1

@@ -299,9 +299,47 @@ def test_a_windowed_row_attends_to_its_window_only(
 ) -> None:
     """Gemma 3's local layers: with ``window``, a row at position p attends to positions
     p - window + 1 .. p (windows inside one block, across block edges, longer than the row),
-    with the model's own score factor. A head of 64 takes the AVX-512 BF16 tiles where the CPU
-    has them, from a window's first position inside a block; 32, the portable loops."""
-    n_heads, n_kv, cache_len = 4, 1, 64
+    with the model's own score factor. A head of 64 takes the tiles where the CPU has them
+    (AVX-512 BF16 or AVX2), from a window's first position inside a block; 32, the portable
+    loops."""
+    _attend_windowed(kernels, 4, 1, head_dim, window)
+
+
+@pytest.fixture(scope="module")
+def avx2_kernels() -> Iterator[FusedDecodeKernels]:
+    """The library built as ``SLOTSERVE_GGML_ISA=avx2`` builds it (the AVX2 tiles), on a CPU
+    with AVX2 and FMA."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if not HAS_COMPILER or not {"avx2", "fma"} <= set(flags.split()):
+        pytest.skip("no C compiler, or no AVX2 and FMA here")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLOTSERVE_GGML_ISA", "avx2")
+        load_fused_decode.cache_clear()
+        loaded, how = load_fused_decode()
+    load_fused_decode.cache_clear()
+    assert loaded is not None, how
+    yield loaded
+
+
+@pytest.mark.parametrize("window", [0, 5, 17, 40])
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv", "head_dim"),
+    [(1, 1, 64), (2, 1, 64), (9, 3, 64), (4, 1, 256), (5, 1, 128), (8, 2, 64), (16, 1, 64)],
+)
+def test_the_avx2_tiles_attend_like_sdpa(
+    avx2_kernels: FusedDecodeKernels, n_heads: int, n_kv: int, head_dim: int, window: int
+) -> None:
+    """The AVX2 tiles (every head count of their switches, heads of 64 to 256, windows whose
+    first position falls inside a block, rows ending mid-block) on any CPU with AVX2."""
+    _attend_windowed(avx2_kernels, n_heads, n_kv, head_dim, window)
+
+
+def _attend_windowed(
+    kernels: FusedDecodeKernels, n_heads: int, n_kv: int, head_dim: int, window: int
+) -> None:
+    """Three rows at positions 3, 20 and 47 of scattered tables, against SDPA over their
+    window (``window`` 0: every position)."""
+    cache_len = 64
     slots = torch.tensor([2, 0, 1])
     positions = torch.tensor([3, 20, 47])
     tables = _scattered_tables(3, cache_len, seed=4)
@@ -319,7 +357,7 @@ def test_a_windowed_row_attends_to_its_window_only(
     keys, values = _from_pool(pooled_keys, tables), _from_pool(pooled_values, tables)
     heads = qkv.view(3, -1, head_dim)
     for row, (slot, position) in enumerate(zip(slots.tolist(), positions.tolist(), strict=True)):
-        first = max(0, position + 1 - window)
+        first = max(0, position + 1 - window) if window else 0
         q = heads[row, :n_heads].float()[None, :, None, :]
         k = keys[slot, :, first : position + 1].float()[None]
         v = values[slot, :, first : position + 1].float()[None]

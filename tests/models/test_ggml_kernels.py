@@ -203,19 +203,21 @@ def _bf16_rule(values: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K"])
 def test_the_bfloat16_epilogue_rounds_ties_to_even_and_keeps_nans(kind: str) -> None:
     """Outputs of exactly 0 (zero activations) plus a bias whose bits are ties (both parities),
-    NaNs (quiet and signalling), infinities and -0, with and without a residual: each stored
-    value is the rule's, in the vector part of the epilogue and in its tail (27 rows)."""
+    NaNs, infinities and the largest float, with and without a residual: each stored value is
+    the rule's, in the full groups of eight rows and in the tail (27 rows). Two NaNs tell the
+    NaN rule from plain rounding (0x7FFFFFFF would round to -0, 0x7FC18000 to 0x7FC2)."""
     assert KERNELS is not None
     rows, columns = 27, WIDTHS[kind][0]
     segment = QuantSegment(kind, torch.from_numpy(random_blocks(kind, rows, columns, seed=4)))
     rng = np.random.default_rng(5)
     ties = [0x3F808000, 0x3F818000, 0xBF808000]  # 1.00391 (even), 1.01172 (odd), -1.00391
-    nans = [0x7FC00000, 0x7F800001, 0xFFA00000]  # quiet, signalling, negative with a payload
-    others = [0x7F800000, 0xFF800000, 0x80000000, 0x7F7FFFFF, 0x0000FFFF]  # +-inf, -0, ...
+    nans = [0x7FFFFFFF, 0x7FC18000, 0x7FC00000, 0xFFA00000]  # the last: signalling, negative
+    others = [0x7F800000, 0xFF800000, 0x7F7FFFFF, 0x0000FFFF]  # +-inf, max, a denormal
     special = ties + nans + others
     raw = rng.integers(0, 2**32, rows, dtype=np.uint64)
     raw[: len(special)] = special
     raw[len(special) :: 2] = (raw[len(special) :: 2] & 0xFFFF0000) | 0x8000  # more ties
+    raw[-3:] = [0x7FFFFFFF, 0x3F818000, 0xFF800000]  # in the tail too
     bias_values = raw.astype(np.uint32).view(np.float32)
     bias = torch.from_numpy(bias_values.copy())
     linear = GGMLLinear(KERNELS, (segment,), columns, bias)

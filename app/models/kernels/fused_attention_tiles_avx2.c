@@ -48,8 +48,8 @@ ALWAYS_INLINE __m128 sum_each4(const __m256 v[QUAD]) {
 }
 
 /* The scores of `heads` query heads (q, rows query_stride apart) against keys [4, head_dim],
- * each key widened once for all of them, into s[g * length + 0..3] (unscaled: the caller
- * scales). Accumulators stay in registers when heads is a constant (at most SCORE_HEADS). */
+ * each key widened once for all of them: lane j of out[g] is head g's with key j (unscaled:
+ * the caller scales). Accumulators stay in registers when heads is a constant (at most SCORE_HEADS). */
 ALWAYS_INLINE void quad_scores(const float *q, int64_t query_stride, const bf16 *keys,
                                int64_t head_dim, __m128 out[SCORE_HEADS], const int heads) {
     __m256 acc[SCORE_HEADS][QUAD];
@@ -71,10 +71,12 @@ ALWAYS_INLINE void quad_scores(const float *q, int64_t query_stride, const bf16 
     }
 }
 
-/* One block's scores for `heads` query heads from q, scaled, stored where attended. */
+/* One block's scores for `heads` query heads from q, scaled, stored where attended: the
+ * block's position h is score s[g * length + at + h] (at = the block's first position less the
+ * row's first attended one; at + h >= 0 for every attended h). */
 ALWAYS_INLINE void block_scores(const float *q, int64_t query_stride, const bf16 *keys,
                                 int64_t head_dim, __m128 scale, float *s, int64_t length,
-                                int64_t first, int64_t end, const int heads) {
+                                int64_t at, int64_t first, int64_t end, const int heads) {
     for (int64_t h = first & ~(int64_t)(QUAD - 1); h < end; h += QUAD) {
         __m128 lanes[SCORE_HEADS];
         quad_scores(q, query_stride, keys + h * head_dim, head_dim, lanes, heads);
@@ -82,12 +84,12 @@ ALWAYS_INLINE void block_scores(const float *q, int64_t query_stride, const bf16
             const __m128 scaled = _mm_mul_ps(lanes[g], scale);
             float *dst = s + g * length;
             if (h >= first && h + QUAD <= end) {
-                _mm_storeu_ps(dst + h, scaled);
+                _mm_storeu_ps(dst + at + h, scaled);
             } else {
                 float part[QUAD];
                 _mm_storeu_ps(part, scaled);
                 for (int64_t t = h > first ? h : first; t < h + QUAD && t < end; ++t) {
-                    dst[t] = part[t - h];
+                    dst[at + t] = part[t - h];
                 }
             }
         }
@@ -117,14 +119,14 @@ void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, con
          * their lanes are computed (each lane only ever sums its own key) and never stored */
         const int64_t first = b == 0 ? skip : 0;
         const int64_t end = skip + length - b * TILE < TILE ? skip + length - b * TILE : TILE;
-        float *s = scores + b * TILE - skip;
+        const int64_t at = b * TILE - skip;
         for (int64_t g0 = 0; g0 < group; g0 += SCORE_HEADS) {
             const float *q = query + g0 * query_stride;
-            float *sg = s + g0 * length;
+            float *sg = scores + g0 * length;
             switch (group - g0 < SCORE_HEADS ? group - g0 : SCORE_HEADS) {
-            case 1: block_scores(q, query_stride, keys, head_dim, scaled, sg, length, first, end, 1); break;
-            case 2: block_scores(q, query_stride, keys, head_dim, scaled, sg, length, first, end, 2); break;
-            default: block_scores(q, query_stride, keys, head_dim, scaled, sg, length, first, end, 3);
+            case 1: block_scores(q, query_stride, keys, head_dim, scaled, sg, length, at, first, end, 1); break;
+            case 2: block_scores(q, query_stride, keys, head_dim, scaled, sg, length, at, first, end, 2); break;
+            default: block_scores(q, query_stride, keys, head_dim, scaled, sg, length, at, first, end, 3);
             }
         }
     }
