@@ -326,6 +326,23 @@ class _ClockedModel:
         return self.model.step(batch)
 
 
+def _clocked_scheduler(model: MockModelRunner, clocked: _ClockedModel, speculation):
+    """A scheduler over ``model`` that times its steps with ``clocked``'s clock, and its
+    metrics."""
+    metrics = EngineMetrics()
+    scheduler = Scheduler(
+        capabilities=model.capabilities,
+        tokenizer=model.tokenizer,
+        policy=ContinuousBatching(),
+        metrics=metrics,
+        release_slot=model.release,
+        max_num_batched_tokens=512,
+        clock=clocked.clock,
+        speculation=speculation,
+    )
+    return scheduler, metrics
+
+
 def _timed_run(requests, speculation, base: float, per_position: float, slots: int):
     """``requests`` to the end with steps timed by a ``_ClockedModel``: their tokens, the
     fake seconds it took, the drafted tokens and the scheduler's measured costs."""
@@ -333,26 +350,13 @@ def _timed_run(requests, speculation, base: float, per_position: float, slots: i
         max_num_seqs=slots, context_length=512, kv_blocks=400, eos_one_in=1000, order=3
     )
     clocked = _ClockedModel(model, base, per_position)
-    scheduler = Scheduler(
-        capabilities=model.capabilities,
-        tokenizer=model.tokenizer,
-        policy=ContinuousBatching(),
-        metrics=(metrics := EngineMetrics()),
-        release_slot=model.release,
-        max_num_batched_tokens=512,
-        clock=clocked.clock,
-        speculation=speculation,
-    )
+    scheduler, metrics = _clocked_scheduler(model, clocked, speculation)
     sinks = []
     for request in requests:
         seq, sink = make_sequence(request)
         scheduler.add(seq)
         sinks.append(sink)
-    while scheduler.has_work:
-        scheduler.admit_waiting()
-        step = scheduler.schedule()
-        assert step is not None
-        scheduler.apply(step, clocked.step(step.batch))
+    run_until_idle(scheduler, clocked)
     drafted = metrics.registry.get_sample_value("slotserve_spec_decode_num_draft_tokens_total")
     tokens = [sink.final.token_ids for sink in sinks]
     return tokens, clocked.now, drafted or 0.0, scheduler.draft_costs
@@ -571,24 +575,10 @@ def test_one_row_drafts_again_after_its_first_drafted_steps_spiked():
         max_num_seqs=1, context_length=512, kv_blocks=400, eos_one_in=1000, order=3
     )
     clocked = _SpikedModel(model, spiked={0, 2}, spike=0.2)
-    scheduler = Scheduler(
-        capabilities=model.capabilities,
-        tokenizer=model.tokenizer,
-        policy=ContinuousBatching(),
-        metrics=EngineMetrics(),
-        release_slot=model.release,
-        max_num_batched_tokens=512,
-        clock=clocked.clock,
-        speculation=NgramSpeculation(4),
-    )
+    scheduler, _ = _clocked_scheduler(model, clocked, NgramSpeculation(4))
     seq, sink = make_sequence(_request("r", b"ab ab ab ab ab ab ab ", max_tokens=300))
     scheduler.add(seq)
-    steps = 0
-    while scheduler.has_work:
-        scheduler.admit_waiting()
-        step = scheduler.schedule()
-        scheduler.apply(step, clocked.step(step.batch))
-        steps += 1
+    steps = run_until_idle(scheduler, clocked)
     assert len(sink.final.token_ids) == 300
     assert clocked.drafted_steps > 20, "drafting stopped for good after the spikes"
     assert steps < 200
