@@ -154,8 +154,7 @@ class DraftCosts:
         self._plain: dict[int, deque[float]] = {}
         self._drafted_since_plain: dict[int, int] = {}
         self._samples: dict[int, deque[float]] = {}
-        self._held: dict[int, int] = {}
-        self._patience: dict[int, int] = {}
+        self._holds: dict[int, tuple[int, int]] = {}  # row class: (steps held, patience)
         self._timing: tuple[object, float, int, int] | None = None
 
     @staticmethod
@@ -190,16 +189,14 @@ class DraftCosts:
         if not self.measured(rows):
             return
         if drafted:
-            self._held[cls] = 0
-            self._patience[cls] = HOLD_PATIENCE
+            self._holds[cls] = (0, HOLD_PATIENCE)
             return
-        held = self._held.get(cls, 0) + 1
-        patience = self._patience.get(cls, HOLD_PATIENCE)
+        held, patience = self._holds.get(cls, (0, HOLD_PATIENCE))
+        held += 1
         if held >= patience:
             self._samples[cls].popleft()
-            held = 0
-            self._patience[cls] = min(2 * patience, HOLD_PATIENCE_MAX)
-        self._held[cls] = held
+            held, patience = 0, min(2 * patience, HOLD_PATIENCE_MAX)
+        self._holds[cls] = (held, patience)
 
     def plain_due(self, rows: int) -> bool:
         """Whether the next step of ``rows`` decoding rows should be plain (no drafts), to
@@ -346,10 +343,9 @@ class NgramSpeculation:
                 draft = draft[: kv.grow_draft(seq, len(draft))]
             budget -= len(draft)
             drafts.append(draft)
-        if costs is not None and costs.measured(rows):
-            drafted = any(drafts)
-            if drafted or (eligible and held == eligible):  # drafting, or held back by the cost
-                costs.drafted_at_cost(rows, drafted)
+        drafted = any(drafts)
+        if costs is not None and (drafted or (eligible and held == eligible)):
+            costs.drafted_at_cost(rows, drafted)  # drafting, or every row held back by the cost
         return drafts
 
     def draft(self, seq: Sequence, limit: int) -> tuple[int, ...]:
