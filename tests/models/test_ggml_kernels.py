@@ -200,12 +200,15 @@ def _bf16_rule(values: np.ndarray) -> np.ndarray:
     return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
 
 
+@pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K"])
-def test_the_bfloat16_epilogue_rounds_ties_to_even_and_keeps_nans(kind: str) -> None:
+def test_the_bfloat16_epilogue_rounds_ties_to_even_and_keeps_nans(kind: str, isa: Isa) -> None:
     """Outputs of exactly 0 (zero activations) plus a bias whose bits are ties (both parities),
     NaNs, infinities and the largest float, with and without a residual: each stored value is
-    the rule's, in the full groups of eight rows and in the tail (27 rows). Two NaNs tell the
-    NaN rule from plain rounding (0x7FFFFFFF would round to -0, 0x7FC18000 to 0x7FC2)."""
+    the rule's, in the full groups of eight rows (sl_store8_avx2 where the instruction set has
+    AVX2) and in the tail (27 rows: the scalar loop). Two NaNs tell the NaN rule from plain
+    rounding (0x7FFFFFFF would round to -0, 0x7FC18000 to 0x7FC2). A float32 result is the
+    float sums, unrounded."""
     assert KERNELS is not None
     rows, columns = 27, WIDTHS[kind][0]
     segment = QuantSegment(kind, torch.from_numpy(random_blocks(kind, rows, columns, seed=4)))
@@ -220,17 +223,25 @@ def test_the_bfloat16_epilogue_rounds_ties_to_even_and_keeps_nans(kind: str) -> 
     raw[-3:] = [0x7FFFFFFF, 0x3F818000, 0xFF800000]  # in the tail too
     bias_values = raw.astype(np.uint32).view(np.float32)
     bias = torch.from_numpy(bias_values.copy())
-    linear = GGMLLinear(KERNELS, (segment,), columns, bias)
     x = torch.zeros(3, columns, dtype=torch.bfloat16)
-    got = linear(x).view(torch.int16).numpy().view(np.uint16)
+
+    def stored(residual: torch.Tensor | None, out_dtype: torch.dtype) -> np.ndarray:
+        y = KERNELS.matmul(
+            (segment,), x, bias=bias, residual=residual, isa=isa, out_dtype=out_dtype
+        )
+        return y.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32).numpy()
+
     with np.errstate(invalid="ignore", over="ignore"):  # NaN and infinity are the point
         outputs = np.float32(0.0) + bias_values
         residual = torch.randn(3, rows, generator=torch.Generator().manual_seed(6))
-        residual = residual.to(torch.bfloat16)
-        summed = outputs[None, :] + residual.float().numpy()
+        summed = outputs[None, :] + residual.to(torch.bfloat16).float().numpy()
+        summed32 = outputs[None, :] + residual.numpy()
+    got = stored(None, torch.bfloat16).view(np.uint16)
     assert np.array_equal(got, np.broadcast_to(_bf16_rule(outputs), got.shape))
-    got = linear.add_to(residual, x).view(torch.int16).numpy().view(np.uint16)
+    got = stored(residual.to(torch.bfloat16), torch.bfloat16).view(np.uint16)
     assert np.array_equal(got, _bf16_rule(summed))
+    got = stored(residual, torch.float32).view(np.uint32)
+    assert np.array_equal(got, summed32.astype(np.float32).view(np.uint32))
 
 
 @pytest.mark.parametrize("kind", sorted(KERNEL_TYPES))
