@@ -232,24 +232,24 @@ SL_TARGET_AVX2 static void sl_store8_avx2(const float *out, int64_t i, int64_t c
 
 /* The epilogue of one activation row i over `rows` outputs from column `column`: bias,
  * residual, and the one rounding to bfloat16 (or, in a call of sl_quant_argmax, the row's
- * best output so far: nothing is stored). isa: the call's; eight rows on AVX2 or wider take
- * sl_store8_avx2, the same bits. */
-static void sl_store_row(int isa, const float *out, int64_t rows, int64_t i, int64_t column,
-                         const float *bias, const void *residual, int64_t ldr, void *y,
-                         int y_bf16, int64_t ldy) {
+ * best output so far: nothing is stored). isa: the call's; on AVX2 or wider each eight
+ * outputs take sl_store8_avx2 (the same bits), the rest the scalar loop. */
+static inline __attribute__((always_inline)) void sl_store_row(
+    int isa, const float *out, int64_t rows, int64_t i, int64_t column, const float *bias,
+    const void *residual, int64_t ldr, void *y, int y_bf16, int64_t ldy) {
     if (sl_argmax_bests != NULL) {
         sl_argmax_row(out, rows, i, column, bias);
         return;
     }
+    int64_t r = 0;
 #if defined(__x86_64__)
-    if (rows == 8 && isa >= SL_ISA_AVX2) {
-        sl_store8_avx2(out, i, column, bias, residual, ldr, y, y_bf16, ldy);
-        return;
-    }
+    if (isa >= SL_ISA_AVX2)
+        for (; r + 8 <= rows; r += 8)
+            sl_store8_avx2(out + r, i, column + r, bias, residual, ldr, y, y_bf16, ldy);
 #else
     (void)isa;
 #endif
-    for (int64_t r = 0; r < rows; r++) {
+    for (; r < rows; r++) {
         float v = out[r];
         if (bias != NULL) v += bias[column + r];
         if (residual != NULL) {
@@ -339,6 +339,26 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
             sl_store_row(isa, out + i * 16, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
         return;
     }
+    const int x8_max = format->q8k ? sl_kx8_gemv_max_rows[isa] : sl_x8_gemv_max_rows[isa];
+    const int no_tile = !gemm || capacity < tile_bytes;
+    if (x8_rows == 16 && (m <= x8_max || no_tile) && m > 1) {
+        /* x8, a full unit: both groups of eight for each run of activation rows, then each
+         * row's 16 outputs stored in one epilogue call (half the calls: a 64-row call of
+         * SmolLM2's gate_up spent 9% of its time in the epilogue). The same kernel calls on
+         * the same rows as one group at a time below, so the same bits. */
+        float out[SL_GEMM_ROWS][16];
+        for (int64_t i0 = 0; i0 < m; i0 += SL_GEMM_ROWS) {
+            const int n_x = m - i0 < SL_GEMM_ROWS ? (int)(m - i0) : SL_GEMM_ROWS;
+            const void *x_rows[SL_GEMM_ROWS];
+            for (int g = 0; g < n_x; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
+            for (int64_t r0 = 0; r0 < 16; r0 += 8)
+                format->gemvn8x[isa](w + r0 * row_bytes, k, x_rows, n_x, out[0] + r0, 16,
+                                     w + (r0 + 2 * 8) * row_bytes, i0 == 0 ? 8 * row_bytes : 0);
+            for (int g = 0; g < n_x; g++)
+                sl_store_row(isa, out[g], 16, i0 + g, column, bias, residual, ldr, y, y_bf16, ldy);
+        }
+        return;
+    }
     for (int64_t r0 = 0; r0 < rows; r0 += 8) {
         const int64_t lanes = rows - r0 < 8 ? rows - r0 : 8;
         const uint8_t *row_at[8];
@@ -347,8 +367,6 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
         const uint8_t *group = r0 < x8_rows ? w + r0 * row_bytes : NULL; /* x8 */
         float out[SL_GEMM_ROWS][8];
         /* x8: a gemv of several rows, no decode pass (and wherever no tile buffer was had) */
-        const int x8_max = format->q8k ? sl_kx8_gemv_max_rows[isa] : sl_x8_gemv_max_rows[isa];
-        const int no_tile = !gemm || capacity < tile_bytes;
         if (group != NULL && (m <= x8_max || no_tile) && (m > 1 || format->gemv8x[isa] == NULL)) {
             for (int64_t i0 = 0; i0 < m; i0 += SL_GEMM_ROWS) {
                 const int n_x = m - i0 < SL_GEMM_ROWS ? (int)(m - i0) : SL_GEMM_ROWS;
