@@ -7,6 +7,8 @@
 #ifndef SL_GGML_QUANT_DISPATCH_H
 #define SL_GGML_QUANT_DISPATCH_H
 
+#include <limits.h>
+
 /* Calls of at most this many activation rows take the tile kernels' gemv (no decode pass);
  * more decode each tile once and run them all against it: from two rows the decoded tile is
  * cheaper (AMX Xeon, SmolLM2's Q4_1 projections: AVX2 1.19x at 2 rows, 1.49x at 3 against a
@@ -30,6 +32,13 @@
  * (AMX Xeon, SmolLM2's 121 projections; AVX2: 0.78-0.86x the time at 2-64 rows, equal at 128;
  * VNNI: 0.87-0.93x at 2-12 rows, equal at 16, 1.06-1.10x at 32-64), per instruction set. */
 static const int sl_x8_gemv_max_rows[3] = {0, 64, 16};
+/* Q4_0 and Q4_1 (4-bit codes: a decoded tile saves them only the nibble split) take the x8
+ * gemv at any row count on AVX2 (prefill chunks): on the Zen 4 EPYC running the AVX2 code, 0.82-
+ * 0.86x the time of the decoded tile for a 3072 x 576 Q4_1 call at 128-896 rows, 0.85-0.87x for
+ * 576 x 1536, 0.79-0.84x for a 2048 x 640 Q4_0 one; Q5_0 was even there (0.94-1.02x) and Q8_0
+ * slower (1.01-1.07x), so they keep the table above. With VNNI the tile stays faster from 64
+ * rows (1.02-1.05x at 64-896). */
+static const int sl_x8_nibble_gemv_max_rows[3] = {0, INT_MAX, 16};
 /* The same for Q4_K (SL_ROWS rows a pass; more decode the tile from x8 without a transpose):
  * the 1B file's Q4_K projections, x8 against the file's rows (AMX Xeon): AVX2 0.84x at 1 row,
  * 0.80-0.92x at 2-16, VNNI 1.0x at 1-2, 0.87-0.93x at 4-16; decoded, 0.96-0.98x at 32-64. */

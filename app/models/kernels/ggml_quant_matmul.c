@@ -53,29 +53,31 @@ typedef struct {
     sl_gemvn8x_fn gemvn8x[3];
     sl_decode8x_fn decode8x, amx_decode16x;
     sl_amx_decode_blocks_fn amx_decode16x_blocks;
+    const int *x8_gemv_max_rows; /* per instruction set: the most activation rows whose x8
+                                  * rows take the x8 gemv (ggml_quant_dispatch.h), not a tile */
 } sl_format;
 
-#define SL_FORMAT_TILES(fmt, bytes, signed_codes)                                                \
+#define SL_FORMAT_TILES(fmt, bytes, signed_codes, x8_max_rows)                                   \
     { SL_QK, bytes, 0, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                  \
       {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, {NULL, NULL, NULL},                  \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
       sl_tile8_bytes_q8_1, sl_amx_decode16_##fmt, signed_codes,                                  \
       {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512},                                  \
       {NULL, sl_gemvn8x_##fmt##_avx2, sl_gemvn8x_##fmt##_avx512}, sl_decode8x_##fmt,             \
-      sl_amx_decode16x_##fmt, sl_amx_decode16x_blocks_##fmt }
+      sl_amx_decode16x_##fmt, sl_amx_decode16x_blocks_##fmt, x8_max_rows }
 #define SL_FORMAT_KTILES(fmt, bytes, x8_avx2, x8_avx512, x8_decode)                          \
     { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
       {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
       sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, x8_avx2, x8_avx512}, x8_decode, NULL, \
-      NULL }
+      NULL, sl_kx8_gemv_max_rows }
 
 static const sl_format *sl_format_of(int qtype) {
-    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0);
-    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, 20, 0);
-    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, 22, 0);
-    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, 24, 0);
-    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, 34, 1);
+    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0, sl_x8_nibble_gemv_max_rows);
+    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, 20, 0, sl_x8_nibble_gemv_max_rows);
+    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, 22, 0, sl_x8_gemv_max_rows);
+    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, 24, 0, sl_x8_gemv_max_rows);
+    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, 34, 1, sl_x8_gemv_max_rows);
     static const sl_format q4_k = SL_FORMAT_KTILES(q4_k, 144, sl_gemvn8x_q4_k_avx2,
                                                    sl_gemvn8x_q4_k_avx512, sl_decode8x_q4_k);
     static const sl_format q5_k = SL_FORMAT_KTILES(q5_k, 176, NULL, NULL, NULL);
@@ -339,7 +341,7 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
             sl_store_row(isa, out + i * 16, rows, i, column, bias, residual, ldr, y, y_bf16, ldy);
         return;
     }
-    const int x8_max = format->q8k ? sl_kx8_gemv_max_rows[isa] : sl_x8_gemv_max_rows[isa];
+    const int x8_max = format->x8_gemv_max_rows[isa];
     const int no_tile = !gemm || capacity < tile_bytes;
     if (x8_rows == 16 && (m <= x8_max || no_tile) && m > 1) {
         /* x8, a full unit: both groups of eight for each run of activation rows, then each
