@@ -23,12 +23,13 @@ from typing import Protocol
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
 from app.api.admission import refusal_error, submit
 from app.api.errors import CLIENT_CLOSED_REQUEST, APIError
 from app.api.resources import ServerResources
 from app.api.sse_frames import SSEEvent, encoded
+from app.api.sse_response import WatchedEventSourceResponse
 from app.engine.engine import AsyncEngine, Overloaded
 from app.engine.handle import RequestHandle
 from app.engine.request import FinalEvent, FinishReason, GenerationRequest, StreamEvent, TokenEvent
@@ -147,7 +148,7 @@ async def answer(request: Request, resources: ServerResources, plan: AnswerPlan)
     return JSONResponse(whole.body)
 
 
-def streamed_answer(resources: ServerResources, plan: AnswerPlan) -> EventSourceResponse:
+def streamed_answer(resources: ServerResources, plan: AnswerPlan) -> WatchedEventSourceResponse:
     """Submits the plan's generations and answers them as SSE (``sse_events``), pinging while
     it waits.
 
@@ -156,7 +157,7 @@ def streamed_answer(resources: ServerResources, plan: AnswerPlan) -> EventSource
     """
     handles = submit_all(resources, plan.generations)
     separator = plan.formats[0].sse_separator
-    return EventSourceResponse(
+    return WatchedEventSourceResponse(
         sse_events(handles, resources.engine, plan.formats, plan.trailer),
         ping=resources.config.sse_ping_interval,
         sep=separator,

@@ -1,0 +1,87 @@
+"""The SSE response of every streamed answer: sse-starlette's ``EventSourceResponse`` with its
+send timeout (the stall guard: a client that stopped reading is cut off) kept by one watchdog a
+stream instead of a cancel scope and timer a send.
+
+sse-starlette bounds each send with ``anyio.move_on_after(send_timeout)``: a cancel scope and a
+loop timer created, entered and cancelled for every chunk written, ~7 us of the event loop's
+thread each (uvloop, 2-core AMD EPYC), where the chunk's own write costs less. At 256 streams of
+one token a step that was ~15% of the server's CPU a token (docs/ENGINE_LOOP.md). Here a send
+records when it started, and a watchdog task in the response's own task group wakes every
+quarter of the timeout and raises sse-starlette's ``SendTimeoutError`` when a send has been
+pending for the whole timeout: the task group then cancels the stalled send and the body
+(whose ``finally`` cancels the requests), as sse-starlette's own timeout does. A stalled client
+is cut off after between 1 and 1.25 timeouts instead of exactly 1.
+
+It overrides ``_send_with_timeout``, a private method of sse-starlette (3.7): the import checks
+that it is still there, and ``tests/http/test_slow_client.py`` that a stalled reader is still cut
+off.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Message, Send
+
+if not callable(getattr(EventSourceResponse, "_send_with_timeout", None)):  # pragma: no cover
+    raise ImportError("sse-starlette no longer has EventSourceResponse._send_with_timeout")
+
+# The watchdog wakes this many times a timeout.
+WATCH_PERIODS = 4
+
+
+class WatchedEventSourceResponse(EventSourceResponse):
+    """``EventSourceResponse`` whose ``send_timeout`` (seconds, or None: no limit) is kept by a
+    watchdog task. The other arguments are ``EventSourceResponse``'s; ``data_sender_callable``
+    is taken by the watchdog.
+
+    Raises (from the ASGI call): ``SendTimeoutError`` when one send stayed pending for
+    ``send_timeout`` seconds, as ``EventSourceResponse`` does.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("data_sender_callable") is not None:
+            raise ValueError("data_sender_callable is the send watchdog's")
+        super().__init__(*args, **kwargs)
+        # start time of each pending send (a ping and a chunk may be pending at once)
+        self._pending_sends: dict[object, float] = {}
+        self._watching = False
+        if self.send_timeout is not None:
+            self.data_sender_callable = self._watch_sends
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        if not self._watching:  # (before and after the task group: the timeout per send)
+            await super()._send_with_timeout(send, message)
+            return
+        key = object()
+        self._pending_sends[key] = time.monotonic()
+        try:
+            await send(message)
+        except BaseException:
+            self._send_interrupted = True
+            raise
+        finally:
+            del self._pending_sends[key]
+
+    async def _watch_sends(self) -> None:
+        """Runs in the response's task group until it is cancelled (the stream ended).
+
+        Raises:
+            SendTimeoutError: a send has been pending for ``send_timeout`` seconds.
+        """
+        timeout = self.send_timeout
+        assert timeout is not None
+        self._watching = True
+        try:
+            while True:
+                await anyio.sleep(timeout / WATCH_PERIODS)
+                pending = self._pending_sends.values()
+                if pending and time.monotonic() - min(pending) >= timeout:
+                    self._send_interrupted = True
+                    raise SendTimeoutError()
+        finally:
+            self._watching = False
