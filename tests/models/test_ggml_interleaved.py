@@ -66,8 +66,8 @@ def test_the_repack_moves_every_byte_and_rows_decode_as_the_files(kind: str) -> 
 def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: Isa) -> None:
     """1-100 activation rows (the gemv of one row and of several, the decoded tiles, AMX from
     16 rows where the CPU has it: Q8_0's codes read in place, the other formats' next unit
-    decoded between a unit's products; Q4_0 and Q4_1 past 64 rows: the x8 gemv on AVX2
-    against the file's decoded tile), 37 weight rows (two full units, then a 5-row tail),
+    decoded between a unit's products; Q4_0 and Q4_1 at 24 rows with VNNI and past 64 on
+    AVX2, Q4_K past 16 on AVX2: the x8 gemv against the file's decoded tile), 37 weight rows (two full units, then a 5-row tail),
     24 (a unit of one group) and 64 (four full units), two widths, activations at the codes'
     extremes, a bias and a bfloat16 residual."""
     assert KERNELS is not None
@@ -78,7 +78,7 @@ def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: I
         file, x8 = QuantSegment(kind, torch.from_numpy(blocks)), repacked(kind, blocks)
         x = torch.randn(100, columns, generator=generator)
         x[2] = torch.where(x[2] > 0, 1e3, -1e3)  # every activation byte at +-127
-        for rows in (1, 2, 3, 7, 12, 16, 33, 64, 65, 100):
+        for rows in (1, 2, 3, 7, 12, 16, 24, 33, 64, 65, 100):
             want = KERNELS.matmul((file,), x[:rows], isa=isa)
             got = KERNELS.matmul((x8,), x[:rows], isa=isa)
             assert torch.equal(got, want), f"{kind} {isa.name} {n}x{columns}, {rows} rows"

@@ -36,9 +36,11 @@ static const int sl_x8_gemv_max_rows[3] = {0, 64, 16};
  * gemv at any row count on AVX2 (prefill chunks): on the Zen 4 EPYC running the AVX2 code, 0.82-
  * 0.86x the time of the decoded tile for a 3072 x 576 Q4_1 call at 128-896 rows, 0.85-0.87x for
  * 576 x 1536, 0.79-0.84x for a 2048 x 640 Q4_0 one; Q5_0 was even there (0.94-1.02x) and Q8_0
- * slower (1.01-1.07x), so they keep the table above. With VNNI the tile stays faster from 64
- * rows (1.02-1.05x at 64-896). */
-static const int sl_x8_nibble_gemv_max_rows[3] = {0, INT_MAX, 16};
+ * slower (1.01-1.07x), so they keep the table above. With VNNI (the same CPU's AVX-512 code)
+ * the x8 gemv is 0.89-0.91x the tile's time at 20 rows, 0.93-0.96x at 32, and the tile faster
+ * from 64 (1.02-1.05x at 64-896). (AMX, where the CPU has it, takes these calls from 16 rows
+ * before this is asked.) */
+static const int sl_x8_nibble_gemv_max_rows[3] = {0, INT_MAX, 32};
 /* The same for Q4_K (SL_ROWS rows a pass; more decode the tile from x8 without a transpose):
  * the 1B file's Q4_K projections, x8 against the file's rows (AMX Xeon): AVX2 0.84x at 1 row,
  * 0.80-0.92x at 2-16, VNNI 1.0x at 1-2, 0.87-0.93x at 4-16; decoded, 0.96-0.98x at 32-64. */
