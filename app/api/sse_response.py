@@ -12,14 +12,18 @@ pending for the whole timeout: the task group then cancels the stalled send and 
 (whose ``finally`` cancels the requests), as sse-starlette's own timeout does. A stalled client
 is cut off after between 1 and 1.25 timeouts instead of exactly 1.
 
-It overrides ``_send_with_timeout``, a private method of sse-starlette (3.7): the import checks
-that it is still there, and ``tests/http/test_slow_client.py`` that a stalled reader is still cut
-off.
+It overrides ``_send_with_timeout``, a private method of sse-starlette, and relies on its
+``_stream_response`` closing the body when a send is cancelled (3.6 and later; before, only on
+its own timeout: the request would keep its slot). So ``pyproject.toml`` pins sse-starlette to
+3.7.1-3.7.x, the versions it was measured and tested on, the import refuses others, and
+``tests/http/test_slow_client.py`` checks that a stalled reader is still cut off.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from importlib.metadata import version
 from typing import Any
 
 import anyio
@@ -27,8 +31,24 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message, Send
 
-if not callable(getattr(EventSourceResponse, "_send_with_timeout", None)):  # pragma: no cover
-    raise ImportError("sse-starlette no longer has EventSourceResponse._send_with_timeout")
+# The sse-starlette releases this override was checked against: [first, past_last).
+SUPPORTED_SSE_STARLETTE = ((3, 7, 1), (3, 8, 0))
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """``"3.7.1"`` -> ``(3, 7, 1)`` (missing parts 0, suffixes ignored)."""
+    numbers = [int(part) for part in re.findall(r"\d+", text)[:3]]
+    return tuple(numbers + [0] * (3 - len(numbers)))
+
+
+_installed = version("sse-starlette")
+if not (
+    SUPPORTED_SSE_STARLETTE[0] <= _release(_installed) < SUPPORTED_SSE_STARLETTE[1]
+    and callable(getattr(EventSourceResponse, "_send_with_timeout", None))
+):  # pragma: no cover
+    raise ImportError(
+        f"sse-starlette {_installed} is not one app/api/sse_response.py supports (3.7.1-3.7.x)"
+    )
 
 # The watchdog wakes this many times a timeout.
 WATCH_PERIODS = 4

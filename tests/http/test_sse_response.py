@@ -106,3 +106,14 @@ def test_the_data_sender_hook_is_the_watchdogs() -> None:
 
     with pytest.raises(ValueError, match="watchdog"):
         WatchedEventSourceResponse(body(), send_timeout=1.0, data_sender_callable=sender)
+
+
+def test_the_supported_sse_starlette_releases_are_parsed_and_checked() -> None:
+    from app.api import sse_response
+
+    assert sse_response._release("3.7.1") == (3, 7, 1)
+    assert sse_response._release("3.8") == (3, 8, 0)
+    assert sse_response._release("3.7.2rc1") == (3, 7, 2)
+    first, past_last = sse_response.SUPPORTED_SSE_STARLETTE
+    assert first <= sse_response._release(sse_response._installed) < past_last
+    assert not first <= sse_response._release("3.5.0") < past_last  # no cleanup on cancel there
