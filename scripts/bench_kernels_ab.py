@@ -39,7 +39,8 @@ from app.models.kernels.build import build_library  # noqa: E402
 
 # SmolLM2's projections (fused qkv, o, fused gate_up, down) and its LM head
 SMOLLM2_SHAPES = "Q4_1:960x576,Q4_1:576x576,Q4_1:3072x576,Q4_1:576x1536,Q8_0:49152x576"
-# byte offsets of a block's fp16 scales (d, and dmin or m where the format has one)
+# byte offsets of a block's fp16 scales (d, and dmin or m where the format has one): random
+# bytes there could be NaN, inf or huge (the kernel tests take random_blocks from here too)
 SCALE_FIELDS = {
     "Q4_0": (0,),
     "Q4_1": (0, 2),

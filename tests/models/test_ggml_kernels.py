@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from bench_kernels_ab import random_blocks  # random codes, sane fp16 scales (scripts/)
 
 from app.models.kernels.ggml_quant import (
     AMX_MIN_ROWS,
@@ -33,30 +34,7 @@ pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"GGUF-block kernels: {H
 
 ISAS = [isa for isa in Isa if KERNELS is not None and KERNELS.supports(isa)]
 ROWS = (1, 2, 3, 7, 16, 33, 64)
-# Byte offsets of the fp16 scale fields in each block: random bytes there could be NaN, inf
-# or huge; the tests put sane values in them.
-SCALE_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-}
 WIDTHS = {kind: (256, 768) if kind.endswith("_K") else (96, 608) for kind in KERNEL_TYPES}
-
-
-def random_blocks(kind: str, rows: int, columns: int, seed: int) -> np.ndarray:
-    """uint8 ``[rows, bytes per row]`` of ``kind``: random codes, fp16 scales in 1e-3..2e-2."""
-    rng = np.random.default_rng(seed)
-    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
-    blocks = rng.integers(0, 256, (rows, columns // block_size, block_bytes), dtype=np.uint8)
-    for offset in SCALE_FIELDS[kind]:
-        scales = rng.uniform(1e-3, 2e-2, (rows, columns // block_size)).astype(np.float16)
-        blocks[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(*scales.shape, 2)
-    return blocks.reshape(rows, -1)
 
 
 def dequantized(kind: str, blocks: np.ndarray, columns: int) -> np.ndarray:
