@@ -178,21 +178,6 @@ ALWAYS_INLINE void value_chunk(const float *probs, const bf16 *pool, const int64
  *
  * pool, table, skip: as sl_tile_scores's keys. head_dim % 16 == 0.
  */
-void sl_tile_values(const float *probs, int64_t group, const bf16 *pool, const int64_t *table,
-                    int64_t head_base, int64_t head_dim, int64_t skip, int64_t length,
-                    float *out, int64_t out_stride) {
-    for (int64_t g0 = 0; g0 < group; g0 += VALUE_GROUP) {
-        const float *p = probs + g0 * length;
-        float *o = out + g0 * out_stride;
-        for (int64_t d0 = 0; d0 < head_dim; d0 += 8 * VALUE_CHUNK) {
-            switch (group - g0 < VALUE_GROUP ? group - g0 : VALUE_GROUP) {
-            case 1: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 1); break;
-            case 2: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 2); break;
-            case 3: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 3); break;
-            default: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 4);
-            }
-        }
-    }
-}
+SL_DEFINE_TILE_VALUES(8 * VALUE_CHUNK)
 
 #endif /* SL_TILED_ATTENTION == SL_TILES_AVX2 */

@@ -218,6 +218,27 @@ void sl_tile_scores(const float *query, int64_t query_stride, int64_t group, con
 void sl_tile_values(const float *probs, int64_t group, const bf16 *pool, const int64_t *table,
                     int64_t head_base, int64_t head_dim, int64_t skip, int64_t length,
                     float *out, int64_t out_stride);
+
+/* sl_tile_values's definition for a tile file: its query heads VALUE_GROUP at a time and its
+ * dimensions `dims` (VALUE_CHUNK vectors) at a time, each run by the file's value_chunk with the
+ * group's head count as a constant (its accumulators then stay in registers). */
+#define SL_DEFINE_TILE_VALUES(dims)                                                                 \
+    void sl_tile_values(const float *probs, int64_t group, const bf16 *pool, const int64_t *table, \
+                        int64_t head_base, int64_t head_dim, int64_t skip, int64_t length,         \
+                        float *out, int64_t out_stride) {                                          \
+        for (int64_t g0 = 0; g0 < group; g0 += VALUE_GROUP) {                                      \
+            const float *p = probs + g0 * length;                                                  \
+            float *o = out + g0 * out_stride;                                                      \
+            for (int64_t d0 = 0; d0 < head_dim; d0 += (dims)) {                                    \
+                switch (group - g0 < VALUE_GROUP ? group - g0 : VALUE_GROUP) {                     \
+                case 1: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 1); break; \
+                case 2: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 2); break; \
+                case 3: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 3); break; \
+                default: value_chunk(p, pool, table, head_base, head_dim, skip, length, d0, o, out_stride, 4); \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
 #endif
 
 #endif /* SLOTSERVE_FUSED_DECODE_H */
