@@ -175,9 +175,19 @@ TL_TARGET TL_INLINE void TL_NAME(tl_gemvn_x8)(int fmt, int R, const uint8_t *gro
         }
         __m256 d, mo;
         tl_x8_scales(fmt, blk, &d, &mo);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) tl_finish_block(fmt, isum[r], d, mo, x[r] + b, &acc[r], &macc[r]);
+#pragma GCC unroll 8 /* (TL_Q8_0: the scaled sums alone; the offset terms below) */
+        for (int r = 0; r < R; r++) tl_finish_block(TL_Q8_0, isum[r], d, mo, x[r] + b, &acc[r], &macc[r]);
     }
+    /* The offset terms in a pass of their own: the same sequence of fmas per lane as
+     * tl_finish_block's, so the same bits, with R fewer accumulators live in the loop above
+     * (sixteen AVX2 registers: 8 rows' acc and macc were all of them). */
+    if (tl_has_mo(fmt))
+        for (int64_t b = 0; b < nb; b++) {
+            __m256 d, mo;
+            tl_x8_scales(fmt, group + b * gbs, &d, &mo);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) macc[r] = _mm256_fmadd_ps(mo, _mm256_set1_ps(x[r][b].s), macc[r]);
+        }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * out_stride, _mm256_add_ps(acc[r], macc[r]));
 }
