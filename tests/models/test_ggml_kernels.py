@@ -251,6 +251,33 @@ def test_a_row_is_the_same_on_one_thread_and_on_all() -> None:
     assert torch.equal(together, alone)
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K", "Q8_0"])
+def test_tiles_taken_over_by_another_thread_give_the_same_bits(kind: str) -> None:
+    """Work stealing (sl_tile_claim): with more threads than cores, some start late and the
+    others take the last tiles of their runs; every output is the bits of one thread alone."""
+    assert KERNELS is not None
+    columns = 256 if kind.endswith("_K") else 576
+    blocks = random_blocks(kind, 1024, columns, 11)
+    interleaved = np.empty_like(blocks)
+    KERNELS.repack8(kind, blocks, interleaved)
+    segment = QuantSegment(kind, torch.from_numpy(interleaved), interleaved=True)
+    x = torch.randn(16, columns, generator=torch.Generator().manual_seed(11))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = KERNELS.matmul((segment,), x)
+        torch.set_num_threads(8)
+        before = KERNELS.tiles_taken_over
+        for _ in range(200):
+            assert torch.equal(KERNELS.matmul((segment,), x), alone)
+            if KERNELS.tiles_taken_over > before:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    assert KERNELS.tiles_taken_over > before, "no tile was taken over in 200 calls"
+    assert torch.equal(KERNELS.matmul((segment,), x[:3]), alone[:3])  # (static runs below 4)
+
+
 @pytest.mark.skipif(KERNELS is None, reason=HOW)
 def test_the_prefetch_level_is_l2_for_narrow_calls_unless_set(
     monkeypatch: pytest.MonkeyPatch,

@@ -180,6 +180,9 @@ int sl_quant_isa_supported(int isa);
 extern int64_t sl_prefetch_l2_rows;
 extern int sl_prefetch_l2_now;
 void sl_quant_set_prefetch_l2_rows(int64_t rows);
+/* Tiles a thread took over from another's run since the library loaded (ggml_quant_matmul.c,
+ * sl_tile_claim): whether the work stealing ever ran, for the tests. */
+int64_t sl_quant_tiles_taken_over(void);
 int sl_quant_cpu_is_intel(void);
 int sl_quant_amx_ready(void);
 int64_t sl_amx_tile_bytes(int64_t k);

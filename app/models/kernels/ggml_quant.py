@@ -348,6 +348,12 @@ class GGMLKernels:
         return bool(self.library.sl_quant_isa_supported(int(isa)))
 
     @property
+    def tiles_taken_over(self) -> int:
+        """Tiles of 16 weight rows that a thread took over from another's run (calls of 4
+        activation rows or more), since the library loaded."""
+        return int(self.library.sl_quant_tiles_taken_over())
+
+    @property
     def amx(self) -> bool:
         """Whether calls on :attr:`Isa.AVX512` of ``AMX_MIN_ROWS`` rows or more take the
         AMX-INT8 tiles (the 32-weight formats): the CPU has AMX-INT8, the OS granted the tile

@@ -46,6 +46,8 @@ def declare(library: ctypes.CDLL) -> None:
     library.sl_quant_amx_ready.restype = _c_int
     library.sl_quant_set_prefetch_l2_rows.argtypes = [_c_int64]
     library.sl_quant_set_prefetch_l2_rows.restype = None
+    library.sl_quant_tiles_taken_over.argtypes = []
+    library.sl_quant_tiles_taken_over.restype = _c_int64
     library.sl_quant_cpu_is_intel.argtypes = []
     library.sl_quant_cpu_is_intel.restype = _c_int
     library.sl_quant_row_bytes.argtypes = [_c_int, _c_int64]

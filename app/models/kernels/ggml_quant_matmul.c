@@ -266,6 +266,71 @@ static inline __attribute__((always_inline)) void sl_store_row(
     }
 }
 
+/* One thread's run of tiles in a call, [next, end) packed in one word (end in the high half)
+ * so that its owner taking the front and another thread taking the back agree by one
+ * compare-and-swap; a line of its own. */
+typedef struct {
+    _Alignas(64) uint64_t state;
+} sl_tile_range;
+
+/* Calls of fewer activation rows keep the static runs: streaming weights from memory, a tile
+ * taken over costs about what it saves. */
+#define SL_STEAL_MIN_ROWS 4
+
+static int64_t sl_tiles_taken_over = 0;
+
+int64_t sl_quant_tiles_taken_over(void) { return __atomic_load_n(&sl_tiles_taken_over, __ATOMIC_RELAXED); }
+
+/* This thread's run: the contiguous share schedule(static) gives it (the first tiles % n
+ * threads one tile more). Before the barrier that precedes sl_tile_claim. */
+static void sl_tile_range_init(sl_tile_range *ranges, int64_t tiles) {
+    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int64_t base = tiles / n, extra = tiles % n;
+    const int64_t first = t * base + (t < extra ? t : extra);
+    const int64_t end = first + base + (t < extra);
+    __atomic_store_n(&ranges[t].state, (uint64_t)end << 32 | (uint64_t)first, __ATOMIC_RELAXED);
+}
+
+/* The next tile of this thread's run; when it is done, the last tile of the run with the most
+ * left (work stealing: a thread that a busy neighbour on the core, or a slower share, holds back
+ * no longer keeps the other waiting at the barrier with its own tiles undone). -1: none left.
+ * Any thread computes any tile to the same bits; only the order differs. */
+static int64_t sl_tile_claim(sl_tile_range *ranges, int steal) {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    uint64_t state = __atomic_load_n(&ranges[t].state, __ATOMIC_RELAXED);
+    if (!steal) { /* no other thread writes this run: no locked instruction */
+        if ((uint32_t)state >= (uint32_t)(state >> 32)) return -1;
+        __atomic_store_n(&ranges[t].state, state + 1, __ATOMIC_RELAXED);
+        return (int64_t)(uint32_t)state;
+    }
+    while ((uint32_t)state < (uint32_t)(state >> 32))
+        if (__atomic_compare_exchange_n(&ranges[t].state, &state, state + 1, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return (int64_t)(uint32_t)state;
+    for (;;) {
+        int victim = -1;
+        int64_t most = 0;
+        for (int v = 0; v < n; v++) {
+            const uint64_t other = __atomic_load_n(&ranges[v].state, __ATOMIC_RELAXED);
+            const int64_t left = (int64_t)(other >> 32) - (int64_t)(uint32_t)other;
+            if (v != t && left > most) {
+                most = left;
+                victim = v;
+            }
+        }
+        if (victim < 0) return -1;
+        uint64_t other = __atomic_load_n(&ranges[victim].state, __ATOMIC_RELAXED);
+        const uint64_t end = other >> 32;
+        if ((uint32_t)other >= end) continue;
+        const uint64_t taken = (end - 1) << 32 | (uint32_t)other;
+        if (__atomic_compare_exchange_n(&ranges[victim].state, &other, taken, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            __atomic_fetch_add(&sl_tiles_taken_over, 1, __ATOMIC_RELAXED);
+            return (int64_t)(end - 1);
+        }
+    }
+}
+
 /* Which sl_quant_matmul call runs (calls are not concurrent): a tile decoded ahead is used
  * only in the call that decoded it. */
 static int64_t sl_call_id = 0;
@@ -472,9 +537,11 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
     sl_prefetch_l2_now = m <= sl_prefetch_l2_rows; /* (calls are not concurrent) */
     sl_call_id++;
     int no_memory = 0;
+    sl_tile_range ranges[threads];
 
 #pragma omp parallel num_threads(threads) reduction(| : no_memory)
     {
+        sl_tile_range_init(ranges, tiles);
         /* Activations: each thread quantises a share of the rows. */
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {
@@ -485,14 +552,16 @@ int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *
                 sl_quantize_activation_row(x, x_bf16, ldx, i, k, sl_quantize_q8_k[isa], SL_QK_K,
                                            sizeof(sl_block_q8_k), q8_k + i * q8_k_bytes);
         }
-        /* (the implied barrier: every activation row is quantised before any dot) */
+        /* (the implied barrier: every activation row is quantised, and every thread's range
+         * of tiles set, before any dot) */
 
         /* Outputs: tiles of SL_TILE_ROWS weight rows of one segment, each thread a contiguous
          * run of them (tiles handed out one at a time made the threads write the same cache
          * lines of a one-row output: a 49152-row LM head ran slower on two threads than on
-         * one). */
-#pragma omp for schedule(static)
-        for (int64_t tile = 0; tile < tiles; tile++) {
+         * one), then the last tiles of the others' runs (sl_tile_claim). */
+        for (;;) {
+            const int64_t tile = sl_tile_claim(ranges, m >= SL_STEAL_MIN_ROWS);
+            if (tile < 0) break;
             int s = 0;
             int64_t first = tile, column = 0;
             for (;; s++) { /* find the tile's segment */
