@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client import Histogram
+from starlette.types import ASGIApp
 
 from app import __version__
 from app.api import generate, status, tokenize, ui
@@ -22,6 +23,7 @@ from app.api.openai import errors as openai_errors
 from app.api.openai import routes as openai_routes
 from app.api.request_id import RequestIdMiddleware
 from app.api.resources import ServerResources
+from app.api.sse_response import StackSend
 from app.config import ServerConfig
 from app.engine.chat_template import template_override
 from app.engine.engine import AdmissionLimits, AsyncEngine
@@ -36,6 +38,14 @@ if TYPE_CHECKING:  # the real model's modules load only for a real model
     from app.models.load.plan import LoadPlan
 
 logger = logging.getLogger(__name__)
+
+
+class SlotserveAPI(FastAPI):
+    """FastAPI with :class:`StackSend` around its middleware stack: streamed answers' body
+    chunks go to the ``send`` the stack was given (``app/api/sse_response.py``)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return StackSend(super().build_middleware_stack())
 
 
 async def drain_app(app: FastAPI, timeout_s: float) -> None:
@@ -126,7 +136,7 @@ def create_app(
     # With API keys on, the schema and docs pages are off too: every endpoint but /health
     # needs the key, and these pages cannot check one.
     keyed = bool(ApiKeyGuard.from_setting(config.api_key).enabled)
-    app = FastAPI(
+    app = SlotserveAPI(
         title="slotserve",
         version=__version__,
         summary="Text generation with continuous batching",

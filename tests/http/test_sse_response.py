@@ -1,6 +1,7 @@
 """The SSE response's send watchdog (app/api/sse_response.py): body chunks are written without
 sse-starlette's cancel scope a send, a stalled send is still cut off, and its body's cleanup
-runs. Driven as a bare ASGI app: the stalled client is a ``send`` that never returns."""
+runs. Driven as a bare ASGI app: the stalled client is a ``send`` that never returns. And the
+server's streams write their chunks past the middleware stack's send wrappers (StackSend)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 
+from app.api.server import create_app
 from app.api.sse_response import WatchedEventSourceResponse
+from tests.http.conftest import RecordingMock, mock_config, parse_sse
 
 
 def _scope() -> dict:
@@ -117,3 +121,46 @@ def test_the_supported_sse_starlette_releases_are_parsed_and_checked() -> None:
     first, past_last = sse_response.SUPPORTED_SSE_STARLETTE
     assert first <= sse_response._release(sse_response._installed) < past_last
     assert not first <= sse_response._release("3.5.0") < past_last  # no cleanup on cancel there
+
+
+async def test_a_streams_chunks_skip_the_send_wrappers_of_the_middleware_stack() -> None:
+    """The start message passes every layer (the request id header is set on it); the chunks
+    after it go to the send the stack was called with, not through each layer's wrapper."""
+    inner: list[dict] = []  # what a user middleware's send wrapper saw
+    outer: list[dict] = []  # what left the app
+
+    class CountingMiddleware:
+        def __init__(self, app) -> None:
+            self.app = app
+
+        async def __call__(self, scope, receive, send) -> None:
+            async def counted(message: dict) -> None:
+                inner.append(message)
+                await send(message)
+
+            await self.app(scope, receive, counted)
+
+    config = mock_config(mock_step_ms=1.0)
+    app = create_app(config, model=RecordingMock(max_num_seqs=4, step_ms=1.0))
+    app.add_middleware(CountingMiddleware)
+
+    async def recorded_app(scope, receive, send) -> None:
+        async def recorded(message: dict) -> None:
+            outer.append(message)
+            await send(message)
+
+        await app(scope, receive, recorded if scope["type"] == "http" else send)
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=recorded_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body = {"prompt": "abc", "max_tokens": 24, "stream": True, "ignore_eos": True}
+            response = await client.post("/generate", json=body)
+    events = parse_sse(response.text)
+    assert [name for name, _ in events].count("token") >= 12 and events[-1][0] == "done"
+    assert response.headers["x-request-id"]
+    chunks = [m for m in outer if m["type"] == "http.response.body" and m.get("body")]
+    assert len(chunks) >= 12  # about one a step
+    assert [m["type"] for m in inner][0] == "http.response.start"
+    wrapped = [m for m in inner if m["type"] == "http.response.body" and m.get("body")]
+    assert len(wrapped) <= 1  # (the first may go before the watchdog runs), not one a chunk
