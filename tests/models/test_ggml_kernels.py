@@ -275,7 +275,7 @@ def test_tiles_taken_over_by_another_thread_give_the_same_bits(kind: str) -> Non
     finally:
         torch.set_num_threads(threads)
     assert KERNELS.tiles_taken_over > before, "no tile was taken over in 200 calls"
-    assert torch.equal(KERNELS.matmul((segment,), x[:3]), alone[:3])  # (static runs below 4)
+    assert torch.equal(KERNELS.matmul((segment,), x[:1]), alone[:1])  # (one row: static runs)
 
 
 @pytest.mark.skipif(KERNELS is None, reason=HOW)

@@ -349,7 +349,7 @@ class GGMLKernels:
 
     @property
     def tiles_taken_over(self) -> int:
-        """Tiles of 16 weight rows that a thread took over from another's run (calls of 4
+        """Tiles of 16 weight rows that a thread took over from another's run (calls of 2
         activation rows or more), since the library loaded."""
         return int(self.library.sl_quant_tiles_taken_over())
 
