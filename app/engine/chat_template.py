@@ -23,6 +23,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # ChatML, the format SmolLM2 and many other instruct models were trained on.
@@ -185,8 +186,9 @@ def read_template_file(path: str) -> str:
     model files' templates run in.
 
     Raises:
-        ValueError: the file cannot be read, is not UTF-8, or is not a valid template (the
-            message names the path and the reason).
+        ValueError: the file cannot be read, is not UTF-8, holds a NUL byte (a binary file),
+            is not a valid template, or never reads ``messages`` (it would render the same
+            prompt for every conversation) (the message names the path and the reason).
     """
     try:
         with open(path, encoding="utf-8") as file:
@@ -195,10 +197,14 @@ def read_template_file(path: str) -> str:
         raise ValueError(f"cannot read {path}: {exc}") from None
     if not source.strip():
         raise ValueError(f"{path} is empty")
+    if "\x00" in source:
+        raise ValueError(f"{path} holds a NUL byte: a binary file, not a Jinja chat template")
     try:
-        _compile(source)
+        parsed = _compile(source).environment.parse(source)
     except jinja2.TemplateSyntaxError as exc:
         raise ValueError(f"{path} is not a valid Jinja template: {exc}") from None
+    if "messages" not in jinja2.meta.find_undeclared_variables(parsed):
+        raise ValueError(f"{path} never reads `messages`: not a chat template")
     return source
 
 

@@ -214,6 +214,17 @@ def test_chat_template_file_is_checked(tmp_path):
     broken.write_text("{% for %}")
     with pytest.raises(ValidationError, match="not a valid Jinja template"):
         mock_config(chat_template=str(broken))
+    binary = tmp_path / "model.bin"  # valid UTF-8 and a valid template, but binary
+    binary.write_bytes(b"GGUF\x03\x00\x00\x00 weights")
+    with pytest.raises(ValidationError, match="NUL byte"):
+        mock_config(chat_template=str(binary))
+    constant = tmp_path / "constant.jinja"  # the same prompt whatever the conversation
+    constant.write_text("{{ bos_token }}Hello{% if add_generation_prompt %}!{% endif %}")
+    with pytest.raises(ValidationError, match="never reads `messages`"):
+        mock_config(chat_template=str(constant))
+    looped = tmp_path / "looped.jinja"
+    looped.write_text("{% set turns = messages %}{% for m in turns %}{{ m.content }}{% endfor %}")
+    assert mock_config(chat_template=str(looped)).chat_template == str(looped)
 
 
 @pytest.mark.slow
