@@ -110,3 +110,28 @@ def test_a_head_answers_none_where_its_call_would_not_take_the_blocks() -> None:
     assert head.argmax(x) is None  # 9 rows: decoded for the call
     assert torch.equal(head.argmax(x, as_rows=4), head(x, as_rows=4).argmax(dim=-1))
     assert GGMLLinear(KERNELS, (segment,), 256).argmax(x[:2]) is None  # bfloat16 outputs
+
+
+def test_ties_and_nans_hold_when_tiles_are_taken_over() -> None:
+    """Work stealing hands a thread tiles that lie before its own run's columns: an equal value
+    or a NaN there is an earlier column and must win (found: the quick check that assumed each
+    thread's columns in increasing order dropped it, the tie's later column came out). More
+    threads than cores, so that some start late and the others take their last tiles."""
+    assert KERNELS is not None
+    columns = 1024  # 64 tiles
+    zeros = QuantSegment("Q8_0", torch.zeros((columns, 34 * 8), dtype=torch.uint8))
+    generator = torch.Generator().manual_seed(3)
+    before_threads, taken = torch.get_num_threads(), KERNELS.tiles_taken_over
+    torch.set_num_threads(8)
+    try:
+        for call in range(120):
+            bias = torch.full((columns,), -1.0)
+            bias[torch.randint(0, columns, (6,), generator=generator)] = 3.0
+            if call % 3 == 2:
+                bias[torch.randint(0, columns, (3,), generator=generator)] = float("nan")
+            x = torch.randn(16, 256, generator=generator)
+            got = KERNELS.argmax((zeros,), x, bias=bias)
+            assert torch.equal(got, bias.expand(16, -1).argmax(dim=-1)), (call, bias, got)
+    finally:
+        torch.set_num_threads(before_threads)
+    assert KERNELS.tiles_taken_over > taken, "no tile was taken over: the test proves nothing"

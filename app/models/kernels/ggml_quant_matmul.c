@@ -176,8 +176,11 @@ static inline int sl_argmax_may_improve(const float *v, int64_t rows, float best
 }
 
 /* The argmax epilogue of one activation row i over `rows` outputs from column `column` (bias
- * added first): the calling thread's best so far. A thread meets its columns in increasing
- * order, so only a strictly larger value (or a first NaN) replaces its best. */
+ * added first): the calling thread's best so far. A tile after the best's column can only
+ * replace it with a strictly larger value (or a first NaN): the quick check first. A tile
+ * before it (a thread meets its own run's columns in increasing order, but a tile taken over
+ * from another run can lie before them: sl_tile_claim) is compared in full, where an equal value
+ * or a NaN in an earlier column wins. */
 static void sl_argmax_row(const float *out, int64_t rows, int64_t i, int64_t column,
                           const float *bias) {
 #ifdef _OPENMP
@@ -191,7 +194,7 @@ static void sl_argmax_row(const float *out, int64_t rows, int64_t i, int64_t col
         out = biased;
     }
     sl_argmax_best best = sl_argmax_bests[at];
-    if (!sl_argmax_may_improve(out, rows, best.value)) return;
+    if (column > best.column && !sl_argmax_may_improve(out, rows, best.value)) return;
     for (int64_t r = 0; r < rows; r++)
         if (sl_argmax_better(out[r], column + r, best.value, best.column))
             best = (sl_argmax_best){out[r], column + r};
