@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from app.models.base import SamplingParams, StepBatch, StepRow, TokenLogprobs
+from app.models.base import NULL_BLOCK, SamplingParams, StepBatch, StepRow, TokenLogprobs
 from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.forward.forward_plan import ForwardPlan, RowSpec
-from app.models.forward.kv_cache import KEY_ALIGN, KV_BLOCK_SIZE, KVCache
+from app.models.forward.kv_cache import KEY_ALIGN, KV_BLOCK_SIZE, KVCache, blocks_for
 from app.models.hparams import HParams
 from app.models.load.smollm2 import smollm2_gguf_path
 from app.models.runner import ModelRunner
@@ -179,6 +179,44 @@ def test_decode_attention_layouts_agree(runner: ModelRunner) -> None:
             decode = dataclasses.replace(plan.decode, fold_query_heads=fold)
             results.append(model.forward(dataclasses.replace(plan, decode=decode), cache))
     torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_eager_paths_masks_and_gather_positions_are_made_on_first_use(
+    runner: ModelRunner,
+) -> None:
+    """A step the fused kernels take never reads the decode group's mask, its key positions or
+    the plan's cache index: none is built with the plan; the eager path's first read makes
+    each, once, as they were made before."""
+    model = runner.model
+    cache = KVCache(
+        model.hparams, max_num_seqs=4, max_model_len=64, dtype=model.dtype, device=model.device
+    )
+    lengths = {0: 10, 2: 6, 3: 18}
+    plan = ForwardPlan.build(
+        [RowSpec(s, [7], n - 1, True) for s, n in lengths.items()], cache=cache
+    )
+    decode = plan.decode
+    assert decode is not None and not decode.made and not plan.made
+    mask = decode.mask
+    assert mask is decode.mask and mask is not None
+    keys = torch.arange(decode.key_length)
+    for row, length in enumerate(lengths.values()):
+        assert torch.equal(mask[row, 0, 0] == float("-inf"), keys >= length)
+        assert torch.equal(mask[row, 0, 0][keys < length], torch.zeros(length, dtype=model.dtype))
+    tables = [list(cache.slot_blocks(s)) for s in lengths]
+    width = decode.key_length // KV_BLOCK_SIZE
+    expected = [
+        (table[k // KV_BLOCK_SIZE] if k // KV_BLOCK_SIZE < blocks_for(n) else NULL_BLOCK)
+        * KV_BLOCK_SIZE
+        + k % KV_BLOCK_SIZE
+        for table, n in zip(tables, lengths.values(), strict=True)
+        for k in range(width * KV_BLOCK_SIZE)
+    ]
+    assert (
+        decode.key_positions.tolist() == expected and decode.key_positions is decode.key_positions
+    )
+    assert torch.equal(plan.cache_index, cache.write_index(plan.flat_positions))
+    assert plan.cache_index is plan.cache_index
 
 
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])

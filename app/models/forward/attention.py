@@ -36,7 +36,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from app.models.forward.forward_plan import DecodeGroup, ForwardPlan, PrefillGroup, WindowMasks
+from app.models.forward.attention_masks import WindowMasks
+from app.models.forward.forward_plan import DecodeGroup, ForwardPlan, PrefillGroup
 from app.models.forward.kv_cache import KVCache
 
 # Most key positions (rows x key_length) gathered for one SDPA call over decode rows: 16,384
@@ -65,8 +66,9 @@ def attend(
     """Attention output ``[N, n_heads * head_dim]`` for packed ``queries [N, n_heads, D]``, whose
     keys and values are already in ``cache``.
 
-    ``window_masks``: a local layer's masks (:meth:`ForwardPlan.window_masks`) instead of the
-    plan's; ``scale``: the scores' factor, None for ``1 / sqrt(D)``."""
+    ``window_masks``: a local layer's masks
+    (:func:`app.models.forward.attention_masks.window_masks`) instead of the plan's; ``scale``:
+    the scores' factor, None for ``1 / sqrt(D)``."""
     outputs = []
     if plan.decode is not None:
         mask = plan.decode.mask if window_masks is None else window_masks.decode

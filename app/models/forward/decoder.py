@@ -31,8 +31,8 @@ Few kernels per layer (on a 2-core CPU a decode step of one row is mostly per-op
 
 What Gemma 3 adds to the torch path, each from :class:`app.models.hparams.HParams`: the
 embedding scale, the local layers' own rope tables and window masks
-(:meth:`ForwardPlan.window_masks`), the attention scale, the post norms before the residual
-adds, the MLP's activation.
+(:func:`app.models.forward.attention_masks.window_masks`), the attention scale, the post norms
+before the residual adds, the MLP's activation.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from app.models.forward.attention import attend
+from app.models.forward.attention_masks import window_masks as local_window_masks
 from app.models.forward.experts import mixture_of_experts
 from app.models.forward.forward_plan import ForwardPlan
 from app.models.forward.fused_step import block_layout, fused_decode_for
@@ -154,7 +155,7 @@ class DecoderModel:
         local, window_masks = hp.local_attention, None
         if local is not None and self._local_rope is not None:
             ropes[True] = _rope_rows(*self._local_rope, plan)
-            window_masks = plan.window_masks(local.window, dtype=self.dtype)
+            window_masks = local_window_masks(plan, local.window, dtype=self.dtype)
         qk_width = hp.q_width + hp.kv_width
         ffn = hp.feed_forward_length
         num_tokens = hidden.shape[0]
