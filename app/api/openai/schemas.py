@@ -66,7 +66,7 @@ _STOP_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_C
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
 
