@@ -210,6 +210,7 @@ class MockModelRunner:
         self.num_model_calls = 0
         self._prefixes: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self._marked: list[bool] = [False] * max_num_seqs  # prompt carries MOCK_FAIL_MARKER
+        self._generated: list[int] = [0] * max_num_seqs  # tokens sampled (a prompt chunk: 0)
         # The pool: the token at each position of each block (4 bytes a position, as
         # MOCK_BYTES_PER_POSITION says), position p of block b at b * MOCK_KV_BLOCK_SIZE + p.
         self._num_blocks = kv_blocks or 0
@@ -236,6 +237,8 @@ class MockModelRunner:
                 prefix = self._prefixes[row.slot]
                 if row.starts_sequence:
                     prefix[:] = self._read_blocks(row) if row.position else []
+                    resumed = row.kv_blocks.generated_token_ids if row.kv_blocks else ()
+                    self._generated[row.slot] = len(resumed)  # (recomputed: no prompt logprobs)
                 elif row.position != len(prefix):
                     raise ValueError(
                         f"slot {row.slot}: row at position {row.position}, state has {len(prefix)}"
@@ -259,7 +262,10 @@ class MockModelRunner:
                     accepted[index], token = self._verify(row)
                 mask = row.token_mask
                 result[index] = token if mask is None else _within(mask, token, prefix)
-            asked = any(row.sampling.logprobs is not None for row in batch.rows)
+            asked = any(
+                row.sampling.logprobs is not None or row.sampling.prompt_logprobs is not None
+                for row in batch.rows
+            )
             if not asked and not any(row.num_draft_tokens for row in batch.rows):
                 output = StepOutput(tuple(map(RowOutput, result, errors)))
             else:
@@ -269,6 +275,7 @@ class MockModelRunner:
                             token,
                             error,
                             _certain_logprobs(row, token),
+                            prompt_logprobs=self._prompt_logprobs(row),
                             num_accepted=count,
                             draft_logprobs=_certain_draft_logprobs(row, count),
                         )
@@ -277,6 +284,8 @@ class MockModelRunner:
                         )
                     )
                 )
+            for row, token, count in zip(batch.rows, result, accepted, strict=True):
+                self._generated[row.slot] += 0 if token is None else 1 + count
             # Every row's work is done before the sleep, so the step returns when its time is
             # up, as a model whose kernels end with the step would (work after the sleep ran
             # past it: 10.27 ms for a 10 ms step at 64 rows).
@@ -295,10 +304,31 @@ class MockModelRunner:
         del prefix[first + count :]
         return count, targets[count]
 
+    def _prompt_logprobs(self, row: StepRow) -> tuple[TokenLogprobs | None, ...] | None:
+        """A prompt chunk's entries when its request asked (``prompt_logprobs``): None for the
+        prompt's first token, then each token's under the mock's certain model: 0 where it is
+        the token the mock would have produced after the tokens before it, else
+        ``IMPOSSIBLE_LOGPROB`` (no probability); the top list holds that token alone."""
+        if row.sampling.prompt_logprobs is None or self._generated[row.slot]:
+            return None  # not asked, or not a prompt chunk (its slot has sampled already)
+        prefix = self._prefixes[row.slot]
+        start = len(prefix) - len(row.token_ids)
+        entries: list[TokenLogprobs | None] = []
+        for at in range(start, len(prefix)):
+            if at == 0:
+                entries.append(None)
+                continue
+            likely = self.model.next_tokens([prefix[:at]])[0]
+            logprob = 0.0 if prefix[at] == likely else IMPOSSIBLE_LOGPROB
+            top = ((likely, 0.0),) if row.sampling.prompt_logprobs else ()
+            entries.append(TokenLogprobs(prefix[at], logprob, top))
+        return tuple(entries)
+
     def release(self, slot: int) -> None:
         with self._lock:
             self._prefixes[slot] = []
             self._marked[slot] = False
+            self._generated[slot] = 0
 
     def _check_blocks(self, row: StepRow) -> None:
         table = row.kv_blocks
@@ -333,6 +363,11 @@ class MockModelRunner:
         for position, token in enumerate(row.token_ids, start=row.position):
             block, offset = divmod(position, MOCK_KV_BLOCK_SIZE)
             self._pool[table[block] * MOCK_KV_BLOCK_SIZE + offset] = token
+
+
+# The log-probability of a token the mock gives no probability: finite, as JSON needs (a
+# response's body is strict JSON); vLLM writes -inf logprobs as -9999.0 too.
+IMPOSSIBLE_LOGPROB = -9999.0
 
 
 def _certain_draft_logprobs(row: StepRow, accepted: int) -> tuple[TokenLogprobs, ...] | None:

@@ -310,3 +310,22 @@ async def test_model_failure_fails_only_that_step_and_server_goes_on():
         good = await generate(client, prompt="fine", max_tokens=5)
         assert good.status_code == 200
         assert (await client.get("/health")).status_code == 200
+
+
+async def test_the_mock_scores_every_prompt_token(client):
+    """``--model mock`` answers ``prompt_logprobs`` and ``echo`` + ``logprobs`` as API.md says:
+    one entry a prompt token, the first null (found by a helper: the mock gave ``[]``). Its
+    model is certain: the token it would have produced scores 0 (after "abc" it produces
+    "k"), any other token -9999.0 (finite: JSON has no -inf)."""
+    body = {"prompt": "abck", "max_tokens": 2, "prompt_logprobs": 1}
+    for _ in range(2):  # the same slot again: its next request is a prompt again
+        answer = (await client.post("/generate", json=body)).json()
+        entries = answer["prompt_logprobs"]
+        assert entries[0] is None and [e["token_id"] for e in entries[1:]] == [98, 99, 107]
+        assert [e["logprob"] for e in entries[1:]] == [-9999.0, -9999.0, 0.0]
+        assert all(len(e["top"]) == 1 and e["top"][0]["logprob"] == 0.0 for e in entries[1:])
+        assert entries[3]["top"][0]["token_id"] == 107
+    echo = {"model": "m", "prompt": "abck", "max_tokens": 0, "echo": True, "logprobs": 1}
+    logprobs = (await client.post("/v1/completions", json=echo)).json()["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["a", "b", "c", "k"]
+    assert logprobs["token_logprobs"] == [None, -9999.0, -9999.0, 0.0]
