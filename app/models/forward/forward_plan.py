@@ -123,7 +123,9 @@ class DecodeGroup:
     row_lengths: tuple[int, ...]
     dtype: torch.dtype
     fold_query_heads: bool
-    made: dict[str, torch.Tensor | None] = field(default_factory=dict, repr=False, compare=False)
+    made: dict[str, torch.Tensor | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def key_positions(self) -> torch.Tensor:
@@ -211,7 +213,9 @@ class ForwardPlan:
     row_starts: dict[int, int] | None = None
     token_rows: TokenRows | None = None
     drafted_tokens: int = 0
-    made: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    made: dict[str, torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def cache_index(self) -> torch.Tensor:
