@@ -321,3 +321,29 @@ def test_the_prefetch_level_is_l2_for_narrow_calls_unless_set(
         monkeypatch.delenv("SLOTSERVE_GGML_PREFETCH", raising=False)
         load_ggml_quant.cache_clear()
         load_ggml_quant()  # the process's default again, for the tests after this one
+
+
+@pytest.mark.parametrize("library", ["ggml_quant", "fused_decode"])
+def test_the_c_compiles_without_openmp(library: str) -> None:
+    """build.py builds without ``-fopenmp`` where torch has no libgomp: every source must then
+    compile with its OpenMP calls guarded (found: the work stealing called
+    ``omp_get_thread_num`` unguarded, an implicit declaration, an error in GCC 14, and an
+    undefined symbol at load before it)."""
+    import subprocess
+
+    from app.models.kernels import fused_decode, ggml_quant
+    from app.models.kernels.build import _compiler
+
+    module = ggml_quant if library == "ggml_quant" else fused_decode
+    compiler = _compiler()
+    if compiler is None:
+        pytest.skip("no C compiler")
+    for source in (s for s in module.SOURCES if s.endswith(".c")):
+        result = subprocess.run(
+            [compiler, "-std=c11", *module.CFLAGS, "-fsyntax-only"]
+            + ["-Werror=implicit-function-declaration", str(module.SOURCE_DIR / source)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, (source, result.stderr[-2000:])

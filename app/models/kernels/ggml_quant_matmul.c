@@ -14,6 +14,11 @@
 #include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
+#define SL_THREAD_NUM() omp_get_thread_num()
+#define SL_THREAD_COUNT() omp_get_num_threads()
+#else /* built without OpenMP (no torch libgomp, app/models/kernels/build.py): one thread */
+#define SL_THREAD_NUM() 0
+#define SL_THREAD_COUNT() 1
 #endif
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -288,7 +293,7 @@ int64_t sl_quant_tiles_taken_over(void) { return __atomic_load_n(&sl_tiles_taken
 /* This thread's run: the contiguous share schedule(static) gives it (the first tiles % n
  * threads one tile more). Before the barrier that precedes sl_tile_claim. */
 static void sl_tile_range_init(sl_tile_range *ranges, int64_t tiles) {
-    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int64_t t = SL_THREAD_NUM(), n = SL_THREAD_COUNT();
     const int64_t base = tiles / n, extra = tiles % n;
     const int64_t first = t * base + (t < extra ? t : extra);
     const int64_t end = first + base + (t < extra);
@@ -300,7 +305,7 @@ static void sl_tile_range_init(sl_tile_range *ranges, int64_t tiles) {
  * no longer keeps the other waiting at the barrier with its own tiles undone). -1: none left.
  * Any thread computes any tile to the same bits; only the order differs. */
 static int64_t sl_tile_claim(sl_tile_range *ranges, int steal) {
-    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int t = SL_THREAD_NUM(), n = SL_THREAD_COUNT();
     uint64_t state = __atomic_load_n(&ranges[t].state, __ATOMIC_RELAXED);
     if (!steal) { /* no other thread writes this run: no locked instruction */
         if ((uint32_t)state >= (uint32_t)(state >> 32)) return -1;
