@@ -210,7 +210,7 @@ class MockModelRunner:
         self.num_model_calls = 0
         self._prefixes: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self._marked: list[bool] = [False] * max_num_seqs  # prompt carries MOCK_FAIL_MARKER
-        self._generated: list[int] = [0] * max_num_seqs  # tokens sampled (a prompt chunk: 0)
+        self._in_prompt: set[int] = set()  # slots whose sequence has sampled nothing yet
         # The pool: the token at each position of each block (4 bytes a position, as
         # MOCK_BYTES_PER_POSITION says), position p of block b at b * MOCK_KV_BLOCK_SIZE + p.
         self._num_blocks = kv_blocks or 0
@@ -237,8 +237,10 @@ class MockModelRunner:
                 prefix = self._prefixes[row.slot]
                 if row.starts_sequence:
                     prefix[:] = self._read_blocks(row) if row.position else []
-                    resumed = row.kv_blocks.generated_token_ids if row.kv_blocks else ()
-                    self._generated[row.slot] = len(resumed)  # (recomputed: no prompt logprobs)
+                    if row.kv_blocks and row.kv_blocks.generated_token_ids:
+                        self._in_prompt.discard(row.slot)  # recomputed: no prompt logprobs
+                    else:
+                        self._in_prompt.add(row.slot)
                 elif row.position != len(prefix):
                     raise ValueError(
                         f"slot {row.slot}: row at position {row.position}, state has {len(prefix)}"
@@ -253,11 +255,17 @@ class MockModelRunner:
             )
             sampled = [i for i, row in enumerate(batch.rows) if row.sample and errors[i] is None]
             prefixes = [self._prefixes[batch.rows[i].slot] for i in sampled]  # read-only
+            prompt_logprobs = {  # prompt chunks of requests that asked, before they sample
+                row.slot: self._prompt_logprobs(row)
+                for row in batch.rows
+                if row.sampling.prompt_logprobs is not None and row.slot in self._in_prompt
+            }
             tokens = self.model.next_tokens(prefixes) if prefixes else []
             result: list[int | None] = [None] * len(batch.rows)
             accepted = [0] * len(batch.rows)
             for index, prefix, token in zip(sampled, prefixes, tokens, strict=True):
                 row = batch.rows[index]
+                self._in_prompt.discard(row.slot)
                 if row.num_draft_tokens:
                     accepted[index], token = self._verify(row)
                 mask = row.token_mask
@@ -275,7 +283,7 @@ class MockModelRunner:
                             token,
                             error,
                             _certain_logprobs(row, token),
-                            prompt_logprobs=self._prompt_logprobs(row),
+                            prompt_logprobs=prompt_logprobs.get(row.slot),
                             num_accepted=count,
                             draft_logprobs=_certain_draft_logprobs(row, count),
                         )
@@ -284,8 +292,6 @@ class MockModelRunner:
                         )
                     )
                 )
-            for row, token, count in zip(batch.rows, result, accepted, strict=True):
-                self._generated[row.slot] += 0 if token is None else 1 + count
             # Every row's work is done before the sleep, so the step returns when its time is
             # up, as a model whose kernels end with the step would (work after the sleep ran
             # past it: 10.27 ms for a 10 ms step at 64 rows).
@@ -304,13 +310,11 @@ class MockModelRunner:
         del prefix[first + count :]
         return count, targets[count]
 
-    def _prompt_logprobs(self, row: StepRow) -> tuple[TokenLogprobs | None, ...] | None:
-        """A prompt chunk's entries when its request asked (``prompt_logprobs``): None for the
+    def _prompt_logprobs(self, row: StepRow) -> tuple[TokenLogprobs | None, ...]:
+        """A prompt chunk's entries (its request asked for ``prompt_logprobs``): None for the
         prompt's first token, then each token's under the mock's certain model: 0 where it is
         the token the mock would have produced after the tokens before it, else
         ``IMPOSSIBLE_LOGPROB`` (no probability); the top list holds that token alone."""
-        if row.sampling.prompt_logprobs is None or self._generated[row.slot]:
-            return None  # not asked, or not a prompt chunk (its slot has sampled already)
         prefix = self._prefixes[row.slot]
         start = len(prefix) - len(row.token_ids)
         entries: list[TokenLogprobs | None] = []
@@ -328,7 +332,7 @@ class MockModelRunner:
         with self._lock:
             self._prefixes[slot] = []
             self._marked[slot] = False
-            self._generated[slot] = 0
+            self._in_prompt.discard(slot)
 
     def _check_blocks(self, row: StepRow) -> None:
         table = row.kv_blocks
