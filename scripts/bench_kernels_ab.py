@@ -115,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         kind, size = shape.split(":")
         n, k = (int(part) for part in size.split("x"))
-        segment = segment_for(libraries["new"], kind, n, k)
-        prepared = {name: kernels.prepare((segment,)) for name, kernels in libraries.items()}
+        # each build repacks the same blocks itself (a change may change the x8 layout)
+        prepared = {
+            name: kernels.prepare((segment_for(kernels, kind, n, k),))
+            for name, kernels in libraries.items()
+        }
         lines = {}
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))

@@ -216,7 +216,11 @@ void sl_amx_release(void);
  *     chunks of 32 bytes (Q5_0, Q5_1: qh, one chunk; Q4_K: its 12 scale bytes, three), then
  *     the codes in chunks of 32 bytes: chunk c holds bytes 4c .. 4c + 3 of each row j's qs at
  *     bytes 4j .. 4j + 3 (4 chunks for the 4- and 5-bit formats, 8 for Q8_0, 32 for Q4_K);
- *     side chunk c holds side word c of each row the same way.
+ *     side chunk c holds side word c of each row the same way, except Q5_0 and Q5_1's qh,
+ *     whose bits are transposed: byte 4j + t of the chunk holds at bit v the fifth bit of the
+ *     code in byte 4j + t of tile group v (groups 0-3 the low nibbles of code chunks 0-3,
+ *     groups 4-7 their high nibbles), i.e. bit 4v + t of row j's qh, so that one shift and one
+ *     mask give a group's fifth bits (a shuffle, a compare and three masks in the file's order).
  * So one 32-byte load gives eight rows' codes in the tile kernels' lanes (the low nibbles are
  * weights 4c .. 4c + 3, the high ones 16 + 4c ..; Q4_K: of its sub-block pair c / 8), and the
  * scales of eight rows are one load: the one-row gemv needs no horizontal sums and no per-row

@@ -21,6 +21,19 @@
     default: break;                                                                                \
     }
 
+/* A Q5 block's qh word (bit i: the fifth bit of weight i, little-endian) in its x8 form
+ * (ggml_quant.h): bit 4v + t of the file's word is bit 8t + v of the x8 word (an 8 x 4 bit
+ * matrix transposed); to_x8 0 maps back. */
+static inline uint32_t sl_x8_qh_transpose(uint32_t qh, int to_x8) {
+    uint32_t out = 0;
+    for (int v = 0; v < 8; v++)
+        for (int t = 0; t < 4; t++) {
+            const int file_bit = 4 * v + t, x8_bit = 8 * t + v;
+            out |= ((qh >> (to_x8 ? file_bit : x8_bit)) & 1u) << (to_x8 ? x8_bit : file_bit);
+        }
+    return out;
+}
+
 /* Moves one row's block between the file's layout (`file`) and an x8 block of eight rows
  * (`x8`, row j of it): to_x8 1 writes the x8 block's fields, 0 the file block. Inlined where
  * the fields are constants, so each move is one load and one store. */
@@ -30,7 +43,20 @@ static inline __attribute__((always_inline)) void sl_x8_move_block(const sl_x8_f
     (to_x8 ? memcpy(x8 + (x8_at), file + (file_at), n) : memcpy(file + (file_at), x8 + (x8_at), n))
     SL_MOVE(0, 2 * j, 2); /* d */
     if (f->m_at >= 0) SL_MOVE(f->m_at, f->x8_m_at + 2 * j, 2);
-    for (int c = 0; c < f->side_words; c++) SL_MOVE(f->side_at + 4 * c, f->x8_side_at + 32 * c + 4 * j, 4);
+    if (f->side_words == 1) { /* Q5_0, Q5_1: qh bit-transposed (ggml_quant.h) */
+        uint32_t qh;
+        if (to_x8) {
+            memcpy(&qh, file + f->side_at, 4);
+            qh = sl_x8_qh_transpose(qh, 1);
+            memcpy(x8 + f->x8_side_at + 4 * j, &qh, 4);
+        } else {
+            memcpy(&qh, x8 + f->x8_side_at + 4 * j, 4);
+            qh = sl_x8_qh_transpose(qh, 0);
+            memcpy(file + f->side_at, &qh, 4);
+        }
+    } else {
+        for (int c = 0; c < f->side_words; c++) SL_MOVE(f->side_at + 4 * c, f->x8_side_at + 32 * c + 4 * j, 4);
+    }
     for (int c = 0; c < f->chunks; c++) SL_MOVE(f->qs_at + 4 * c, f->x8_codes + 32 * c + 4 * j, 4);
 #undef SL_MOVE
 }

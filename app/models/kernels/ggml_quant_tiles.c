@@ -152,14 +152,14 @@ SL_TARGET_AVX2 TL_INLINE void tl_x8_scales(int fmt, const uint8_t *blk, __m256 *
                  has_m ? _mm_loadu_si128((const __m128i *)(blk + 16)) : _mm_setzero_si128(), d, mo);
 }
 
-/* 0x10 in byte t of lane j where bit `shift` + t of lane j's qh is set (t < 4). */
-SL_TARGET_AVX2 TL_INLINE __m256i tl_x8_high(__m256i qh, int shift) {
-    /* each lane's byte 0 copied to its four bytes */
-    const __m256i byte0 = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404,
-                                            0x08080808, 0x0C0C0C0C);
-    const __m256i low_byte = _mm256_shuffle_epi8(_mm256_srl_epi32(qh, _mm_cvtsi32_si128(shift)), byte0);
-    const __m256i bit = _mm256_set1_epi32(0x08040201);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(low_byte, bit), bit), _mm256_set1_epi8(0x10));
+/* 0x10 in each byte of the x8 qh chunk (ggml_quant.h: byte 4j + t holds, at bit v, the fifth
+ * bit of code byte 4j + t of tile group v) whose bit v is set: one shift and one mask, the
+ * shift within 16-bit lanes never carrying another byte's bit into bit 4 (v <= 7). */
+SL_TARGET_AVX2 TL_INLINE __m256i tl_x8_high(__m256i qh, int v) {
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    if (v < 4) return _mm256_and_si256(_mm256_slli_epi16(qh, 4 - v), bit4);
+    if (v == 4) return _mm256_and_si256(qh, bit4);
+    return _mm256_and_si256(_mm256_srli_epi16(qh, v - 4), bit4);
 }
 
 /* Chunk c of an x8 block of a 4- or 5-bit format as two tile groups: *lo = group c (weights
@@ -172,8 +172,8 @@ SL_TARGET_AVX2 TL_INLINE void tl_x8_codes(int fmt, const uint8_t *blk, int c, __
     *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     if (tl_is5(fmt)) {
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + f.x8_side_at));
-        *lo = _mm256_or_si256(*lo, tl_x8_high(qh, 4 * c));
-        *hi = _mm256_or_si256(*hi, tl_x8_high(qh, 16 + 4 * c));
+        *lo = _mm256_or_si256(*lo, tl_x8_high(qh, c));
+        *hi = _mm256_or_si256(*hi, tl_x8_high(qh, 4 + c));
     }
 }
 
