@@ -96,9 +96,15 @@ class MockModel:
 
     def next_tokens(self, batch: list[list[int]]) -> list[int]:
         """batch[i] is the token prefix of one sequence. Returns one next token per entry."""
-        return [self._next(prefix) for prefix in batch]
+        return [self.next_token_at(prefix, len(prefix)) for prefix in batch]
 
-    def _next(self, prefix: Sequence[int]) -> int:
+    def next_token_at(self, tokens: Sequence[int], end: int) -> int:
+        """``next_tokens([tokens[:end]])[0]`` without copying the prefix (a prompt's logprobs
+        ask at every position): the token depends on ``end`` and the last 32 (``order``)."""
+        return self._next(tokens[max(0, end - max(32, self.order)) : end], end)
+
+    def _next(self, prefix: Sequence[int], length: int) -> int:
+        """The next token after a prefix of ``length`` tokens whose last ones are ``prefix``."""
         tail = _incomplete_tail(prefix)
         if tail:
             for encoded in _ALPHABET_BYTES:
@@ -110,7 +116,7 @@ class MockModel:
         if self.order:
             digest = zlib.crc32(_low_bytes(prefix[-self.order :]))
         else:
-            digest = zlib.crc32(_low_bytes(prefix[-32:]), len(prefix) & 0xFFFFFFFF)
+            digest = zlib.crc32(_low_bytes(prefix[-32:]), length & 0xFFFFFFFF)
         if digest % self.eos_one_in == 0:
             return MOCK_EOS_TOKEN_ID
         return _ALPHABET_BYTES[(digest // self.eos_one_in) % len(_ALPHABET_BYTES)][0]
@@ -305,7 +311,7 @@ class MockModelRunner:
         prefix = self._prefixes[row.slot]
         draft = row.draft_token_ids
         first = len(prefix) - len(draft)  # the prefix that the first sample follows
-        targets = self.model.next_tokens([prefix[: first + i] for i in range(len(draft) + 1)])
+        targets = [self.model.next_token_at(prefix, first + i) for i in range(len(draft) + 1)]
         count = accepted_length(draft, targets)
         del prefix[first + count :]
         return count, targets[count]
@@ -322,7 +328,7 @@ class MockModelRunner:
             if at == 0:
                 entries.append(None)
                 continue
-            likely = self.model.next_tokens([prefix[:at]])[0]
+            likely = self.model.next_token_at(prefix, at)
             logprob = 0.0 if prefix[at] == likely else IMPOSSIBLE_LOGPROB
             top = ((likely, 0.0),) if row.sampling.prompt_logprobs else ()
             entries.append(TokenLogprobs(prefix[at], logprob, top))

@@ -93,3 +93,19 @@ def test_the_mock_tokens_are_the_seeds_definition() -> None:
             MOCK_EOS_TOKEN_ID if digest % 24 == 0 else alphabet[(digest // 24) % len(alphabet)][0]
         )
         assert model.next_tokens([prefix]) == [expected]
+
+
+@pytest.mark.parametrize("order", [0, 2, 40])
+def test_the_mock_token_at_a_position_is_its_prefix_s(order: int) -> None:
+    """``next_token_at(tokens, end)``, which prompt logprobs and draft verification call at
+    every position (it reads the tail, not a copy of the prefix: those were O(n^2) in the
+    prompt's length), equals ``next_tokens`` of the copied prefix, inside UTF-8 characters
+    and past EOS too."""
+    generator = random.Random(order)
+    model = MockModel(eos_one_in=7, order=order)
+    tokens = [*"añ中😀 x".encode(), MOCK_EOS_TOKEN_ID]
+    tokens += [
+        generator.choice([*b"ab .", 0xC3, 0xA9, 0xE4, MOCK_EOS_TOKEN_ID]) for _ in range(200)
+    ]
+    for end in range(len(tokens) + 1):
+        assert model.next_token_at(tokens, end) == model.next_tokens([tokens[:end]])[0], end
