@@ -298,6 +298,12 @@ void sl_decode8x_q4_k(const uint8_t *group, int64_t k, void *tile, const uint8_t
                       int64_t ahead);
 void sl_x8_row_to_file(int qtype, const uint8_t *group, int j, int64_t k, uint8_t *out);
 sl_dequantize_row_fn sl_quant_dequantizer(int qtype);
+/* The driver's entry point (ggml_quant_matmul.c), which ggml_quant_sketch.c calls for the
+ * rows it computes exactly; ctypes binds the library's exports by name. */
+int sl_quant_matmul(int isa, int n_segments, const int32_t *qtypes, const void *const *weights,
+                    const int64_t *seg_rows, int64_t k, const void *x, int x_bf16, int64_t m,
+                    int64_t ldx, const float *bias, const void *residual, int64_t ldr, void *y,
+                    int y_bf16, int64_t ldy, void *scratch, int threads);
 int64_t sl_quant_row_bytes(int qtype, int64_t k);
 
 /* Target attributes of the SIMD functions. */

@@ -80,6 +80,7 @@ SOURCES = (
     "ggml_quant_cpu.c",
     "ggml_quant_dispatch.h",
     "ggml_quant_ktiles_x8_body.h",
+    "ggml_quant_sketch.c",
 )
 # No -march: each SIMD function carries its own target attribute and is picked by cpuid.
 CFLAGS: tuple[str, ...] = ()

@@ -81,6 +81,24 @@ def declare(library: ctypes.CDLL) -> None:
         _c_int,  # threads
     ]
     library.sl_quant_argmax.restype = _c_int
+    library.sl_sketch_q8_0_bytes.argtypes = [_c_int64, _c_int64]
+    library.sl_sketch_q8_0_bytes.restype = _c_int64
+    library.sl_sketch_q8_0.argtypes = [_c_void_p, _c_int, _c_int64, _c_int64, _c_void_p]
+    library.sl_sketch_q8_0.restype = _c_int
+    library.sl_argmax_q8_0_sketched.argtypes = [
+        _c_int,  # isa
+        _c_void_p,  # w
+        _c_int,  # x8
+        _c_void_p,  # sketch
+        _c_int64,  # rows
+        _c_int64,  # k
+        _c_void_p,  # x (one row)
+        _c_int,  # x_bf16
+        _c_void_p,  # index (int64 [1])
+        _c_void_p,  # exact (int64 [1])
+        _c_int,  # threads
+    ]
+    library.sl_argmax_q8_0_sketched.restype = _c_int
     library.sl_quant_repack8.argtypes = [_c_int, _c_void_p, _c_void_p, _c_int64, _c_int64]
     library.sl_quant_repack8.restype = _c_int
     library.sl_quant_dequantize_rows.argtypes = [

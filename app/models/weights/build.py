@@ -1,11 +1,10 @@
 """Building :class:`app.models.weights.record.ModelWeights` from a checkpoint, in one weight format.
 
-Per layer, in Hugging Face layout (:class:`app.models.checkpoints.model_tensors.ModelTensors`):
-Q, K and V are stacked into one projection, gate and up into another (one matmul each), with
-the RMSNorm weight folded into their input columns (``W @ (g * x) == (W * g) @ x``), so the
-forward's normalisation is a per-token scale (see :mod:`app.models.forward.decoder`). Biases,
-where the file has them, go into the projection. int4 keeps the norms apart (a per-column
-factor would break the 32-column groups of the codes).
+Per layer, in Hugging Face layout (:class:`app.models.checkpoints.model_tensors.ModelTensors`): Q, K
+and V are stacked into one projection, gate and up into another (one matmul each), with the RMSNorm
+weight folded into their input columns (``W @ (g * x) == (W * g) @ x``), so the forward's
+normalisation is a per-token scale (:mod:`app.models.forward.decoder`). Biases go into the
+projection. int4 keeps the norms apart (a per-column factor would break its 32-column groups).
 
 Embedding and LM head (tied: one matrix for both):
 
@@ -15,14 +14,13 @@ Embedding and LM head (tied: one matrix for both):
 * dense, not packed: tied to the very tensor;
 * int8 / int4: an int8 head; tied, the lookup reads its int8 rows;
 * gguf: the file's blocks when the kernels compute their type (tied: the lookup decodes rows of
-  the same blocks), else as dense.
+  the same blocks; a large Q8_0 head also gets a :class:`HeadSketch` for greedy rows), else dense.
 
 gguf keeps the file's blocks for every projection whose matrices are all of a type the kernels
 compute (:data:`app.models.kernels.ggml_quant.KERNEL_TYPES`), with its norm apart as int4 does;
 a projection with a matrix of another type (F16, BF16, F32, Q2_K, Q3_K) is dense, its norm
-folded, and named in :attr:`ModelWeights.dense_projections`.
-
-An untied embedding on the CPU is read from the file's rows (no copy in memory).
+folded, and named in :attr:`ModelWeights.dense_projections`. An untied embedding on the CPU is
+read from the file's rows (no copy in memory).
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ from app.models.refusal import UnsupportedModel
 from app.models.weights.block_arena import BlockArena
 from app.models.weights.embeddings import DenseEmbedding, Embedding, FileRowsEmbedding
 from app.models.weights.ggml import DENSE_FROM_ROWS, GGMLEmbedding, GGMLLinear, blocks_max_rows
+from app.models.weights.head_sketch import HeadSketch
 from app.models.weights.int4 import Int4Linear, int4_kernel_status
 from app.models.weights.int8 import Int8Embedding, Int8Linear
 from app.models.weights.projections import (
@@ -185,6 +184,7 @@ class _LayerBuilder:
                     wide=wide,
                     out_dtype=torch.float32,
                     blocks_max_rows=self.blocks_max_rows,
+                    sketch=HeadSketch.build(self.ggml, segment, hp.embedding_length),
                 )
                 if hp.tied_embeddings:
                     lookup = GGMLEmbedding(self.ggml, segment, hp.embedding_length, self.dtype)

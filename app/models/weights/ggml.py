@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from app.models.kernels.ggml_quant import GGMLKernels, PreparedSegments, QuantSegment
+from app.models.weights.head_sketch import HeadSketch
 from app.models.weights.projections import WideLinear
 
 # Any number of rows per call computes each row as it would alone.
@@ -101,6 +102,8 @@ class GGMLLinear:
             (bfloat16 from a bfloat16 copy): a float32 copy of those values would be exact and
             cost a step a conversion (Gemma 3's head at 64 rows: 16.8 M logits, ~5 ms of a
             ~70 ms step on the AMX Xeon), and the sampler reads either dtype.
+        sketch: an LM head's six-bit sketch (:class:`HeadSketch`), which answers
+            :meth:`argmax` for one row reading 24% fewer bytes, or None.
     """
 
     kernels: GGMLKernels
@@ -113,6 +116,7 @@ class GGMLLinear:
     out_dtype: torch.dtype | None = None
     dense_from_rows: int = 0
     blocks_max_rows: int = GGML_MAX_ROWS
+    sketch: HeadSketch | None = None
 
     def __post_init__(self) -> None:
         if self.prepared is None:  # the call's arguments, built once
@@ -160,6 +164,10 @@ class GGMLLinear:
             return None
         if (self.out_dtype or x.dtype) != torch.float32:  # the argmax of rounded outputs
             return None
+        if self.sketch is not None and x.shape[0] == 1 and self.bias is None:
+            found = self.sketch.argmax(x.contiguous())  # None: the bounds did not decide
+            if found is not None:
+                return found[0]
         return self.kernels.argmax(self.prepared, x.contiguous(), bias=self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
