@@ -21,10 +21,28 @@ from dataclasses import dataclass
 import torch
 
 from app.models.kernels.ggml_quant import GGMLKernels, Isa, QuantSegment
+from app.models.weights.block_arena_prefault import HUGE_PAGE, huge_pages_mode, new_arena_mapping
 
 # Heads with fewer rows keep the whole call: the second pass's exact groups and the call's
 # fixed cost weigh more against a small head, and its copy is memory for little time.
 SKETCH_MIN_ROWS = 16384
+
+
+def huge_page_buffer(size: int) -> torch.Tensor:
+    """uint8 ``[size]`` in memory advised into 2 MiB pages, aligned to one, as the block arena's
+    (:mod:`app.models.weights.block_arena`: fewer TLB misses on a stream that reads each byte
+    once; a 262,144-row sketch read at 28.7-30.3 GB/s against 26.3 on 4 KiB pages, one row,
+    AVX-512, a noisy host); ordinary memory where the kernel has no transparent huge pages or
+    no address space for the mapping."""
+    if huge_pages_mode() is None:
+        return torch.empty(size, dtype=torch.uint8)
+    try:
+        mapping = new_arena_mapping(size + HUGE_PAGE)
+    except OSError:
+        return torch.empty(size, dtype=torch.uint8)
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # (keeps the mapping alive)
+    start = -raw.data_ptr() % HUGE_PAGE
+    return raw[start : start + size]
 
 
 def sketch_enabled() -> bool:
@@ -62,7 +80,7 @@ class HeadSketch:
         size = library.sl_sketch_q8_0_bytes(segment.rows, columns)
         if size < 0:
             return None
-        blocks = torch.empty(size, dtype=torch.uint8)
+        blocks = huge_page_buffer(size)
         status = library.sl_sketch_q8_0(
             segment.blocks.data_ptr(),
             int(segment.interleaved),
