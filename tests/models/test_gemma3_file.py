@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from app.models.checkpoints.gguf_file import GGUFFile
+from app.models.kernels.ggml_quant import Isa
 from app.models.load.plan import LoadOptions, load_checkpoint, plan_load
 from app.models.runner import ModelRunner
 from app.models.tokenizers.gguf_vocab import GGUFVocab
@@ -75,6 +76,10 @@ def test_output_head_and_embedding_on_the_files_blocks(gemma_runner: ModelRunner
     assert weights.lm_head.out_features == 262144
     assert isinstance(weights.embedding, GGMLEmbedding)
     assert gemma_runner.model.fused_decode is not None, gemma_runner.model.fused_decode_status
+    # the greedy one-row head's six-bit sketch (AVX2 and better), 26 of every 34 bytes
+    if weights.lm_head.kernels.isa >= Isa.AVX2:
+        assert weights.lm_head.sketch is not None
+        assert weights.lm_head.sketch.nbytes == weights.lm_head.nbytes * 26 // 34
 
 
 async def test_tokenize_and_greedy_completion_name_paris(gemma_runner: ModelRunner) -> None:

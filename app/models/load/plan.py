@@ -383,6 +383,9 @@ def describe_weight_kernels(weights: ModelWeights, ggml_how: str) -> str:
     wide = [p for p in (*linears, weights.lm_head) if getattr(p, "wide", None) is not None]
     over = min((p.blocks_max_rows for p in wide), default=0)  # type: ignore[union-attr]
     copies = f"; dense copies for steps of more than {over} rows" if wide else ""
+    sketch = getattr(weights.lm_head, "sketch", None)
+    if sketch is not None:
+        copies += f"; greedy one-row head on a six-bit sketch ({sketch.nbytes / 2**20:.0f} MiB)"
     return f"{ggml_how}; on the file's blocks: {blocks}{kept}{copies}"
 
 
