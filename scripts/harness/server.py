@@ -37,6 +37,18 @@ STOP_TIMEOUT_S = 20.0
 HEALTH_POLL_S = 0.05
 
 
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """A started server's environment: ``environ`` less its ``SLOTSERVE_*`` variables (the
+    server's settings come from its command line alone), but for ``SLOTSERVE_GGML_*`` (which
+    kernels compute, e.g. ``SLOTSERVE_GGML_ISA=avx2`` for docs/MODEL_PERF.md's AVX2-code runs:
+    without it a benchmark's server took the CPU's best set while llama.cpp ran its AVX2 build)."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith("SLOTSERVE_") or k.startswith("SLOTSERVE_GGML_")
+    }
+
+
 class ServerFailed(RuntimeError):
     """A server exited at start-up or did not become healthy; the message ends with its log."""
 
@@ -151,8 +163,8 @@ class Server:
 
     def start(self) -> None:
         """Starts the process through the module's launcher (:func:`set_launcher`), in the
-        repository, with this process's environment less its ``SLOTSERVE_*`` variables."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTSERVE_")}
+        repository, with :func:`server_environment`."""
+        env = server_environment(os.environ)
         argv = [*self.spec.argv]
         if self.spec.port_flag is not None:
             argv += [self.spec.port_flag, str(self.port)]

@@ -40,3 +40,26 @@ def test_the_file_is_read_to_its_end_before_any_system_starts(
     monkeypatch.setattr(Path, "open", counting_open)
     warm_page_cache(model)
     assert sum(read) == model.stat().st_size and read[-1] == 0
+
+
+def test_servers_keep_the_kernel_choice_of_the_environment() -> None:
+    """A benchmark's server runs on its command line alone, but for the kernels' variables:
+    docs/MODEL_PERF.md's AVX2-code runs set SLOTSERVE_GGML_ISA=avx2 for our server beside
+    llama.cpp's AVX2 build (dropped with the other SLOTSERVE_ variables, our kernels ran
+    AVX-512 against it)."""
+    from harness.server import server_environment  # noqa: PLC0415
+
+    environ = {
+        "SLOTSERVE_GGML_ISA": "avx2",
+        "SLOTSERVE_GGML_HEAD_SKETCH": "0",
+        "SLOTSERVE_MODEL": "mock",
+        "SLOTSERVE_MAX_NUM_SEQS": "3",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "PATH": "/usr/bin",
+    }
+    assert server_environment(environ) == {
+        "SLOTSERVE_GGML_ISA": "avx2",
+        "SLOTSERVE_GGML_HEAD_SKETCH": "0",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "PATH": "/usr/bin",
+    }
