@@ -200,8 +200,10 @@ int sl_argmax_q8_0_sketched(int isa, const uint8_t *w, int x8, const uint8_t *sk
     float *below = (float *)malloc((size_t)nb * 2 * sizeof(float)), *above = below + nb;
     float *upper = (float *)malloc((size_t)(groups > 0 ? groups : 1) * 8 * sizeof(float));
     float *lower_max = (float *)malloc((size_t)threads * sizeof(float));
+    int64_t *candidates = (int64_t *)malloc((size_t)(groups > 0 ? groups : 1) * sizeof(int64_t));
     int status = 0;
-    if (xf == NULL || xq == NULL || below == NULL || upper == NULL || lower_max == NULL) {
+    if (xf == NULL || xq == NULL || below == NULL || upper == NULL || lower_max == NULL ||
+        candidates == NULL) {
         status = -2;
         goto done;
     }
@@ -253,7 +255,7 @@ int sl_argmax_q8_0_sketched(int isa, const uint8_t *w, int x8, const uint8_t *sk
     for (int64_t g = 0; g < groups; g++) {
         int reach = 0;
         for (int j = 0; j < 8; j++) reach |= !(upper[8 * g + j] < threshold); /* (NaN: reach) */
-        if (reach) upper[n_candidates++] = (float)g; /* (g < 2^24: exact; the list reuses upper) */
+        if (reach) candidates[n_candidates++] = g;
     }
     if (n_candidates > 0) {
         int32_t *qtypes = (int32_t *)malloc((size_t)n_candidates * sizeof(int32_t));
@@ -263,14 +265,14 @@ int sl_argmax_q8_0_sketched(int isa, const uint8_t *w, int x8, const uint8_t *sk
         if (qtypes == NULL || ws == NULL || seg_rows == NULL || out == NULL) status = -2;
         for (int64_t c = 0; status == 0 && c < n_candidates; c++) {
             qtypes[c] = SL_TYPE_Q8_0 | (x8 ? SL_X8 : 0);
-            ws[c] = w + (int64_t)upper[c] * 8 * row_bytes;
+            ws[c] = w + candidates[c] * 8 * row_bytes;
             seg_rows[c] = 8;
         }
         if (status == 0)
             status = sl_quant_matmul(isa, (int)n_candidates, qtypes, ws, seg_rows, k, x, x_bf16, 1, k,
                                      NULL, NULL, 0, out, 0, n_candidates * 8, NULL, threads);
         for (int64_t c = 0; status == 0 && c < n_candidates; c++)
-            status = sk_consider(&best, out + 8 * c, (int64_t)upper[c] * 8, 8);
+            status = sk_consider(&best, out + 8 * c, candidates[c] * 8, 8);
         free(qtypes);
         free(ws);
         free(seg_rows);
@@ -290,6 +292,7 @@ done:
     free(below);
     free(upper);
     free(lower_max);
+    free(candidates);
     return status;
 #else
     (void)isa, (void)w, (void)x8, (void)sketch, (void)rows, (void)k, (void)x, (void)x_bf16;

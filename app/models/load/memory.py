@@ -22,7 +22,7 @@ from app.models.forward.kv_cache import kv_block_bytes
 from app.models.hparams import HParams
 from app.models.kernels.ggml_quant import KERNEL_TYPES
 from app.models.load.source import ModelSource
-from app.models.weights.head_sketch import SKETCH_MIN_ROWS, sketch_enabled
+from app.models.weights.head_sketch import sketch_bytes
 from app.models.weights.projections import widens_to_float32
 from app.models.weights.record import Quantization
 
@@ -168,15 +168,14 @@ def block_matrices(source: ModelSource) -> list[tuple[str, str]]:
 def block_bytes(source: ModelSource) -> dict[str, int]:
     """Bytes in the file of the matrices a gguf load keeps as blocks, by part, summed over
     layers (``output`` / ``token_embedding`` for the head, with its sketch where a large Q8_0
-    head gets one: :class:`app.models.weights.head_sketch.HeadSketch`, 26 of every 34 bytes)."""
+    head gets one: :func:`app.models.weights.head_sketch.sketch_bytes`)."""
     sizes: dict[str, int] = {}
     for part, name in block_matrices(source):
         raw = source.checkpoint.raw_blocks(name)
         sizes[part] = sizes.get(part, 0) + (0 if raw is None else raw.nbytes)
-        if part in ("output", "token_embedding") and raw is not None and sketch_enabled():
-            rows, _ = source.checkpoint.tensor_shape(name)
-            if source.tensors.tensor_type(part, None) == "Q8_0" and rows >= SKETCH_MIN_ROWS:
-                sizes[part] += raw.nbytes * 26 // 34
+        if part in ("output", "token_embedding") and raw is not None:
+            rows, columns = source.checkpoint.tensor_shape(name)
+            sizes[part] += sketch_bytes(source.tensors.tensor_type(part, None), rows, columns)
     return sizes
 
 

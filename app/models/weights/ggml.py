@@ -164,11 +164,12 @@ class GGMLLinear:
             return None
         if (self.out_dtype or x.dtype) != torch.float32:  # the argmax of rounded outputs
             return None
+        x = x.contiguous()
         if self.sketch is not None and x.shape[0] == 1 and self.bias is None:
-            found = self.sketch.argmax(x.contiguous())  # None: the bounds did not decide
+            found = self.sketch.argmax(x)  # None: the bounds did not decide
             if found is not None:
                 return found[0]
-        return self.kernels.argmax(self.prepared, x.contiguous(), bias=self.bias)
+        return self.kernels.argmax(self.prepared, x, bias=self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W.T (+ bias)``, added before the one rounding (on the blocks);

@@ -50,6 +50,16 @@ def sketch_enabled() -> bool:
     return os.environ.get("SLOTSERVE_GGML_HEAD_SKETCH", "1").strip() != "0"
 
 
+def sketch_bytes(tensor_type: str, rows: int, columns: int) -> int:
+    """Bytes of the sketch a head of ``rows`` x ``columns`` in ``tensor_type`` gets (the load's
+    memory estimate, and :meth:`HeadSketch.build`'s choice): 208 bytes a block of 32 weights of
+    every full group of eight rows (``sl_sketch_q8_0_bytes``), or 0 where it gets none (turned
+    off, not Q8_0, under :data:`SKETCH_MIN_ROWS` rows, columns not whole blocks)."""
+    if not sketch_enabled() or tensor_type != "Q8_0" or rows < SKETCH_MIN_ROWS:
+        return 0
+    return rows // 8 * (columns // 32) * 208 if columns > 0 and columns % 32 == 0 else 0
+
+
 @dataclass(frozen=True, slots=True)
 class HeadSketch:
     """The sketch of one Q8_0 matrix (``segment``, the head's only segment).
@@ -72,14 +82,11 @@ class HeadSketch:
         """The sketch of ``segment``, or None where it does not apply: turned off, not Q8_0,
         under :data:`SKETCH_MIN_ROWS` rows, no AVX2, or a scale that is not finite (no bound
         holds such a row's output)."""
-        if not sketch_enabled() or segment.tensor_type != "Q8_0" or kernels.isa < Isa.AVX2:
-            return None
-        if segment.rows < SKETCH_MIN_ROWS:
+        size = sketch_bytes(segment.tensor_type, segment.rows, columns)
+        if size == 0 or kernels.isa < Isa.AVX2:
             return None
         library = kernels.library
-        size = library.sl_sketch_q8_0_bytes(segment.rows, columns)
-        if size < 0:
-            return None
+        assert size == library.sl_sketch_q8_0_bytes(segment.rows, columns)
         blocks = huge_page_buffer(size)
         status = library.sl_sketch_q8_0(
             segment.blocks.data_ptr(),
