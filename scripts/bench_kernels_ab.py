@@ -65,14 +65,14 @@ def random_blocks(kind: str, rows: int, columns: int, seed: int) -> np.ndarray:
 
 
 def load(source_dir: Path, isa: ggml_quant.Isa) -> ggml_quant.GGMLKernels:
-    """The kernels built from ``source_dir`` (this checkout's build and declarations).
+    """The kernels built from ``source_dir`` (this checkout's build and declarations; of this
+    checkout's source files, those that ``source_dir`` has: a base before a new file).
 
     Raises:
         KernelBuildError: the build failed; SystemExit: the CPU lacks ``isa``.
     """
-    library, path, threaded = build_library(
-        "ggml_quant", source_dir, ggml_quant.SOURCES, ggml_quant.CFLAGS
-    )
+    sources = tuple(name for name in ggml_quant.SOURCES if (source_dir / name).exists())
+    library, path, threaded = build_library("ggml_quant", source_dir, sources, ggml_quant.CFLAGS)
     ggml_quant.declare(library)
     kernels = ggml_quant.GGMLKernels(library, path, isa, threaded, True)
     if not kernels.supports(isa):

@@ -88,12 +88,13 @@ def test_q5_fifth_bits_are_transposed(kind: str) -> None:
 @pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: Isa) -> None:
-    """1-100 activation rows (the gemv of one row and of several, the decoded tiles, AMX from
-    16 rows where the CPU has it: Q8_0's codes read in place, the other formats' next unit
-    decoded between a unit's products; Q4_0 and Q4_1 at 24 rows with VNNI and past 64 on
-    AVX2, Q4_K past 16 on AVX2: the x8 gemv against the file's decoded tile), 37 weight rows (two full units, then a 5-row tail),
-    24 (a unit of one group) and 64 (four full units), two widths, activations at the codes'
-    extremes, a bias and a bfloat16 residual."""
+    """1-100 activation rows (the gemv of one row and of several, the 512-bit units of 16 rows
+    with AVX-512, the decoded tiles, AMX from 16 rows where the CPU has it: Q8_0's codes read in
+    place, the other formats' next unit decoded between a unit's products; Q4_0 and Q4_1 at 24
+    rows with VNNI and past 64 on AVX2, Q4_K past 16 on AVX2: the x8 gemv against the file's
+    decoded tile), 37 weight rows (two full units, then a 5-row tail), 24 (a unit of one group)
+    and 64 (four full units), two widths, activations at the codes' extremes, a bias and a
+    bfloat16 residual."""
     assert KERNELS is not None
     generator = torch.Generator().manual_seed(7)
     widths = (256, 256, 768) if kind.endswith("_K") else (96, 96, 608)
@@ -112,6 +113,37 @@ def test_every_kernel_gives_the_files_bits_on_interleaved_rows(kind: str, isa: I
         want = KERNELS.matmul((file,), xb, bias=bias, residual=residual, isa=isa)
         got = KERNELS.matmul((x8,), xb, bias=bias, residual=residual, isa=isa)
         assert torch.equal(got, want), f"{kind} {isa.name} with a bias and a residual"
+
+
+@pytest.mark.skipif(Isa.AVX512 not in ISAS, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("kind", [k for k in KINDS if not k.endswith("_K")])
+def test_the_512_bit_units_give_the_256_bit_kernels_bits(kind: str) -> None:
+    """AVX-512 computes a unit of 16 interleaved rows in 512-bit vectors (both groups side by
+    side, ``ggml_quant_tiles16.h``) from 2 activation rows (Q8_0 from 4); AVX2 in 256-bit ones,
+    a group at a time. The same integers and float sequence per lane, so the same bits: 2-100
+    rows (a run of eight and its remainder), three full units and a 5-row tail, codes and
+    activations at their extremes, a bias and a bfloat16 residual."""
+    assert KERNELS is not None
+    blocks = random_blocks(kind, 53, 608, seed=5)
+    blocks_max = blocks.reshape(53, 608 // 32, -1).copy()  # every code at its largest magnitude
+    codes_at = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 2, "Q5_1": 4, "Q8_0": 2}[kind]  # (qh too)
+    blocks_max[:, :, codes_at:] = 0x80 if kind == "Q8_0" else 0xFF  # Q8_0: -128
+    blocks_max = blocks_max.reshape(53, -1)
+    x8, x8_max = repacked(kind, blocks), repacked(kind, blocks_max)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(100, 608, generator=generator)
+    x[1] = torch.where(x[1] > 0, 1e3, -1e3)  # every activation byte at +-127
+    for rows in (2, 3, 4, 5, 8, 9, 16, 17, 64, 100):
+        for segment in (x8, x8_max):
+            wide = KERNELS.matmul((segment,), x[:rows], isa=Isa.AVX512)
+            narrow = KERNELS.matmul((segment,), x[:rows], isa=Isa.AVX2)
+            assert torch.equal(wide, narrow), f"{kind}, {rows} rows"
+    bias = torch.randn(53, generator=generator)
+    residual = torch.randn(6, 53, generator=generator).to(torch.bfloat16)
+    xb = x[:6].to(torch.bfloat16)
+    wide = KERNELS.matmul((x8,), xb, bias=bias, residual=residual, isa=Isa.AVX512)
+    narrow = KERNELS.matmul((x8,), xb, bias=bias, residual=residual, isa=Isa.AVX2)
+    assert torch.equal(wide, narrow), f"{kind} with a bias and a residual"
 
 
 def test_segments_of_both_layouts_in_one_call() -> None:

@@ -75,6 +75,8 @@ typedef float (*sl_vec_dot_fn)(int64_t k, const void *w_row, const void *x_row);
 /* Activation rows per call of a tile kernel's gemm: AVX-512 VNNI keeps the accumulators of 8
  * in its 32 vector registers, AVX2 computes them 4 at a time (16 registers). */
 #define SL_GEMM_ROWS 8
+/* Activation rows a pass of the 512-bit kernels on 16 interleaved rows takes (ggml_quant_tiles16.h). */
+#define SL_X16_ROWS 16
 
 /* One weight row decoded to float32, as gguf.quants.dequantize decodes it. */
 typedef void (*sl_dequantize_row_fn)(int64_t k, const void *w_row, float *out);
@@ -290,6 +292,21 @@ SL_DECLARE_X8(q4_1)
 SL_DECLARE_X8(q5_0)
 SL_DECLARE_X8(q5_1)
 SL_DECLARE_X8(q8_0)
+/*   sl_gemvn16x_<fmt>_avx512(unit, k, x, n_x, out, out_stride, prefetch, ahead): a unit of two
+ *       groups (16 rows from unit), n_x <= SL_X16_ROWS activation rows, 16 outputs each in
+ *       512-bit vectors (ggml_quant_tiles16.h): sl_gemvn8x's bits for both groups. */
+typedef void (*sl_gemvn16x_fn)(const uint8_t *unit, int64_t k, const void *const *x, int n_x,
+                               float *out, int64_t out_stride, const uint8_t *prefetch,
+                               int64_t ahead);
+#define SL_DECLARE_X16(fmt)                                                                      \
+    void sl_gemvn16x_##fmt##_avx512(const uint8_t *unit, int64_t k, const void *const *x,        \
+                                    int n_x, float *out, int64_t out_stride,                     \
+                                    const uint8_t *prefetch, int64_t ahead);
+SL_DECLARE_X16(q4_0)
+SL_DECLARE_X16(q4_1)
+SL_DECLARE_X16(q5_0)
+SL_DECLARE_X16(q5_1)
+SL_DECLARE_X16(q8_0)
 void sl_gemvn8x_q4_k_avx2(const uint8_t *group, int64_t k, const void *const *x, int n_x, float *out,
                           int64_t out_stride, const uint8_t *prefetch, int64_t ahead);
 void sl_gemvn8x_q4_k_avx512(const uint8_t *group, int64_t k, const void *const *x, int n_x,

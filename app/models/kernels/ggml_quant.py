@@ -74,6 +74,7 @@ SOURCES = (
     "ggml_quant_tiles.c",
     "ggml_quant_amx.c",
     "ggml_quant_tiles_body.h",
+    "ggml_quant_tiles16.h",
     "ggml_quant_ktiles.c",
     "ggml_quant_ktiles_body.h",
     "ggml_quant_rows.c",

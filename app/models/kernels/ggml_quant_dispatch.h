@@ -48,5 +48,17 @@ static const int sl_x8_nibble_gemv_max_rows[3] = {0, INT_MAX, 32};
  * call's x8 gemv against the tile decoded from x8: 0.93-0.94x the time at 24-64 rows, 0.99x at
  * 128-512, so AVX2 takes the x8 gemv at any row count; VNNI keeps 16. */
 static const int sl_kx8_gemv_max_rows[3] = {0, INT_MAX, 16};
+/* Calls of at least this many activation rows on full units of 16 interleaved rows take the
+ * 512-bit kernels (ggml_quant_tiles16.h) where the instruction set has them (AVX-512), at any
+ * row count from there (before the tables above are asked; AMX, where the CPU has it, first).
+ * On the 2-core Zen 5 EPYC (full-width 512-bit units), this kernel's time over the 256-bit x8
+ * gemv's or decoded tile's, the same bits (runs of 16 activation rows, SL_X16_ROWS): Q5_0
+ * 4096 x 640 (Gemma 3's gate and up) 0.91x at 2 rows, 0.59-0.61x at 12-64, 0.67x at 512; Q4_1
+ * 3072 x 576 (SmolLM2's gate_up) 0.85-0.96x at 2-3, 0.60-0.64x at 12-64; Q8_0 8192 x 640
+ * 0.77-0.94x at 2, 0.52-0.65x at 12-64. A Q8_0 LM head read from memory at 2-3 rows was
+ * slower (262,144 x 640: 1.07-1.10x; 49,152 x 576: 1.00-1.08x; both groups' streams at once),
+ * at 4 rows 0.95-1.03x, at 12-64 0.58-0.73x: Q8_0 takes it from 4 rows. */
+#define SL_X16_MIN_ROWS 2
+#define SL_X16_MIN_ROWS_Q8_0 4
 
 #endif

@@ -60,29 +60,38 @@ typedef struct {
     sl_amx_decode_blocks_fn amx_decode16x_blocks;
     const int *x8_gemv_max_rows; /* per instruction set: the most activation rows whose x8
                                   * rows take the x8 gemv (ggml_quant_dispatch.h), not a tile */
+    /* 512-bit kernels on a unit of 16 interleaved rows, per instruction set, or NULL */
+    sl_gemvn16x_fn gemvn16x[3];
+    int x16_min_rows; /* the fewest activation rows they take (ggml_quant_dispatch.h) */
 } sl_format;
 
-#define SL_FORMAT_TILES(fmt, bytes, signed_codes, x8_max_rows)                                   \
+#define SL_FORMAT_TILES(fmt, bytes, signed_codes, x8_max_rows, x16_min_rows)                                 \
     { SL_QK, bytes, 0, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                  \
       {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, {NULL, NULL, NULL},                  \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
       sl_tile8_bytes_q8_1, sl_amx_decode16_##fmt, signed_codes,                                  \
       {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512},                                  \
       {NULL, sl_gemvn8x_##fmt##_avx2, sl_gemvn8x_##fmt##_avx512}, sl_decode8x_##fmt,             \
-      sl_amx_decode16x_##fmt, sl_amx_decode16x_blocks_##fmt, x8_max_rows }
+      sl_amx_decode16x_##fmt, sl_amx_decode16x_blocks_##fmt, x8_max_rows,                       \
+      {NULL, NULL, sl_gemvn16x_##fmt##_avx512}, x16_min_rows }
 #define SL_FORMAT_KTILES(fmt, bytes, x8_avx2, x8_avx512, x8_decode)                          \
     { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
       {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
       sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, x8_avx2, x8_avx512}, x8_decode, NULL, \
-      NULL, sl_kx8_gemv_max_rows }
+      NULL, sl_kx8_gemv_max_rows, {NULL, NULL, NULL}, 0 }
 
 static const sl_format *sl_format_of(int qtype) {
-    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0, sl_x8_nibble_gemv_max_rows);
-    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, 20, 0, sl_x8_nibble_gemv_max_rows);
-    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, 22, 0, sl_x8_gemv_max_rows);
-    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, 24, 0, sl_x8_gemv_max_rows);
-    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, 34, 1, sl_x8_gemv_max_rows);
+    static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0, sl_x8_nibble_gemv_max_rows,
+                                                   SL_X16_MIN_ROWS);
+    static const sl_format q4_1 = SL_FORMAT_TILES(q4_1, 20, 0, sl_x8_nibble_gemv_max_rows,
+                                                   SL_X16_MIN_ROWS);
+    static const sl_format q5_0 = SL_FORMAT_TILES(q5_0, 22, 0, sl_x8_gemv_max_rows,
+                                                   SL_X16_MIN_ROWS);
+    static const sl_format q5_1 = SL_FORMAT_TILES(q5_1, 24, 0, sl_x8_gemv_max_rows,
+                                                   SL_X16_MIN_ROWS);
+    static const sl_format q8_0 = SL_FORMAT_TILES(q8_0, 34, 1, sl_x8_gemv_max_rows,
+                                                   SL_X16_MIN_ROWS_Q8_0);
     static const sl_format q4_k = SL_FORMAT_KTILES(q4_k, 144, sl_gemvn8x_q4_k_avx2,
                                                    sl_gemvn8x_q4_k_avx512, sl_decode8x_q4_k);
     static const sl_format q5_k = SL_FORMAT_KTILES(q5_k, 176, NULL, NULL, NULL);
@@ -417,6 +426,21 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
     }
     const int x8_max = format->x8_gemv_max_rows[isa];
     const int no_tile = !gemm || capacity < tile_bytes;
+    if (x8_rows == 16 && format->gemvn16x[isa] != NULL && m >= format->x16_min_rows) {
+        /* x8, a full unit in 512-bit vectors: both groups at once (ggml_quant_tiles16.h), the
+         * same bits as the two groups' gemvn8x below */
+        float out[SL_X16_ROWS][16];
+        for (int64_t i0 = 0; i0 < m; i0 += SL_X16_ROWS) {
+            const int n_x = m - i0 < SL_X16_ROWS ? (int)(m - i0) : SL_X16_ROWS;
+            const void *x_rows[SL_X16_ROWS];
+            for (int g = 0; g < n_x; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
+            format->gemvn16x[isa](w, k, x_rows, n_x, out[0], 16, w + 16 * row_bytes,
+                                  i0 == 0 ? 16 * row_bytes : 0);
+            for (int g = 0; g < n_x; g++)
+                sl_store_row(isa, out[g], 16, i0 + g, column, bias, residual, ldr, y, y_bf16, ldy);
+        }
+        return;
+    }
     if (x8_rows == 16 && (m <= x8_max || no_tile) && m > 1) {
         /* x8, a full unit: both groups of eight for each run of activation rows, then each
          * row's 16 outputs stored in one epilogue call (half the calls: a 64-row call of

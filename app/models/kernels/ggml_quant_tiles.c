@@ -295,6 +295,9 @@ TL_EXPORT_AMX_DECODE(q8_0, TL_Q8_0)
 #define TL_VNNI 1
 #include "ggml_quant_tiles_body.h"
 
+/* The 512-bit kernels on 16 interleaved rows (AVX-512 only). */
+#include "ggml_quant_tiles16.h"
+
 /* Bytes of a decoded tile of rows of k weights (32-weight formats). */
 int64_t sl_tile8_bytes_q8_1(int64_t k) {
     return k / SL_QK * (TL_TILE_BLOCK_BYTES + 2 * TL_LANES * (int64_t)sizeof(float));
