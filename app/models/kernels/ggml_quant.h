@@ -162,6 +162,17 @@ SL_DECLARE_KTILES(q4_k)
 SL_DECLARE_KTILES(q5_k)
 SL_DECLARE_KTILES(q6_k)
 int64_t sl_tile8_bytes_q8_k(int64_t k);
+/*   sl_gemm16_<fmt>_avx512(tiles, k, x, n_x, out, out_stride): two decoded tiles (16 rows: the
+ *       second sl_tile8_bytes_q8_k(k) bytes after the first) against n_x activation rows, 16
+ *       outputs each in 512-bit vectors (ggml_quant_ktiles16.h): sl_gemm8's bits for both. */
+typedef void (*sl_gemm16_fn)(const void *tiles, int64_t k, const void *const *x, int n_x, float *out,
+                             int64_t out_stride);
+void sl_gemm16_q4_k_avx512(const void *tiles, int64_t k, const void *const *x, int n_x, float *out,
+                           int64_t out_stride);
+void sl_gemm16_q5_k_avx512(const void *tiles, int64_t k, const void *const *x, int n_x, float *out,
+                           int64_t out_stride);
+void sl_gemm16_q6_k_avx512(const void *tiles, int64_t k, const void *const *x, int n_x, float *out,
+                           int64_t out_stride);
 
 /* AMX-INT8 products of the 32-weight formats (ggml_quant_amx.c): sixteen weight rows at a time
  * against up to sixteen activation rows per tile instruction, the same outputs bit for bit.

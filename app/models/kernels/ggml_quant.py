@@ -77,6 +77,7 @@ SOURCES = (
     "ggml_quant_tiles16.h",
     "ggml_quant_ktiles.c",
     "ggml_quant_ktiles_body.h",
+    "ggml_quant_ktiles16.h",
     "ggml_quant_rows.c",
     "ggml_quant_cpu.c",
     "ggml_quant_dispatch.h",

@@ -259,4 +259,7 @@ SL_TARGET_AVX2 void sl_decode8x_q4_k(const uint8_t *group, int64_t k, void *tile
 /* Bytes of a decoded tile of rows of k weights (K formats). */
 int64_t sl_tile8_bytes_q8_k(int64_t k) { return k / SL_QK_K * (int64_t)KT_SB_BYTES; }
 
+/* The gemm on two tiles in 512-bit vectors (AVX-512 only). */
+#include "ggml_quant_ktiles16.h"
+
 #endif

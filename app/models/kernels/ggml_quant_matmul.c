@@ -63,6 +63,7 @@ typedef struct {
     /* 512-bit kernels on a unit of 16 interleaved rows, per instruction set, or NULL */
     sl_gemvn16x_fn gemvn16x[3];
     int x16_min_rows; /* the fewest activation rows they take (ggml_quant_dispatch.h) */
+    sl_gemm16_fn gemm16[3]; /* the K formats' gemm on two decoded tiles in 512-bit vectors */
 } sl_format;
 
 #define SL_FORMAT_TILES(fmt, bytes, signed_codes, x8_max_rows, x16_min_rows)                                 \
@@ -73,13 +74,13 @@ typedef struct {
       {NULL, sl_gemv8x_##fmt##_avx2, sl_gemv8x_##fmt##_avx512},                                  \
       {NULL, sl_gemvn8x_##fmt##_avx2, sl_gemvn8x_##fmt##_avx512}, sl_decode8x_##fmt,             \
       sl_amx_decode16x_##fmt, sl_amx_decode16x_blocks_##fmt, x8_max_rows,                       \
-      {NULL, NULL, sl_gemvn16x_##fmt##_avx512}, x16_min_rows }
+      {NULL, NULL, sl_gemvn16x_##fmt##_avx512}, x16_min_rows, {NULL, NULL, NULL} }
 #define SL_FORMAT_KTILES(fmt, bytes, x8_avx2, x8_avx512, x8_decode)                          \
     { SL_QK_K, bytes, 1, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                \
       {NULL, NULL, NULL}, {NULL, sl_gemvn8_##fmt##_avx2, sl_gemvn8_##fmt##_avx512},                \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \
       sl_tile8_bytes_q8_k, NULL, 0, {NULL, NULL, NULL}, {NULL, x8_avx2, x8_avx512}, x8_decode, NULL, \
-      NULL, sl_kx8_gemv_max_rows, {NULL, NULL, NULL}, 0 }
+      NULL, sl_kx8_gemv_max_rows, {NULL, NULL, NULL}, 0, {NULL, NULL, sl_gemm16_##fmt##_avx512} }
 
 static const sl_format *sl_format_of(int qtype) {
     static const sl_format q4_0 = SL_FORMAT_TILES(q4_0, 18, 0, sl_x8_nibble_gemv_max_rows,
@@ -372,7 +373,8 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
     amx = amx && format->amx_decode != NULL && x8_rows != 8 &&
           m >= (x8_rows ? SL_AMX_MIN_ROWS_X8 : SL_AMX_MIN_ROWS);
     const int64_t needed =
-        amx ? 2 * sl_amx_tile_bytes(k) + m * 16 * (int64_t)sizeof(float) : tile_bytes;
+        amx ? 2 * sl_amx_tile_bytes(k) + m * 16 * (int64_t)sizeof(float)
+            : format->gemm16[isa] != NULL ? 2 * tile_bytes : tile_bytes;
     if (gemm && needed > capacity) {
         void *grown = realloc(tile, (size_t)needed);
         if (grown != NULL) { /* else gemv, which needs no buffer: the same outputs */
@@ -436,6 +438,32 @@ static void sl_tile_unit(const sl_format *format, int isa, int amx, const uint8_
             for (int g = 0; g < n_x; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
             format->gemvn16x[isa](w, k, x_rows, n_x, out[0], 16, w + 16 * row_bytes,
                                   i0 == 0 ? 16 * row_bytes : 0);
+            for (int g = 0; g < n_x; g++)
+                sl_store_row(isa, out[g], 16, i0 + g, column, bias, residual, ldr, y, y_bf16, ldy);
+        }
+        return;
+    }
+    if (rows == 16 && format->gemm16[isa] != NULL && gemm && capacity >= 2 * tile_bytes) {
+        /* a full unit of a K format in 512-bit vectors: both tiles decoded, then every run of
+         * activation rows against the 16 rows at once (ggml_quant_ktiles16.h), the same bits
+         * as each tile's gemm8 below */
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *first = w + 8 * h * row_bytes, *next = w + (8 * h + 16) * row_bytes;
+            uint8_t *to = (uint8_t *)tile + h * tile_bytes;
+            if (8 * h < x8_rows) {
+                format->decode8x(first, k, to, next, 8 * row_bytes);
+            } else {
+                const uint8_t *row_at[8];
+                for (int j = 0; j < 8; j++) row_at[j] = first + j * row_bytes;
+                format->decode8(row_at, k, to, next, 8 * row_bytes);
+            }
+        }
+        float out[SL_GEMM_ROWS][16];
+        for (int64_t i0 = 0; i0 < m; i0 += SL_GEMM_ROWS) {
+            const int n_x = m - i0 < SL_GEMM_ROWS ? (int)(m - i0) : SL_GEMM_ROWS;
+            const void *x_rows[SL_GEMM_ROWS];
+            for (int g = 0; g < n_x; g++) x_rows[g] = xq + (i0 + g) * xq_bytes;
+            format->gemm16[isa](tile, k, x_rows, n_x, out[0], 16);
             for (int g = 0; g < n_x; g++)
                 sl_store_row(isa, out[g], 16, i0 + g, column, bias, residual, ldr, y, y_bf16, ldy);
         }
