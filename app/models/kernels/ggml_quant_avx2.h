@@ -102,6 +102,32 @@ SL_TARGET_AVX512 static inline __attribute__((always_inline)) __m256i sl_dpbusd_
 #endif
 }
 
+/* The same two on 512-bit vectors, the four bytes (two int16) at p broadcast to the 16 lanes
+ * ({1to16}): the kernels on units of sixteen rows (ggml_quant_tiles16.h, ggml_quant_ktiles16.h). */
+SL_TARGET_AVX512 static inline __attribute__((always_inline)) __m512i sl_dpbusd512_bcast(__m512i acc, __m512i u,
+                                                                                      const void *p) {
+#ifdef SL_NO_EMBEDDED_BROADCAST
+    int32_t four;
+    memcpy(&four, p, 4);
+    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(four));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+#endif
+}
+
+SL_TARGET_AVX512 static inline __attribute__((always_inline)) __m512i sl_dpwssd512_bcast(__m512i acc, __m512i a,
+                                                                                      const void *p) {
+#ifdef SL_NO_EMBEDDED_BROADCAST
+    int32_t two;
+    memcpy(&two, p, 4);
+    return _mm512_dpwssd_epi32(acc, a, _mm512_set1_epi32(two));
+#else
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)p));
+    return acc;
+#endif
+}
+
 /* acc + vpdpwssd(a, the two int16 at p broadcast to the eight lanes): the sums of
  * _mm256_madd_epi16(a, broadcast) added to acc, in one macro-op ({1to8}) for three. */
 SL_TARGET_AVX512 static inline __attribute__((always_inline)) __m256i sl_dpwssd_bcast(__m256i acc, __m256i a,

@@ -13,30 +13,6 @@ SL_TARGET_AVX512 KT_INLINE __m512i kt16_pair(const uint8_t *first, const uint8_t
                         _mm256_loadu_si256((const __m256i *)(second + at)));
 }
 
-/* acc + vpdpbusd(u, the four bytes at p broadcast to the 16 lanes). */
-SL_TARGET_AVX512 KT_INLINE __m512i kt16_dpbusd_bcast(__m512i acc, __m512i u, const void *p) {
-#ifdef SL_NO_EMBEDDED_BROADCAST
-    int32_t four;
-    memcpy(&four, p, 4);
-    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(four));
-#else
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
-    return acc;
-#endif
-}
-
-/* acc + vpdpwssd(a, the two int16 at p broadcast to the 16 lanes). */
-SL_TARGET_AVX512 KT_INLINE __m512i kt16_dpwssd_bcast(__m512i acc, __m512i a, const void *p) {
-#ifdef SL_NO_EMBEDDED_BROADCAST
-    int32_t two;
-    memcpy(&two, p, 4);
-    return _mm512_dpwssd_epi32(acc, a, _mm512_set1_epi32(two));
-#else
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)p));
-    return acc;
-#endif
-}
-
 /* R activation rows against the tiles at `first` and `second` (each sl_tile8_bytes_q8_k). */
 SL_TARGET_AVX512 KT_INLINE void kt16_gemm(int fmt, int R, const uint8_t *first, const uint8_t *second, int64_t nb,
                                           const sl_block_q8_k *const x[SL_GEMM_ROWS], float *out,
@@ -59,7 +35,7 @@ SL_TARGET_AVX512 KT_INLINE void kt16_gemm(int fmt, int R, const uint8_t *first, 
             for (int g = s * groups; g < (s + 1) * groups; g++) {
                 const __m512i cv = kt16_pair(sa, sb, 32 * g);
 #pragma GCC unroll 8
-                for (int r = 0; r < R; r++) dot[r] = kt16_dpbusd_bcast(dot[r], cv, x[r][b].qs + 4 * g);
+                for (int r = 0; r < R; r++) dot[r] = sl_dpbusd512_bcast(dot[r], cv, x[r][b].qs + 4 * g);
             }
             const __m512i scale = _mm512_srai_epi32(kt16_pair(sa, sb, KT_SP_OFFSET + 32 * s), 16);
 #pragma GCC unroll 8
@@ -70,7 +46,7 @@ SL_TARGET_AVX512 KT_INLINE void kt16_gemm(int fmt, int R, const uint8_t *first, 
         for (int t = 0; t < 8; t++) {
             const __m512i pairs = kt16_pair(sa, sb, KT_MP_OFFSET + 32 * t);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) msum[r] = kt16_dpwssd_bcast(msum[r], pairs, x[r][b].bsums + 2 * t);
+            for (int r = 0; r < R; r++) msum[r] = sl_dpwssd512_bcast(msum[r], pairs, x[r][b].bsums + 2 * t);
         }
         const __m512 d = _mm512_castsi512_ps(kt16_pair(sa, sb, KT_D_OFFSET));
         const __m512 dmin = _mm512_castsi512_ps(kt16_pair(sa, sb, KT_D_OFFSET + 32));

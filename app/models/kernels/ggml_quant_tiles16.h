@@ -20,18 +20,6 @@ SL_TARGET_AVX512 TL_INLINE __m512i tl16_pair(__m256i first, __m256i second) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
 }
 
-/* acc + vpdpbusd(u, the four bytes at p broadcast to the 16 lanes) (sl_dpbusd_bcast's). */
-SL_TARGET_AVX512 TL_INLINE __m512i tl16_dpbusd_bcast(__m512i acc, __m512i u, const void *p) {
-#ifdef SL_NO_EMBEDDED_BROADCAST
-    int32_t four;
-    memcpy(&four, p, 4);
-    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(four));
-#else
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
-    return acc;
-#endif
-}
-
 /* d and mo (the top of ggml_quant_tiles.c) of block b of both groups: lanes 0-7, 8-15. */
 SL_TARGET_AVX512 TL_INLINE void tl16_scales(int fmt, const uint8_t *blk0, const uint8_t *blk1, __m512 *d,
                                              __m512 *mo) {
@@ -80,7 +68,7 @@ SL_TARGET_AVX512 TL_INLINE void tl16_gemvn(int fmt, int R, const uint8_t *unit, 
             const sl_block_q8_1 *xb = x[r] + b;
             __m512i isum = fmt == TL_Q8_0 ? _mm512_set1_epi32(-128 * xb->sum) : _mm512_setzero_si512();
 #pragma GCC unroll 8
-            for (int g = 0; g < TL_GROUPS; g++) isum = tl16_dpbusd_bcast(isum, codes[g], xb->qs + 4 * g);
+            for (int g = 0; g < TL_GROUPS; g++) isum = sl_dpbusd512_bcast(isum, codes[g], xb->qs + 4 * g);
             const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
         }
