@@ -75,7 +75,8 @@ typedef float (*sl_vec_dot_fn)(int64_t k, const void *w_row, const void *x_row);
 /* Activation rows per call of a tile kernel's gemm: AVX-512 VNNI keeps the accumulators of 8
  * in its 32 vector registers, AVX2 computes them 4 at a time (16 registers). */
 #define SL_GEMM_ROWS 8
-/* Activation rows a pass of the 512-bit kernels on 16 interleaved rows takes (ggml_quant_tiles16.h). */
+/* Activation rows a pass of the 512-bit kernels on 16 interleaved rows takes
+ * (ggml_quant_tiles16.h). */
 #define SL_X16_ROWS 16
 
 /* One weight row decoded to float32, as gguf.quants.dequantize decodes it. */

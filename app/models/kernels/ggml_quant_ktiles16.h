@@ -85,7 +85,8 @@ SL_TARGET_AVX512 KT_INLINE void kt16_gemm(int fmt, int R, const uint8_t *first, 
                 KT16_CASE(fmt, 6)                                                                  \
                 KT16_CASE(fmt, 7)                                                                  \
             default:                                                                               \
-                kt16_gemm(fmt, SL_GEMM_ROWS, first, second, k / SL_QK_K, xr + r0, out + r0 * out_stride, out_stride); \
+                kt16_gemm(fmt, SL_GEMM_ROWS, first, second, k / SL_QK_K, xr + r0,                  \
+                          out + r0 * out_stride, out_stride);                                      \
                 break;                                                                             \
             }                                                                                      \
         }                                                                                          \

@@ -66,7 +66,7 @@ typedef struct {
     sl_gemm16_fn gemm16[3]; /* the K formats' gemm on two decoded tiles in 512-bit vectors */
 } sl_format;
 
-#define SL_FORMAT_TILES(fmt, bytes, signed_codes, x8_max_rows, x16_min_rows)                                 \
+#define SL_FORMAT_TILES(fmt, bytes, signed_codes, x8_max_rows, x16_min_rows)                     \
     { SL_QK, bytes, 0, {sl_dot_##fmt##_scalar, NULL, NULL}, sl_dequantize_##fmt,                  \
       {NULL, sl_gemv8_##fmt##_avx2, sl_gemv8_##fmt##_avx512}, {NULL, NULL, NULL},                  \
       sl_decode8_##fmt##_avx2, {NULL, sl_gemm8_##fmt##_avx2, sl_gemm8_##fmt##_avx512},            \

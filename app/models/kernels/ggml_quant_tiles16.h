@@ -15,7 +15,8 @@
  * registers; runs of 16 took 0.88-0.93x the time of runs of 8 at 64 rows).
  */
 
-/* The two groups' chunk of 32 bytes at `at` in block b, side by side in one vector. */
+/* Two 256-bit vectors side by side: first in lanes 0-7 (the unit's first group's rows),
+ * second in lanes 8-15. */
 SL_TARGET_AVX512 TL_INLINE __m512i tl16_pair(__m256i first, __m256i second) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
 }
