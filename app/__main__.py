@@ -15,6 +15,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand
 
+from app.api.errors import pydantic_message
 from app.batch.config import BatchConfig
 from app.config import ServerConfig
 from app.models.refusal import ModelRefused
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             prog = f"python -m app {command}".rstrip()
             where = "-".join(str(part) for part in field).replace("_", "-")
             prefix = f"--{where}: " if where else ""
-            print(f"{prog}: error: {prefix}{error['msg']}", file=sys.stderr)
+            print(f"{prog}: error: {prefix}{pydantic_message(error)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

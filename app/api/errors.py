@@ -76,6 +76,18 @@ def error_response(error: APIError) -> JSONResponse:
     )
 
 
+def pydantic_message(error: Mapping[str, object]) -> str:
+    """The text of one of pydantic's errors (an item of ``ValidationError.errors()``): its
+    ``msg``, but for a ``ValueError`` raised by a validator the error's own text, without the
+    "Value error, " pydantic puts before it (the CLI's lines and the API's messages read as the
+    validator wrote them)."""
+    context = error.get("ctx")
+    cause = context.get("error") if isinstance(context, Mapping) else None
+    if error.get("type") == "value_error" and isinstance(cause, ValueError):
+        return str(cause)
+    return str(error.get("msg", "invalid value"))
+
+
 def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     """Turns pydantic's first complaint into a 422 naming the field (``stop.0`` style)."""
     errors = exc.errors()
@@ -84,7 +96,7 @@ def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     first = errors[0]
     location = [str(part) for part in first.get("loc", ()) if part not in ("body",)]
     param = ".".join(location) or None
-    message = str(first.get("msg", "invalid value"))
+    message = pydantic_message(first)
     if first.get("type") == "extra_forbidden":
         message = f"unknown field {param!r}"
     elif first.get("type") in ("json_invalid", "json_type"):

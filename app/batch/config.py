@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, CliImplicitFlag, SettingsConfigDict
 
+from app.api.errors import pydantic_message
 from app.config import ServerConfig
 
 # Flags that only an HTTP server has a use for: listening, keys, queues of clients, SSE, drain.
@@ -79,7 +80,7 @@ class BatchConfig(_EngineFlags):  # type: ignore[misc, valid-type]
         try:
             self.server_config()
         except ValidationError as exc:
-            messages = (error["msg"].removeprefix("Value error, ") for error in exc.errors())
+            messages = (pydantic_message(error) for error in exc.errors())
             raise ValueError("; ".join(messages)) from None
         return self
 

@@ -239,6 +239,16 @@ async def test_bad_fields_are_400_naming_the_field(client, path, body, param, co
     assert response.headers["x-request-id"]
 
 
+async def test_a_validators_refusal_reads_as_it_was_written(client):
+    """A validator's ValueError reaches the body as its own text, without pydantic's
+    "Value error, " before it (the failing input: /tokenize with both a prompt and messages)."""
+    body = {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}
+    response = await client.post("/tokenize", json=body)
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message == "send exactly one of 'prompt' and 'messages'"
+
+
 async def test_accepted_fields_and_unknown_ones(client):
     body = {
         "model": "anything",
