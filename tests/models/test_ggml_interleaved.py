@@ -146,6 +146,43 @@ def test_the_512_bit_units_give_the_256_bit_kernels_bits(kind: str) -> None:
     assert torch.equal(wide, narrow), f"{kind} with a bias and a residual"
 
 
+@pytest.mark.parametrize("isa", [isa for isa in ISAS if isa >= Isa.AVX2], ids=lambda isa: isa.name.lower())
+def test_the_vector_epilogues_store_the_scalar_bits(isa: Isa) -> None:
+    """The epilogue (bias, residual, the one rounding to bfloat16) stores 16 outputs at a time
+    on AVX-512, 8 on AVX2 and one in the portable C: the same bits. Zero weights make every
+    instruction set's sums exactly 0, so the outputs are the epilogue's alone: a bias of NaNs
+    with payloads (a signalling one too), infinities, rounding ties to even (both ways), a
+    denormal and large values, a residual with infinities; 45 rows are two units of 16, a full
+    group of 8 and a 5-row tail, so every width runs."""
+    assert KERNELS is not None
+    n, columns = 45, 64
+    zeros = QuantSegment("Q8_0", torch.zeros(n, columns // 32 * 34, dtype=torch.uint8))
+    segment = repacked("Q8_0", zeros.blocks.numpy())
+    generator = torch.Generator().manual_seed(21)
+    patterns = np.array(
+        [0x7FA12345, 0x7FC00001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F800000, 0xFF800000, 0x3F808000, 0x3F818000,
+         0x3F808001, 0x00000001, 0x7F7FFFFF, 0xC2F7FFFF, 0x80000000],
+        dtype=np.uint32,
+    )
+    bias = torch.randn(n, generator=generator) * 100
+    bias[: len(patterns)] = torch.from_numpy(patterns.view(np.float32).copy())
+    bias[16 : 16 + len(patterns)] = bias[: len(patterns)].flip(0)
+    bias[32:] = bias[: n - 32]
+    residual = torch.randn(7, n, generator=generator).to(torch.bfloat16)
+    residual[3, ::5] = float("inf")
+    residual[4, 1::7] = float("-inf")
+    x = torch.randn(7, columns, generator=generator).to(torch.bfloat16)
+    for rows in (1, 2, 7):
+        for res in (None, residual[:rows]):
+            want = KERNELS.matmul((zeros,), x[:rows], bias=bias, residual=res, isa=Isa.SCALAR)
+            for seg in (zeros, segment):
+                got = KERNELS.matmul((seg,), x[:rows], bias=bias, residual=res, isa=isa)
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (rows, res is None)
+    wide = KERNELS.matmul((segment,), x.float(), bias=bias, isa=isa)  # float32 outputs
+    scalar = KERNELS.matmul((zeros,), x.float(), bias=bias, isa=Isa.SCALAR)
+    assert torch.equal(wide.view(torch.int32), scalar.view(torch.int32))
+
+
 def test_segments_of_both_layouts_in_one_call() -> None:
     """A fused projection (a Q4_K_M file's QKV) whose segments are interleaved, in the file's
     layout, and of a type without an x8 layout (Q6_K) computes each as alone."""
