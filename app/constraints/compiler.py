@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 
 import llguidance
+import numpy as np
 
 from app.constraints.matcher import ConstraintMatcher
 from app.constraints.spec import ConstraintError, ConstraintSpec
@@ -32,22 +33,31 @@ DEFAULT_CACHE_SIZE = 128  # compiled constraints kept (LRU), per model
 class CompiledConstraint:
     """A checked constraint: makes a fresh matcher per request (``new_matcher``).
 
-    Shared by every request with the same spec; never advanced itself.
+    Shared by every request with the same spec; never advanced itself. Its matchers share
+    llguidance's lexer: one that outgrows llguidance's limits (a regex such as
+    ``(a{1000}){1000}``, whose states are built as the output goes) leaves every later copy in
+    error at once, whose mask allows only EOS. So a matcher's error marks the constraint
+    ``broken`` (:meth:`ConstraintMatcher.error`), and the compiler refuses it from then on.
 
     Attributes:
         spec: what it was compiled from.
+        broken: llguidance's error that one of its matchers met, or None.
     """
 
-    __slots__ = ("spec", "_pristine", "_mask_words")
+    __slots__ = ("spec", "broken", "_pristine", "_mask_words")
 
     def __init__(self, spec: ConstraintSpec, pristine: llguidance.LLMatcher, mask_words: int):
         self.spec = spec
+        self.broken: str | None = None
         self._pristine = pristine
         self._mask_words = mask_words
 
     def new_matcher(self) -> ConstraintMatcher:
         """A matcher at the start of the language, owned by one request."""
-        return ConstraintMatcher(self._pristine.deep_copy(), self._mask_words)
+        return ConstraintMatcher(self._pristine.deep_copy(), self._mask_words, self._break)
+
+    def _break(self, error: str) -> None:
+        self.broken = self.broken or error
 
 
 class ConstraintCompiler:
@@ -85,14 +95,19 @@ class ConstraintCompiler:
         """The compiled constraint of ``spec`` (from the cache when it was compiled before).
 
         Raises:
-            ConstraintError: the constraint cannot be compiled; the message gives
-                llguidance's reason (e.g. ``Unimplemented keys: ["dependentSchemas"]``).
+            ConstraintError: the constraint cannot be compiled, or its first token's mask
+                cannot be computed, or a request following it met llguidance's limits; the
+                message gives llguidance's reason (e.g. ``Unimplemented keys:
+                ["dependentSchemas"]``).
         """
         with self._lock:
             cached = self._cache.get(spec)
             if cached is not None:
                 self._cache.move_to_end(spec)
-                return cached
+        if cached is not None:
+            if cached.broken is not None:  # (kept: the next request is refused as fast)
+                raise ConstraintError(f"the constraint is too complex to follow: {cached.broken}")
+            return cached
         compiled = self._compile_uncached(spec)
         with self._lock:
             self._cache[spec] = compiled
@@ -112,6 +127,21 @@ class ConstraintCompiler:
         matcher = llguidance.LLMatcher(self._ll(), grammar, log_level=0)
         if matcher.is_error():
             raise ConstraintError(_reason(matcher.get_error()))
+        # the first token's mask and one step past it, on a copy: a language whose lexer
+        # outgrows llguidance's limits there (a regex such as (a{1000}){1000}, at its first
+        # character) is refused now, before the request takes a slot; the lexer's states are
+        # shared, so the request's own first steps are then ready
+        probe = ConstraintMatcher(matcher.deep_copy(), self.mask_words)
+        allowed = probe.next_mask().numpy().view(np.uint32)
+        words = np.flatnonzero(allowed)
+        if not probe.error and words.size:
+            word = int(words[0])
+            bit = int(allowed[word]) & -int(allowed[word])
+            probe.advance(32 * word + bit.bit_length() - 1)
+        if probe.error:
+            raise ConstraintError(
+                f"the constraint is too complex to follow: {_reason(probe.error)}"
+            )
         return CompiledConstraint(spec, matcher, self.mask_words)
 
     def _ll(self) -> llguidance.LLTokenizer:

@@ -8,10 +8,15 @@ finishes, so a reused slot never sees another request's matcher.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import llguidance
 import llguidance.numpy
 import numpy as np
 import torch
+
+# How llguidance's error begins when the grammar rejects a consumed token.
+_REJECTED = "Parser Error: token"
 
 
 class ConstraintMatcher:
@@ -20,13 +25,21 @@ class ConstraintMatcher:
     Args:
         matcher: a fresh llguidance matcher (consumed nothing), owned from now on.
         mask_words: int32 words per mask (``ceil(vocab_size / 32)`` of the model's logits).
+        on_error: called with llguidance's error the first time the matcher is found in
+            error (its compiled constraint marks itself broken).
     """
 
-    __slots__ = ("_matcher", "_mask_words")
+    __slots__ = ("_matcher", "_mask_words", "_on_error")
 
-    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int) -> None:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        mask_words: int,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self._matcher = matcher
         self._mask_words = mask_words
+        self._on_error = on_error
 
     def next_mask(self) -> torch.Tensor:
         """The allowed next tokens: int32 ``[mask_words]``, llguidance's bitmask layout (bit
@@ -49,10 +62,20 @@ class ConstraintMatcher:
 
     @property
     def is_finished(self) -> bool:
-        """The language allows no further token (the output is complete)."""
-        return self._matcher.is_stopped()
+        """The language allows no further token (the output is complete); never for a
+        matcher in error (its mask then allows EOS alone, which completes nothing)."""
+        return self._matcher.is_stopped() and not self._matcher.is_error()
 
     @property
     def error(self) -> str:
-        """llguidance's error ("" when none)."""
-        return self._matcher.get_error()
+        """The first line of llguidance's error ("" when none: the matcher follows its
+        language; the lines after it dump the parser's state). A matcher in error (a token
+        outside the mask, or llguidance's limits met, such as a lexer grown past them) tells
+        its compiled constraint once, unless the grammar rejected a token (the engine's
+        mask not applied: that request's failure alone)."""
+        error = self._matcher.get_error() if self._matcher.is_error() else ""
+        error = error.strip().splitlines()[0].strip() if error.strip() else ""
+        if error and self._on_error is not None and not error.startswith(_REJECTED):
+            self._on_error(error)
+            self._on_error = None
+        return error

@@ -55,13 +55,18 @@ def token_ending(seq: Sequence, token: int, eos_token_ids: Set[int]) -> Ending |
     """
     stop = seq.request.stop
     if seq.matcher is not None and not seq.matcher.advance(token):
+        reason = seq.matcher.error  # (llguidance's limits met, or a mask not applied)
         logger.error(
             "request %s: token %d is outside its constraint (%s)",
             seq.request_id,
             token,
-            seq.matcher.error or "the mask was not applied",
+            reason or "the mask was not applied",
         )
-        return _LEFT_CONSTRAINT
+        if not reason:
+            return _LEFT_CONSTRAINT
+        return Ending(
+            FinishReason.ERROR, error=f"{LEFT_CONSTRAINT} ({reason})", last_token_has_text=False
+        )
     if token in stop.stop_token_ids:
         return Ending(FinishReason.STOP, stop_reason=token, last_token_has_text=False)
     if not stop.ignore_eos and token in eos_token_ids:

@@ -8,10 +8,12 @@ import json
 import re
 
 import jsonschema
+import llguidance
 import pytest
 from harness.sse import json_events
 
 from app.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec
+from app.constraints.matcher import ConstraintMatcher
 from app.engine.request import SequenceStatus
 from app.models.mock import MockModelRunner
 from app.models.sampling.token_mask import unpack_token_masks
@@ -157,6 +159,7 @@ async def test_streamed_constrained_text_equals_the_whole_answer():
         ({"type": "choice", "choices": []}, "constraint.choice.choices"),
         ({"type": "yaml"}, "constraint"),
         ({"type": "regex"}, "constraint.regex.pattern"),
+        ({"type": "regex", "pattern": "(a{1000}){1000}"}, "too complex to follow"),
     ],
 )
 async def test_bad_constraints_are_422_before_any_work(constraint, named):
@@ -169,6 +172,35 @@ async def test_bad_constraints_are_422_before_any_work(constraint, named):
         assert error["type"] == "invalid_request"
         assert named in error["message"] or named in (error["param"] or "")
         assert client.model.started_prompts == []  # never reached the model
+
+
+def test_a_constraint_whose_matcher_met_llguidances_limits_is_refused_from_then_on():
+    """(found by a helper: a regex whose lexer outgrew llguidance's limits failed its first
+    request mid-way; compiled from the cache, it then left every later request's matcher in
+    error at once, whose mask allows EOS alone: 200, empty text, "stop", outside the
+    constraint.) Such a language is now refused at compile when its first step meets the
+    limits (the parametrized 422s above); one that meets them later marks its compiled
+    constraint broken, which the cache then refuses. A token the grammar rejects (the
+    engine's mask not applied) is the request's failure alone, and a matcher in error is
+    never finished."""
+    compiler = _compiler()
+    spec = ConstraintSpec.choice(["yes", "no"])
+    compiled = compiler.compile(spec)
+    rejected = compiled.new_matcher()
+    assert not rejected.advance(ord("q"))
+    assert "doesn't satisfy the grammar" in rejected.error
+    assert not rejected.is_finished
+    assert compiler.compile(spec) is compiled  # not the constraint's fault
+    lexer = llguidance.LLMatcher(
+        compiler._ll(), ConstraintSpec.regex("(a{1000}){1000}").grammar_text()
+    )
+    outgrown = ConstraintMatcher(lexer, compiler.mask_words, compiled._break)
+    outgrown.next_mask()
+    assert not outgrown.advance(ord("a"))
+    assert outgrown.error.startswith("lexer error")
+    with pytest.raises(ConstraintError, match="too complex to follow: lexer error"):
+        compiler.compile(spec)
+    assert compiler.cached == 1  # kept: the next request is refused as fast
 
 
 async def test_v1_response_format_and_the_constraint_extension():
