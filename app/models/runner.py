@@ -38,6 +38,7 @@ from app.models.forward.kv_cache import (
     KVCache,
     blocks_for,
 )
+from app.models.sampling.fused_draw import vocabulary_draw_on
 from app.models.sampling.logprobs import token_logprobs
 from app.models.sampling.sampler import Sampler
 from app.models.sampling.verification import argmax_suffices, sample_rows
@@ -134,6 +135,7 @@ class ModelRunner:
             vocab_size=model.hparams.vocab_size,
             eos_token_ids=frozenset(tokenizer.eos_token_ids),
             argmax=greedy_argmax(model.fused_decode),
+            draw=vocabulary_draw_on(model.device),
         )
         self._slot_lengths = [0] * max_num_seqs
         # the last hidden state of a prompt chunk, which scores the next chunk's first token

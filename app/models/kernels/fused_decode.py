@@ -1,14 +1,12 @@
 """Fused CPU kernels for bfloat16 decode steps, built with the machine's C compiler at first
 use into one library and called through :mod:`ctypes`.
 
-The C source is split by job: ``fused_decode.h`` (the bfloat16 type and arithmetic the kernels
-share, and the exported functions' prototypes), ``fused_decode_norms.c`` (``sl_rms_norm``,
-``sl_silu_mul``), ``fused_decode_attention.c`` (``sl_decode_attention``) and
-``fused_attention_tiles.c`` / ``_avx2.c`` (its inner loops with AVX-512 BF16 / AVX2, a cache
-block at a time) and ``fused_decode_layers.c`` (``sl_decode_layers``: every layer of a step in
-one call, for models whose projections compute on GGUF blocks, see
-:mod:`app.models.kernels.decoder_layout`; and ``sl_rms_norm_rows`` / ``sl_activate_rows``, the
-row-wise kernels with their rows shared among threads, which the Python layer loop calls).
+The C source is split by job (``fused_decode.h`` lists the files): the bfloat16 arithmetic
+the kernels share; the row-wise norms and activations and the greedy argmax; the decode
+attention and its AVX-512 BF16 / AVX2 tiles; ``sl_decode_layers`` (every layer of a step in one
+call, for models whose projections compute on GGUF blocks, see
+:mod:`app.models.kernels.decoder_layout`); the sampler's draw from the whole vocabulary
+(:mod:`app.models.sampling.fused_draw`).
 
 Why: a one-row int4 decode step of SmolLM2 spent ~6 ms of ~15 in the ~20 small torch ops per
 layer between the projections (two RMSNorms, rope, the K/V cache write, SDPA, silu, residual
@@ -16,14 +14,12 @@ adds; each a dispatch of a few microseconds of work, see docs/MODEL_PERF.md). Th
 the same work in four calls per layer: ``rms_norm`` twice (each with the residual add before
 it), ``decode_attention`` (rope, K/V write and grouped-query attention of single-token rows,
 reading and writing the paged cache through each row's block table in place, its (row, KV
-head) pairs shared among torch's OpenMP threads) and ``silu_mul``. Model level, bfloat16, 2
-threads: a decode step takes 0.69-0.84x the eager step's time from 1 to 64 rows and from 40 to
-2000 positions (docs/MODEL_PERF.md).
+head) pairs shared among torch's OpenMP threads) and ``silu_mul``: 0.69-0.84x the eager
+step's time from 1 to 64 rows and from 40 to 2000 positions (docs/MODEL_PERF.md).
 
 Building: :func:`app.models.kernels.build.build_library` (the one way every C library here is
-built and cached), with ``-march=native`` (narrowed by ``SLOTSERVE_GGML_ISA``). A missing
-compiler or a failed build is not an error: :func:`load_fused_decode` says why and the model
-keeps its eager torch path.
+built and cached), ``-march=native`` (narrowed by ``SLOTSERVE_GGML_ISA``). A missing compiler
+or a failed build is not an error: :func:`load_fused_decode` says why; torch's path remains.
 """
 
 from __future__ import annotations
@@ -44,6 +40,7 @@ SOURCE_DIR = Path(__file__).parent
 # Every file of the library's source, in build order; the cache key hashes them all.
 SOURCES = ("fused_decode.h", "fused_decode_norms.c", "fused_decode_attention.c")
 SOURCES += ("fused_attention_tiles.c", "fused_attention_tiles_avx2.c", "fused_decode_layers.c")
+SOURCES += ("fused_decode_sampling.c",)
 # Built for this machine (the cache key holds the CPU): -march=native. -fno-trapping-math lets
 # GCC vectorise the element-wise loops whose float selects (exp_approx's clamp, the NaN test of
 # float_to_bf16) it otherwise keeps scalar for fear of a floating-point trap: silu_mul over
@@ -334,6 +331,9 @@ def _declare(library: ctypes.CDLL) -> None:
     argmax_args = [_c_void_p, _c_int, _c_int64, _c_int64, _c_int64, _c_void_p, _c_int64]
     library.sl_argmax_rows.argtypes = argmax_args
     library.sl_argmax_rows.restype = None
+    # logits, is_bf16, rows, n, stride, temperature, min_p, uniform, out, threads
+    library.sl_sample_rows.argtypes = [*argmax_args[:5], *[_c_void_p] * 4, _c_int64]
+    library.sl_sample_rows.restype = _c_int
     library.sl_decode_attention.argtypes = [
         _c_void_p,  # qkv
         _c_int64,  # qkv_stride

@@ -21,7 +21,8 @@ The pipeline, in API.md's order, all rows of the step at once:
 3. logits are divided by the temperature;
 4. *unfiltered* rows (``top_k == 0`` and ``top_p >= 1``) pick by inverse CDF over the whole
    vocabulary in token-id order: the first token whose cumulative probability exceeds ``u``
-   (min_p, when set, zeroes the tokens under ``min_p`` times the top probability first);
+   (min_p, when set, zeroes the tokens under ``min_p`` times the top probability first); in
+   one C loop where the runner gives the sampler one (:mod:`app.models.sampling.fused_draw`);
 5. *filtered* rows look at their best ``CANDIDATES`` tokens (or ``top_k`` if larger), sorted
    descending with probabilities from the full softmax: top-k keeps the k best, top-p keeps
    the shortest prefix whose mass reaches p (the best token is always kept), min_p drops those
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from app.models.base import SamplingParams, TokenLogprobs
+from app.models.sampling.fused_draw import Draw
 from app.models.sampling.logits_processors import (
     apply_logit_bias,
     apply_min_tokens,
@@ -88,6 +90,8 @@ class Sampler:
         argmax: the greedy rows' argmax over logits ``[R, vocab]`` (int64 ``[R]``, the first
             index of each row's maximum, as ``torch.argmax``); None: :func:`argmax_rows`. The
             runner passes the fused kernels' ``argmax_rows`` where they are built.
+        draw: the unfiltered rows' draw in one C loop (:mod:`app.models.sampling.fused_draw`),
+            or None for step 4's torch ops; where it answers None, they decide.
     """
 
     def __init__(
@@ -97,8 +101,10 @@ class Sampler:
         vocab_size: int = 0,
         eos_token_ids: frozenset[int] = frozenset(),
         argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        draw: Draw | None = None,
     ) -> None:
         self._argmax = argmax_rows if argmax is None else argmax
+        self._draw = draw
         self._generators = [torch.Generator(device="cpu") for _ in range(max_num_seqs)]
         self._states: list[SlotTokenCounts | None] = [None] * max_num_seqs
         self._vocab_size = vocab_size
@@ -276,7 +282,6 @@ class Sampler:
         device = logits.device
         params = [r.sampling for r in requests]
         temperature = torch.tensor([p.temperature for p in params], device=device)
-        scaled = logits / temperature[:, None]
         uniforms = torch.cat(
             [torch.rand(1, generator=self._generators[r.slot]) for r in requests]
         ).to(device)
@@ -284,30 +289,41 @@ class Sampler:
 
         unfiltered = [i for i, p in enumerate(params) if p.top_k == 0 and p.top_p >= 1.0]
         if unfiltered:
-            probs = _rows(scaled, unfiltered).softmax(dim=-1)
             min_p = [params[i].min_p for i in unfiltered]
-            if any(min_p):
-                floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(-1, True)
-                probs = probs.masked_fill(probs < floor, 0.0)
-            tokens[unfiltered] = _inverse_cdf(probs, uniforms[unfiltered])
+            drawn = None
+            if self._draw is not None:
+                drawn = self._draw(
+                    _rows(logits, unfiltered),
+                    temperature[unfiltered],
+                    torch.tensor(min_p, dtype=torch.float32),
+                    uniforms[unfiltered],
+                )
+            if drawn is None:
+                probs = (_rows(logits, unfiltered) / temperature[unfiltered, None]).softmax(dim=-1)
+                if any(min_p):
+                    floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(-1, True)
+                    probs = probs.masked_fill(probs < floor, 0.0)
+                drawn = _inverse_cdf(probs, uniforms[unfiltered])
+            tokens[unfiltered] = drawn
 
         filtered = [i for i, p in enumerate(params) if not (p.top_k == 0 and p.top_p >= 1.0)]
         if filtered:
+            scaled = _rows(logits, filtered) / temperature[filtered, None]
             largest_k = max(params[i].top_k for i in filtered)
             count = min(scaled.shape[-1], max(CANDIDATES, largest_k))
             picked, covered = _pick_filtered(
-                _rows(scaled, filtered),
-                [params[i] for i in filtered],
-                uniforms[filtered],
-                count,
+                scaled, [params[i] for i in filtered], uniforms[filtered], count
             )
             tokens[filtered] = picked
-            redo = [row for row, ok in zip(filtered, covered.tolist(), strict=True) if not ok]
+            redo = [k for k, ok in enumerate(covered.tolist()) if not ok]
             if redo:
                 full, _ = _pick_filtered(
-                    scaled[redo], [params[i] for i in redo], uniforms[redo], scaled.shape[-1]
+                    scaled[redo],
+                    [params[filtered[k]] for k in redo],
+                    uniforms[[filtered[k] for k in redo]],
+                    scaled.shape[-1],
                 )
-                tokens[redo] = full
+                tokens[[filtered[k] for k in redo]] = full
         return tokens
 
 
