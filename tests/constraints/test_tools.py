@@ -183,6 +183,7 @@ async def test_auto_reads_the_models_tool_call_and_the_result_goes_back():
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content == "Let me check."
         (call,) = choice.message.tool_calls
+        assert "index" not in call.to_dict()  # a stream's pieces carry it, a message's calls not
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
         # the template rendered the tools

@@ -84,6 +84,9 @@ class ChatMessageOut(BaseModel):
         for absent in ("tool_calls", "reasoning_content"):
             if value.get(absent) is None:
                 value.pop(absent, None)
+        for call in value.get("tool_calls") or ():  # ``index`` is a stream's piece's only
+            if isinstance(call, dict) and call.get("index") is None:
+                call.pop("index", None)
         return value
 
 
