@@ -89,13 +89,18 @@ def pydantic_message(error: Mapping[str, object]) -> str:
 
 
 def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
-    """Turns pydantic's first complaint into a 422 naming the field (``stop.0`` style)."""
+    """Turns pydantic's first complaint into a 422 naming the field (``stop.0`` style). A
+    field of several types fails once per type: the complaint that reached deepest into
+    the value is the one told (``prompt: [-5]`` is a token id below 0, not "not a string"),
+    and the types' own names in pydantic's locations (``str``, ``list[int]``,
+    ``literal['none','auto']``, a model's class name) are left out of ``param``."""
     errors = exc.errors()
     if not errors:
         return APIError(422, "invalid_request", "invalid request")
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part not in ("body",)]
-    param = ".".join(location) or None
+    field = _field_path(errors[0])[:1]
+    same_field = [error for error in errors if _field_path(error)[:1] == field]
+    first = max(same_field, key=lambda error: len(error.get("loc", ())))  # (ties: the first)
+    param = ".".join(_field_path(first)) or None
     message = pydantic_message(first)
     if first.get("type") == "extra_forbidden":
         message = f"unknown field {param!r}"
@@ -105,6 +110,24 @@ def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     elif param:
         message = f"{param}: {message}"
     return APIError(422, "invalid_request", message, param=param)
+
+
+def _field_path(error: Mapping[str, object]) -> list[str]:
+    """An error's location as the request's field names and list positions: without
+    FastAPI's ``body`` and without the member tags pydantic adds inside a union (a type's
+    name: ``str``, ``list[int]``, ``function-after[...]``, ``literal[...]``, a model class)."""
+    location = error.get("loc", ())
+    assert isinstance(location, tuple | list)
+    return [str(part) for part in location if part != "body" and not _is_union_tag(part)]
+
+
+def _is_union_tag(part: object) -> bool:
+    if not isinstance(part, str):
+        return False  # a list position
+    return "[" in part or part in _TYPE_NAMES or part[:1].isupper()
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -249,6 +249,41 @@ async def test_a_validators_refusal_reads_as_it_was_written(client):
     assert message == "send exactly one of 'prompt' and 'messages'"
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/v1/completions", {"prompt": [-5]}, "prompt.0", "greater than or equal to 0"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "bogus"},
+            "tool_choice",
+            "'none', 'auto' or 'required'",
+        ),
+        (
+            "/v1/messages",
+            {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            None,
+            "messages.0.content.0: Input tag 'image'",
+        ),
+    ],
+)
+async def test_a_field_of_several_types_is_refused_by_its_deepest_complaint(
+    client, path, body, param, message
+):
+    """(found by a helper: ``prompt: [-5]`` was refused as ``prompt.str``: "Input should be a
+    valid string", and a bogus ``tool_choice`` named ``tool_choice.literal['none','auto',
+    'required']``.) The complaint that went deepest into the value is told, under the
+    request's own field names."""
+    body = {"model": "m", "max_tokens": 2, **body}
+    response = await client.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    assert "[" not in error["message"].split(":")[0]
+
+
 async def test_accepted_fields_and_unknown_ones(client):
     body = {
         "model": "anything",
