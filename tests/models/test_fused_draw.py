@@ -1,7 +1,8 @@
-"""The sampler's draw from the whole vocabulary in one C loop (``fused_decode_sampling.c``)
-against the inverse CDF written out in float64: the same token wherever the draw is not
-within rounding of a boundary, never a token of zero weight, and the rows it cannot decide
-left to torch's path."""
+"""The sampler's draw in one C loop (``fused_decode_sampling.c``) against the rules written out
+in float64: an unfiltered row draws the inverse CDF's token in token-id order wherever the draw
+is not within rounding of a boundary; a filtered row (top-k, top-p, min-p) draws only the kept
+tokens, each with its share of the kept mass; never a token of zero weight; the rows it
+cannot decide are left to torch's path."""
 
 from __future__ import annotations
 
@@ -32,20 +33,43 @@ def reference(cdf: torch.Tensor, u: float) -> tuple[int, float]:
 
 
 def draw(
-    logits: torch.Tensor, temperature: float, min_p: float, uniforms: list[float]
+    logits: torch.Tensor,
+    temperature: float,
+    min_p: float,
+    uniforms: list[float],
+    *,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> list[int]:
     assert KERNELS is not None
-    rows = logits.expand(len(uniforms), -1)  # one row, many uniforms (a row stride of 0)
+    rows = len(uniforms)
     got = sample_rows(
         KERNELS,
-        rows.contiguous(),
-        torch.full((len(uniforms),), temperature),
-        torch.full((len(uniforms),), min_p),
+        logits.expand(rows, -1).contiguous(),  # one row, many uniforms
+        torch.full((rows,), temperature),
+        torch.full((rows,), top_k),
+        torch.full((rows,), top_p),
+        torch.full((rows,), min_p),
         torch.tensor(uniforms),
         threads=2,
     )
     assert got is not None
     return got.tolist()
+
+
+def kept_shares(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
+) -> dict[int, float]:
+    """The filtered rule over the float64 sorted vocabulary: each kept token's share."""
+    probs = (logits.double() / temperature).softmax(dim=-1)
+    sorted_probs, ids = probs.sort(descending=True)
+    keep = (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p
+    if top_k > 0:
+        keep[top_k:] = False
+    keep &= sorted_probs >= min_p * sorted_probs[0]
+    keep[0] = True
+    kept = sorted_probs * keep
+    return {int(i): float(p) for i, p in zip(ids[keep], (kept / kept.sum())[keep], strict=True)}
 
 
 @pytest.mark.parametrize("vocab", [7, 1000, 50_001, 262_144])
@@ -85,29 +109,73 @@ def test_masked_tokens_are_never_drawn() -> None:
     assert set(draw(logits, 1.0, 0.5, uniforms)) == {10, 49_999}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("vocab", "top_k", "top_p", "min_p"),
+    [
+        (1000, 0, 0.9, 0.0),
+        (50_001, 0, 0.95, 0.0),
+        (262_144, 0, 0.9, 0.0),
+        (262_144, 40, 1.0, 0.0),
+        (50_001, 40, 0.9, 0.05),
+        (3000, 1, 1.0, 0.0),
+        (3000, 5000, 0.5, 0.0),
+    ],
+)
+def test_a_filtered_row_draws_the_kept_tokens_by_their_share(
+    vocab: int, top_k: int, top_p: float, min_p: float, dtype: torch.dtype
+) -> None:
+    """Peaked and flat rows (the nucleus of a flat one is most of the vocabulary, where torch
+    sorts all of it): 4,000 evenly spaced uniforms draw only kept tokens (or one tied with the
+    cut: bfloat16 logits tie often, and which of a tie is first is either's choice), each
+    about as often as its share of the kept mass (within 1.5 draws plus rounding), and every
+    kept token of a share over 1/1000 at least once."""
+    generator = torch.Generator().manual_seed(vocab + top_k)
+    draws = 4000
+    uniforms = [(i + 0.5) / draws for i in range(draws)]
+    for temperature, scale in ((1.0, 3.0), (0.7, 0.3)):
+        logits = (torch.randn(vocab, generator=generator) * scale).to(dtype)
+        shares = kept_shares(logits.float(), temperature, top_k, top_p, min_p)
+        got = draw(logits, temperature, min_p, uniforms, top_k=top_k, top_p=top_p)
+        counts: dict[int, int] = {}
+        for token in got:
+            counts[token] = counts.get(token, 0) + 1
+        probs = (logits.double() / temperature).softmax(dim=-1)
+        cut = min(probs[token].item() for token in shares)  # a tie at the cut: either way
+        assert all(t in shares or probs[t] >= cut * (1 - 1e-6) for t in counts), counts.keys()
+        for token, share in shares.items():
+            assert abs(counts.get(token, 0) - share * draws) <= 1.5 + 1e-4 * draws, token
+            if share > 1e-3:
+                assert token in counts
+
+
 def test_rows_whose_largest_logit_is_not_finite_go_to_torch() -> None:
     assert KERNELS is not None
     logits = torch.randn(4, 300)
     ones, zeros, halves = torch.ones(4), torch.zeros(4), torch.full((4,), 0.5)
-    assert sample_rows(KERNELS, logits, ones, zeros, halves) is not None
-    for bad in (float("nan"), float("inf")):
+    for top_k, top_p in ((zeros, ones), (zeros + 3, halves)):
+        args = (ones, top_k, top_p, zeros, halves)
+        assert sample_rows(KERNELS, logits, *args) is not None
+        for bad in (float("nan"), float("inf")):
+            odd = logits.clone()
+            odd[2, 17] = bad
+            assert sample_rows(KERNELS, odd, *args) is None
         odd = logits.clone()
-        odd[2, 17] = bad
-        assert sample_rows(KERNELS, odd, ones, zeros, halves) is None
-    odd = logits.clone()
-    odd[1] = float("-inf")
-    assert sample_rows(KERNELS, odd, ones, zeros, halves) is None
+        odd[1] = float("-inf")
+        assert sample_rows(KERNELS, odd, *args) is None
     with pytest.raises(ValueError):
-        sample_rows(KERNELS, logits.half(), ones, zeros, halves)
+        sample_rows(KERNELS, logits.half(), ones, zeros, ones, zeros, halves)
     with pytest.raises(ValueError):
-        sample_rows(KERNELS, logits, ones[:3], zeros, halves)
+        sample_rows(KERNELS, logits, ones[:3], zeros, ones, zeros, halves)
 
 
-def test_the_sampler_draws_its_unfiltered_rows_there_and_the_rest_as_before() -> None:
-    """A batch of unfiltered, filtered, greedy and min_p rows: the sampler with the C draw takes
-    the same tokens as without it (no draw here falls within rounding of a boundary), each row
-    still draws one uniform from its own generator, and only the unfiltered rows reach the
-    draw; a row it cannot decide (a NaN) goes through torch's path."""
+def test_the_sampler_draws_every_random_row_there() -> None:
+    """A batch of unfiltered, nucleus, greedy, min_p and top-k rows: with the C draw, the
+    sampler hands it the step's random rows in one call; the unfiltered rows take the same
+    tokens as torch's path (no draw here falls within rounding of a boundary), the filtered
+    ones kept tokens of theirs, the greedy row its argmax; each row still draws one uniform
+    from its own generator. A step with a row the draw cannot decide (a NaN) goes through
+    torch's path whole."""
     params = [
         SamplingParams(temperature=1.0, seed=1),
         SamplingParams(temperature=0.8, top_p=0.9, seed=2),
@@ -129,13 +197,19 @@ def test_the_sampler_draws_its_unfiltered_rows_there_and_the_rest_as_before() ->
         logits = torch.randn(len(params), 49_152, generator=generator) * 4
         if step == 2:
             logits[5, 100] = float("nan")
-        tokens = []
-        for draw_with in (None, counted):
-            sampler = Sampler(len(params), draw=draw_with)
+        samplers = [Sampler(len(params)), Sampler(len(params), draw=counted)]
+        for sampler in samplers:
             for slot, p in enumerate(params):
                 sampler.start_sequence(slot, p.seed)
-            requests = [SampleRequest(slot, p) for slot, p in enumerate(params)]
-            tokens.append(sampler.sample(logits, requests))
-            tokens.append(sampler.sample(logits, requests))  # the generators moved on by one
-        assert tokens[0] == tokens[2] and tokens[1] == tokens[3], step
-    assert calls == [3, 3, 3, 3, 3, 3]  # rows 0, 3 and 5
+        requests = [SampleRequest(slot, p) for slot, p in enumerate(params)]
+        for _ in range(2):  # the generators move on by one draw a row
+            torch_path, fused_path = (sampler.sample(logits, requests) for sampler in samplers)
+            same = range(len(params)) if step == 2 else (0, 2, 3, 5)
+            assert [fused_path[i] for i in same] == [torch_path[i] for i in same], step
+            for i in (1, 4):
+                p = params[i]
+                assert fused_path[i] in kept_shares(logits[i], p.temperature, p.top_k, p.top_p, 0)
+            for slot in range(len(params)):
+                states = [sampler.generator_state(slot) for sampler in samplers]
+                assert torch.equal(*states)
+    assert calls == [5] * 6  # every random row, in one call a step

@@ -9,7 +9,8 @@
  *                             and the functions the library exports (called via ctypes)
  *   fused_decode_norms.c      sl_rms_norm, sl_silu_mul, sl_gelu_tanh_mul: row-wise kernels;
  *                             sl_argmax_rows: the greedy sampler's argmax
- *   fused_decode_sampling.c   sl_sample_rows: the sampler's draw from the whole vocabulary
+ *   fused_decode_sampling.c   sl_sample_rows: the sampler's draws (temperature, top-k, top-p,
+ *                             min-p)
  *   fused_decode_attention.c  sl_decode_attention: rope, K/V cache write, paged attention
  *   fused_decode_layers.c     sl_decode_layers: every layer of a step in one call, for models
  *                             whose projections compute on GGUF blocks; sl_rms_norm_rows and
@@ -152,8 +153,8 @@ void sl_gelu_tanh_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn)
 void sl_argmax_rows(const void *logits, int is_bf16, int64_t rows, int64_t n, int64_t stride,
                     int64_t *out, int64_t threads);
 int sl_sample_rows(const void *logits, int is_bf16, int64_t rows, int64_t n, int64_t stride,
-                   const float *temperature, const float *min_p, const float *uniform,
-                   int64_t *out, int64_t threads);
+                   const float *temperature, const int64_t *top_k, const float *top_p,
+                   const float *min_p, const float *uniform, int64_t *out, int64_t threads);
 void sl_rms_norm_rows(bf16 *x, int64_t x_stride, const bf16 *residual, const bf16 *weight,
                       bf16 *out, int64_t rows, int64_t dim, float eps, int64_t threads);
 void sl_activate_rows(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t ffn, int gelu_tanh,

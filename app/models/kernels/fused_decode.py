@@ -324,15 +324,14 @@ def _declare(library: ctypes.CDLL) -> None:
     # x, its row stride, residual, weight, out, rows, dim; then eps, threads
     norm_args = [_c_void_p, _c_int64, _c_void_p, _c_void_p, _c_void_p, _c_int64, _c_int64]
     library.sl_rms_norm_rows.argtypes = [*norm_args, _c_float, _c_int64]
-    library.sl_rms_norm_rows.restype = None
     library.sl_activate_rows.argtypes = [_c_void_p, _c_void_p, _c_int64, _c_int64, _c_int, _c_int64]
-    library.sl_activate_rows.restype = None
+    library.sl_rms_norm_rows.restype = library.sl_activate_rows.restype = None
     # logits, is_bf16, rows, n, stride, out, threads
     argmax_args = [_c_void_p, _c_int, _c_int64, _c_int64, _c_int64, _c_void_p, _c_int64]
     library.sl_argmax_rows.argtypes = argmax_args
     library.sl_argmax_rows.restype = None
-    # logits, is_bf16, rows, n, stride, temperature, min_p, uniform, out, threads
-    library.sl_sample_rows.argtypes = [*argmax_args[:5], *[_c_void_p] * 4, _c_int64]
+    # the logits' 5, then temperature, top_k, top_p, min_p, uniform, out, threads
+    library.sl_sample_rows.argtypes = [*argmax_args[:5], *[_c_void_p] * 6, _c_int64]
     library.sl_sample_rows.restype = _c_int
     library.sl_decode_attention.argtypes = [
         _c_void_p,  # qkv

@@ -122,33 +122,177 @@ static int64_t sample_row(const void *row, int is_bf16, int64_t n, float tempera
     return -1;
 }
 
+/* ------------------------------------------------------------------ filtered rows */
+
+/* weights[i] = exp(logit / temperature - top) of a row (0 below -87: row_weight), vectorised. */
+#define ROW_WEIGHTS(type, load)                                                                   \
+    static void row_weights_##type(const type *row, int64_t n, float temperature, float top,    \
+                                   float *weights) {                                              \
+        for (int64_t i = 0; i < n; ++i) weights[i] = row_weight(load(row[i]) / temperature - top); \
+    }
+ROW_WEIGHTS(float, AS_FLOAT)
+ROW_WEIGHTS(bf16, bf16_to_float)
+
+/* A token's weight and column, sorted by weight descending (ties: the lower column first). */
+typedef struct {
+    float weight;
+    int32_t column;
+} weighted_token;
+
+static int by_weight_descending(const void *a, const void *b) {
+    const weighted_token *x = (const weighted_token *)a, *y = (const weighted_token *)b;
+    if (x->weight != y->weight) return x->weight < y->weight ? 1 : -1;
+    return (x->column > y->column) - (x->column < y->column);
+}
+
+/* The histogram key of a weight in (0, 1]: its float bits from `shift` up, masked to 8 bits
+ * (shift 23: the exponent, 127 for 1.0; shift 15: the top 8 bits of the mantissa). */
+static inline int weight_key(float weight, int shift) {
+    uint32_t bits;
+    memcpy(&bits, &weight, sizeof bits);
+    return (int)((bits >> shift) & 0xFF);
+}
+
+/* One filtered row's draw (sl_sample_filtered_rows), with the thread's scratch: weights
+ * (n floats), kept (n int32), boundary (n weighted_token). -1 when its largest logit is not
+ * finite. */
+static int64_t sample_filtered_row(const void *row, int is_bf16, int64_t n, float temperature,
+                                   int64_t top_k, float top_p, float min_p, float uniform,
+                                   float *weights, int32_t *kept, weighted_token *boundary) {
+    const float best = is_bf16 ? row_max_bf16((const bf16 *)row, n) : row_max_float((const float *)row, n);
+    if (!isfinite(best)) return -1;
+    const float top = best / temperature;
+    if (is_bf16)
+        row_weights_bf16((const bf16 *)row, n, temperature, top, weights);
+    else
+        row_weights_float((const float *)row, n, temperature, top, weights);
+    double total = 0.0;
+    double mass[256] = {0};
+    int64_t count[256] = {0};
+    for (int64_t i = 0; i < n; ++i) {
+        const float e = weights[i];
+        total += e;
+        const int key = e > 0.0f ? weight_key(e, 23) : 0; /* (0: no weight, never kept) */
+        mass[key] += e;
+        count[key] += 1;
+    }
+    const int64_t k = top_k > 0 && top_k < n ? top_k : n;
+    const double nucleus = top_p < 1.0f ? (double)top_p * total : INFINITY;
+    /* the exponent band holding the cut: every band above it is kept whole */
+    double above = 0.0;
+    int64_t taken = 0;
+    int band = 255;
+    for (; band > 0; --band)
+        if (taken + count[band] >= k || above + mass[band] >= nucleus) break;
+        else taken += count[band], above += mass[band];
+    /* within the band, the top 8 bits of the mantissa: the sub-band holding the cut */
+    double sub_mass[256] = {0};
+    int64_t sub_count[256] = {0};
+    for (int64_t i = 0; i < n; ++i)
+        if (weights[i] > 0.0f && weight_key(weights[i], 23) == band) {
+            const int key = weight_key(weights[i], 15);
+            sub_mass[key] += weights[i];
+            sub_count[key] += 1;
+        }
+    int sub = 255;
+    for (; sub > 0; --sub)
+        if (taken + sub_count[sub] >= k || above + sub_mass[sub] >= nucleus) break;
+        else taken += sub_count[sub], above += sub_mass[sub];
+    /* kept: every token above the cut's sub-band (in column order), then that sub-band's in
+     * descending order while the rank is under k and the mass before it under top_p's */
+    int64_t n_kept = 0, n_boundary = 0;
+    double kept_mass = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float e = weights[i];
+        if (!(e > 0.0f)) continue;
+        const int key = weight_key(e, 23);
+        if (key > band || (key == band && weight_key(e, 15) > sub)) {
+            kept[n_kept++] = (int32_t)i;
+            kept_mass += e;
+        } else if (key == band && weight_key(e, 15) == sub) {
+            boundary[n_boundary++] = (weighted_token){e, (int32_t)i};
+        }
+    }
+    qsort(boundary, (size_t)n_boundary, sizeof *boundary, by_weight_descending);
+    for (int64_t j = 0; j < n_boundary; ++j) {
+        if (n_kept > 0 && (n_kept >= k || !(kept_mass < nucleus))) break;
+        kept[n_kept++] = boundary[j].column;
+        kept_mass += boundary[j].weight;
+    }
+    /* min_p, relative to the best token's weight 1 (which is always kept) */
+    double draw_mass = 0.0;
+    int64_t n_draw = 0;
+    for (int64_t j = 0; j < n_kept; ++j)
+        if (!(weights[kept[j]] < min_p) || weights[kept[j]] == 1.0f) {
+            kept[n_draw++] = kept[j];
+            draw_mass += weights[kept[j]];
+        }
+    const double target = (double)uniform * draw_mass;
+    double below = 0.0;
+    for (int64_t j = 0; j < n_draw; ++j) {
+        below += weights[kept[j]];
+        if (below > target) return kept[j];
+    }
+    return n_draw > 0 ? kept[n_draw - 1] : -1;
+}
+
 /*
  * out[r] = the token drawn for row r of `rows` rows of `n` logits (row stride `stride`
- * elements; bfloat16 when is_bf16, else float32): the first column whose cumulative weight
- * exp(logit / temperature[r] - max) (0 where it is under min_p[r] times the best's) exceeds
- * uniform[r] times the row's total, as Sampler._sample_random's unfiltered rows (a
- * distribution, not the same bits: the sums are in another order). temperature[r] > 0,
- * uniform[r] in [0, 1). The rows are shared among `threads`. Returns 0; 1 when some row's
- * largest logit is not finite (its out[r] is -1: the caller's torch path must take it);
- * -2 without memory.
+ * elements; bfloat16 when is_bf16, else float32), as Sampler._sample_random draws it (the same
+ * distribution, not the same draw for a given uniform: the sums run in another order, and a
+ * filtered row's kept tokens are walked in another order), temperature[r] > 0, uniform[r] in
+ * [0, 1):
+ *   - top_k[r] == 0 and top_p[r] >= 1 (unfiltered): the first column whose cumulative weight
+ *     exp(logit / temperature[r] - max) (0 where it is under min_p[r] times the best's)
+ *     exceeds uniform[r] times the row's total (sample_row);
+ *   - else (filtered): the tokens by weight descending, the first top_k[r] of them (0: all)
+ *     whose mass before each is under top_p[r] of the total (the best is always kept), less
+ *     those under min_p[r] times the best's weight; the first of them whose cumulative weight
+ *     exceeds uniform[r] times the kept mass (sample_filtered_row). Where torch sorts the
+ *     vocabulary (or its best 256 and, when they hold under top_p of the mass, all of it),
+ *     two 256-bucket histograms of the weights' float bits (the exponent, then the
+ *     mantissa's top 8 bits within the cut's exponent band) find the cut, and only the cut's
+ *     sub-band is sorted.
+ * The rows are shared among `threads`. Returns 0; 1 when some row's largest logit is not
+ * finite (its out[r] is -1: the caller's torch path must take it); -2 without memory.
  */
 int sl_sample_rows(const void *logits, int is_bf16, int64_t rows, int64_t n, int64_t stride,
-                   const float *temperature, const float *min_p, const float *uniform,
-                   int64_t *out, int64_t threads) {
+                   const float *temperature, const int64_t *top_k, const float *top_p,
+                   const float *min_p, const float *uniform, int64_t *out, int64_t threads) {
     const int64_t bytes = is_bf16 ? 2 : 4;
     const int64_t blocks = (n + SAMPLE_BLOCK - 1) / SAMPLE_BLOCK + 1;
-    double *sums = (double *)malloc((size_t)(rows * blocks) * sizeof(double));
-    if (sums == NULL) return -2;
-    int undecided = 0;
+    int filtered = 0;
+    for (int64_t r = 0; r < rows; ++r) filtered |= top_k[r] > 0 || top_p[r] < 1.0f;
+    int undecided = 0, no_memory = 0;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads((int)threads) schedule(static) reduction(| : undecided) if (rows >= 2 && threads > 1)
+#pragma omp parallel num_threads((int)threads) reduction(| : undecided, no_memory) if (rows >= 2 && threads > 1)
 #endif
-    for (int64_t r = 0; r < rows; ++r) {
-        out[r] = sample_row((const uint8_t *)logits + r * stride * bytes, is_bf16, n,
-                            temperature[r], min_p[r], uniform[r], sums + r * blocks);
-        undecided |= out[r] < 0;
+    {
+        double *sums = (double *)malloc((size_t)blocks * sizeof(double));
+        float *weights = filtered ? (float *)malloc((size_t)n * sizeof(float)) : NULL;
+        int32_t *kept = filtered ? (int32_t *)malloc((size_t)n * sizeof(int32_t)) : NULL;
+        weighted_token *boundary =
+            filtered ? (weighted_token *)malloc((size_t)n * sizeof(weighted_token)) : NULL;
+        no_memory = sums == NULL || (filtered && (weights == NULL || kept == NULL || boundary == NULL));
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t r = 0; r < rows; ++r) {
+            const void *row = (const uint8_t *)logits + r * stride * bytes;
+            if (no_memory)
+                out[r] = -1;
+            else if (top_k[r] > 0 || top_p[r] < 1.0f)
+                out[r] = sample_filtered_row(row, is_bf16, n, temperature[r], top_k[r], top_p[r],
+                                             min_p[r], uniform[r], weights, kept, boundary);
+            else
+                out[r] = sample_row(row, is_bf16, n, temperature[r], min_p[r], uniform[r], sums);
+            undecided |= out[r] < 0;
+        }
+        free(sums);
+        free(weights);
+        free(kept);
+        free(boundary);
     }
     (void)threads;
-    free(sums);
-    return undecided;
+    return no_memory ? -2 : undecided;
 }

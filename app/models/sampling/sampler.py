@@ -21,8 +21,7 @@ The pipeline, in API.md's order, all rows of the step at once:
 3. logits are divided by the temperature;
 4. *unfiltered* rows (``top_k == 0`` and ``top_p >= 1``) pick by inverse CDF over the whole
    vocabulary in token-id order: the first token whose cumulative probability exceeds ``u``
-   (min_p, when set, zeroes the tokens under ``min_p`` times the top probability first); in
-   one C loop where the runner gives the sampler one (:mod:`app.models.sampling.fused_draw`);
+   (min_p, when set, zeroes the tokens under ``min_p`` times the top probability first);
 5. *filtered* rows look at their best ``CANDIDATES`` tokens (or ``top_k`` if larger), sorted
    descending with probabilities from the full softmax: top-k keeps the k best, top-p keeps
    the shortest prefix whose mass reaches p (the best token is always kept), min_p drops those
@@ -30,6 +29,9 @@ The pipeline, in API.md's order, all rows of the step at once:
    probability exceeds ``u`` times the kept mass. When the candidates hold less than ``top_p``
    of the mass (a very flat distribution) the row is redone over the fully sorted vocabulary,
    so the cut is always exact.
+
+Steps 3-5 run in one C loop over all the sampling rows where the runner gives the sampler one
+(:mod:`app.models.sampling.fused_draw`: the same kept tokens and distribution, no sort).
 
 Sorting the whole 49k vocabulary costs ~2.4 ms per row on the 2-core CPU; a top-256 costs
 ~0.15 ms, hence step 5.
@@ -90,8 +92,8 @@ class Sampler:
         argmax: the greedy rows' argmax over logits ``[R, vocab]`` (int64 ``[R]``, the first
             index of each row's maximum, as ``torch.argmax``); None: :func:`argmax_rows`. The
             runner passes the fused kernels' ``argmax_rows`` where they are built.
-        draw: the unfiltered rows' draw in one C loop (:mod:`app.models.sampling.fused_draw`),
-            or None for step 4's torch ops; where it answers None, they decide.
+        draw: steps 3-5 in one C loop (:mod:`app.models.sampling.fused_draw`), or None for
+            torch's ops; where it answers None, they decide.
     """
 
     def __init__(
@@ -287,24 +289,25 @@ class Sampler:
         ).to(device)
         tokens = torch.empty(len(requests), dtype=torch.int64, device=device)
 
+        if self._draw is not None:  # every row in one C loop, where it takes them
+            drawn = self._draw(
+                logits,
+                temperature,
+                torch.tensor([p.top_k for p in params]),
+                torch.tensor([p.top_p for p in params], dtype=torch.float32),
+                torch.tensor([p.min_p for p in params], dtype=torch.float32),
+                uniforms,
+            )
+            if drawn is not None:
+                return drawn
         unfiltered = [i for i, p in enumerate(params) if p.top_k == 0 and p.top_p >= 1.0]
         if unfiltered:
             min_p = [params[i].min_p for i in unfiltered]
-            drawn = None
-            if self._draw is not None:
-                drawn = self._draw(
-                    _rows(logits, unfiltered),
-                    temperature[unfiltered],
-                    torch.tensor(min_p, dtype=torch.float32),
-                    uniforms[unfiltered],
-                )
-            if drawn is None:
-                probs = (_rows(logits, unfiltered) / temperature[unfiltered, None]).softmax(dim=-1)
-                if any(min_p):
-                    floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(-1, True)
-                    probs = probs.masked_fill(probs < floor, 0.0)
-                drawn = _inverse_cdf(probs, uniforms[unfiltered])
-            tokens[unfiltered] = drawn
+            probs = (_rows(logits, unfiltered) / temperature[unfiltered, None]).softmax(dim=-1)
+            if any(min_p):
+                floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(-1, True)
+                probs = probs.masked_fill(probs < floor, 0.0)
+            tokens[unfiltered] = _inverse_cdf(probs, uniforms[unfiltered])
 
         filtered = [i for i, p in enumerate(params) if not (p.top_k == 0 and p.top_p >= 1.0)]
         if filtered:
