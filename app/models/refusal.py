@@ -14,6 +14,20 @@ class UnsupportedModel(ValueError):
     """A file this server cannot serve; the message is the reason, one line, for the user."""
 
 
+def whole_number(what: str, value: object) -> int:
+    """``value`` (a metadata field, named ``what`` in the refusal) as an int: an int, or a
+    float without a fraction (JSON and GGUF writers store both).
+
+    Raises:
+        UnsupportedModel: another type (a string, a list, a bool), or a fraction.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UnsupportedModel(f"{what} is {value!r}, not a whole number")
+    if isinstance(value, float) and not value.is_integer():
+        raise UnsupportedModel(f"{what} is {value!r}, not a whole number")
+    return int(value)
+
+
 class ModelRefused(Exception):
     """The model the user named cannot be served.
 

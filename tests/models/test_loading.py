@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from app.config import ServerConfig
 from app.models import architectures
 from app.models.architectures import HF_NAMES, Architecture, TensorNames
+from app.models.checkpoints.gguf_file import GGUFFile
 from app.models.load import memory
 from app.models.load.plan import LoadOptions, auto_without_blocks, load_runner, plan_load
 from app.models.loading import load_model
@@ -182,6 +183,37 @@ def _edited_copy(source, target, **config_changes):
     config.update(config_changes)
     (target / "config.json").write_text(json.dumps(config))
     return target
+
+
+def test_metadata_of_the_wrong_type_is_a_refusal(tiny_checkpoints, tmp_path, monkeypatch) -> None:
+    """(found by a helper: each crashed ``serve`` with a traceback and exit 1.) A metadata value
+    of the wrong type is a one-line refusal naming the field: a ``config.json`` that is not an
+    object, a size that is a string or a fraction, a GGUF's context length as a string."""
+    hf = tiny_checkpoints.hf("llama")
+    cases = {
+        r"config.json's 'hidden_size' is 'big', not a whole number": _edited_copy(
+            hf, tmp_path / "big", hidden_size="big"
+        ),
+        r"'max_position_embeddings' is 128.5, not a whole number": _edited_copy(
+            hf, tmp_path / "fraction", max_position_embeddings=128.5
+        ),
+    }
+    listed = tmp_path / "listed"
+    shutil.copytree(hf, listed)
+    (listed / "config.json").write_text("[1, 2]")
+    cases[r"config.json is not a JSON object \(a list\)"] = listed
+    for reason, path in cases.items():
+        with pytest.raises(ModelRefused, match=reason):
+            _plan(path)
+    gguf_path = tiny_checkpoints.gguf("llama", "F32")
+    field_or = GGUFFile.field_or
+
+    def stringly(self, key, default=None):
+        return "4096" if key == "llama.context_length" else field_or(self, key, default)
+
+    monkeypatch.setattr(GGUFFile, "field_or", stringly)
+    with pytest.raises(ModelRefused, match=r"llama.context_length is '4096', not a number"):
+        _plan(gguf_path)
 
 
 def test_more_refusals(tiny_checkpoints, tmp_path) -> None:

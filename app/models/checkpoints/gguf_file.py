@@ -36,7 +36,7 @@ from app.models.checkpoints.gguf_reader import parsed_reader
 from app.models.checkpoints.local_layers import gguf_attention_scale, gguf_local_attention
 from app.models.checkpoints.q4_codes import Q4_BLOCK, Q4Codes
 from app.models.hparams import Experts, HParams, RopeScaling, RopeScalingKind
-from app.models.refusal import UnsupportedModel
+from app.models.refusal import UnsupportedModel, whole_number
 
 logger = logging.getLogger(__name__)
 
@@ -129,32 +129,37 @@ class GGUFFile:
                 raise UnsupportedModel(f"missing metadata key {arch}.{key}")
             if isinstance(value, list):
                 raise UnsupportedModel(f"{arch}.{key} varies per layer: not supported")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise UnsupportedModel(f"{arch}.{key} is {value!r}, not a number")
             return value
 
-        embedding_length = int(number("embedding_length"))
-        head_count = int(number("attention.head_count"))
-        head_dim = int(number("attention.key_length", embedding_length // max(head_count, 1)))
-        value_length = int(number("attention.value_length", head_dim))
+        def whole(key: str, default: Any = None) -> int:
+            return whole_number(f"{arch}.{key}", number(key, default))
+
+        embedding_length = whole("embedding_length")
+        head_count = whole("attention.head_count")
+        head_dim = whole("attention.key_length", embedding_length // max(head_count, 1))
+        value_length = whole("attention.value_length", head_dim)
         if value_length != head_dim:
             raise UnsupportedModel(f"key heads of {head_dim} and value heads of {value_length}")
-        rope_dims = int(number("rope.dimension_count", head_dim))
+        rope_dims = whole("rope.dimension_count", head_dim)
         if rope_dims != head_dim and not architecture.partial_rotary:
             raise UnsupportedModel(f"partial rotary ({rope_dims} of {head_dim}) not supported")
         if not self.has_tensor("token_embd.weight"):
             raise UnsupportedModel("no token_embd.weight tensor")
         vocab_size = self.tensor_shape("token_embd.weight")[0]
-        block_count = int(number("block_count"))
+        block_count = whole("block_count")
         return HParams(
             architecture=architecture.name,
             block_count=block_count,
             embedding_length=embedding_length,
-            feed_forward_length=int(number("feed_forward_length")),
+            feed_forward_length=whole("feed_forward_length"),
             head_count=head_count,
-            head_count_kv=int(number("attention.head_count_kv", head_count)),
+            head_count_kv=whole("attention.head_count_kv", head_count),
             head_dim=head_dim,
             rope_freq_base=float(number("rope.freq_base", 10000.0)),
             rms_norm_eps=float(number("attention.layer_norm_rms_epsilon")),
-            context_length=int(number("context_length")),
+            context_length=whole("context_length"),
             vocab_size=vocab_size,
             tied_embeddings=not self.has_tensor("output.weight"),
             rope_scaling=self._rope_scaling(arch),

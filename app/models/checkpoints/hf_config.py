@@ -28,7 +28,7 @@ from app.models.checkpoints.local_layers import (
     config_local_attention,
 )
 from app.models.hparams import Activation, Experts, HParams, RopeScaling, RopeScalingKind
-from app.models.refusal import UnsupportedModel
+from app.models.refusal import UnsupportedModel, whole_number
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +79,17 @@ def hparams_from_config(
     def required(key: str) -> Any:
         if config.get(key) is None:
             raise UnsupportedModel(f"config.json has no {key!r}")
-        return config[key]
+        return whole_number(f"config.json's {key!r}", config[key])
 
-    hidden = int(required("hidden_size"))
-    heads = int(required("num_attention_heads"))
+    hidden = required("hidden_size")
+    heads = required("num_attention_heads")
     tied = bool(config.get("tie_word_embeddings", not has_output_weight))
     if not tied and not has_output_weight:
         raise UnsupportedModel("tie_word_embeddings is false but there is no output matrix")
     theta, scaling, local_theta = _rope(config, architecture)
     window = _sliding_window(config, architecture)
-    context = int(required("max_position_embeddings"))
-    block_count = int(required("num_hidden_layers"))
+    context = required("max_position_embeddings")
+    block_count = required("num_hidden_layers")
     head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
     rope_dims = _rope_dims(config, head_dim)
     if rope_dims is not None and not architecture.partial_rotary:
@@ -98,14 +98,14 @@ def hparams_from_config(
         architecture=architecture.name,
         block_count=block_count,
         embedding_length=hidden,
-        feed_forward_length=int(required("intermediate_size")),
+        feed_forward_length=required("intermediate_size"),
         head_count=heads,
         head_count_kv=int(config.get("num_key_value_heads") or heads),
         head_dim=head_dim,
         rope_freq_base=theta,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         context_length=context if window is None else min(context, window),
-        vocab_size=int(required("vocab_size")),
+        vocab_size=required("vocab_size"),
         tied_embeddings=tied,
         rope_scaling=scaling,
         qkv_bias=architecture.qkv_bias or bool(config.get("attention_bias")),

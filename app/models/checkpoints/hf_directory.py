@@ -64,6 +64,9 @@ class HFDirectory:
             self.config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as error:
             raise UnsupportedModel(f"config.json is not valid JSON ({error})") from None
+        if not isinstance(self.config, dict):
+            kind = type(self.config).__name__
+            raise UnsupportedModel(f"config.json is not a JSON object (a {kind})")
         self._entries = _index(path)
         self._handles: dict[Path, Any] = {}
 

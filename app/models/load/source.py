@@ -73,8 +73,7 @@ def open_model(model: str, *, served_model_name: str | None = None) -> ModelSour
         path, default_name = Path(model).expanduser(), None
     try:
         checkpoint = _open_checkpoint(path)
-        architecture = checkpoint.architecture()
-        hparams = checkpoint.hparams(architecture)
+        architecture, hparams = _read_hparams(checkpoint)
         problem = hparams.inconsistency()
         if problem is not None:
             raise UnsupportedModel(problem)
@@ -104,6 +103,19 @@ def open_model(model: str, *, served_model_name: str | None = None) -> ModelSour
         tensors=tensors,
         tokenizer=tokenizer,
     )
+
+
+def _read_hparams(checkpoint: Checkpoint) -> tuple[Architecture, HParams]:
+    """The checkpoint's architecture and hyperparameters; a metadata value of a type no
+    reader checks for (found by a helper: a GGUF's context length written as a string, a
+    ``config.json`` that is a list, a ``"hidden_size": "big"``) is a refusal, not a crash."""
+    try:
+        architecture = checkpoint.architecture()
+        return architecture, checkpoint.hparams(architecture)
+    except UnsupportedModel:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as error:
+        raise UnsupportedModel(f"a metadata value of the wrong type ({error})") from None
 
 
 def _open_checkpoint(path: Path) -> Checkpoint:
