@@ -104,9 +104,13 @@ class ChatTemplate:
 
     @classmethod
     def of(cls, tokenizer: object, *, override: str | None = None) -> ChatTemplate:
-        """The template of a model's tokenizer, or ChatML when it has none; ``override`` (the
-        source of ``--chat-template FILE``) replaces the model's own."""
+        """The template of a model's tokenizer, or ChatML when it has none or its own is not
+        valid Jinja (as llama.cpp's server falls back; :func:`syntax_error` says why);
+        ``override`` (the source of ``--chat-template FILE``, checked when it was read)
+        replaces the model's own."""
         source: str | None = override or getattr(tokenizer, "chat_template", None)
+        if source and override is None and syntax_error(source) is not None:
+            source = None
         return cls(
             source=source or CHATML_TEMPLATE,
             bos_token=getattr(tokenizer, "bos_token", None) or "",
@@ -222,6 +226,15 @@ def tools_system_prompt(tools: Sequence[dict[str, Any]]) -> str:
 
 
 @functools.lru_cache(maxsize=8)
+def syntax_error(source: str) -> str | None:
+    """Why ``source`` is not a valid Jinja template (the parser's message), or None."""
+    try:
+        _compile(source)
+    except jinja2.TemplateSyntaxError as exc:
+        return f"{exc.message} (line {exc.lineno})"
+    return None
+
+
 def _compile(source: str) -> jinja2.Template:
     """Compiles a template once per distinct source (a server has one or two)."""
     environment = ImmutableSandboxedEnvironment(

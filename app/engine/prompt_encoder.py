@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from app.engine.chat_template import ChatMessage, ChatTemplate, ChatTemplateError
+from app.engine.chat_template import ChatMessage, ChatTemplate, ChatTemplateError, syntax_error
 from app.models.base import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,16 @@ class PromptEncoder:
     ) -> None:
         self._tokenizer = tokenizer
         self.chat_template = ChatTemplate.of(tokenizer, override=chat_template)
-        if not self.chat_template.from_model:
+        own = getattr(tokenizer, "chat_template", None)
+        problem = syntax_error(own) if own and chat_template is None else None
+        if problem is not None:  # (found by a helper: every chat was then a 400 on its messages)
+            logger.warning(
+                "%s's chat template is not valid Jinja (%s): chats are rendered as ChatML "
+                "(--chat-template FILE replaces it)",
+                model_name,
+                problem,
+            )
+        elif not self.chat_template.from_model:
             logger.info("%s has no chat template: chats are rendered as ChatML", model_name)
 
     def encode_text(self, text: str) -> tuple[int, ...]:

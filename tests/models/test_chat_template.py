@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from app.engine.chat_template import (
@@ -9,7 +11,9 @@ from app.engine.chat_template import (
     ChatMessage,
     ChatTemplate,
     ChatTemplateError,
+    syntax_error,
 )
+from app.engine.prompt_encoder import PromptEncoder
 from app.models.mock import ByteTokenizer
 from tests.checkpoints import smollm2_transformers_tokenizer
 from tests.http.conftest import app_client, mock_config
@@ -87,6 +91,29 @@ def test_template_refusal_sandbox_and_failure(source, error):
 
     with pytest.raises(ChatTemplateError, match=error):
         ChatTemplate.of(Template()).render(CONVERSATION)
+
+
+def test_a_models_template_that_is_not_jinja_falls_back_to_chatml(caplog):
+    """(found by a helper: a GGUF whose template does not parse started without a word, and
+    every chat was then a 400 blaming its messages.) The model's own template that does not
+    parse is replaced by ChatML, as llama.cpp's server does, with a warning naming the
+    parser's reason; one given with --chat-template is checked when it is read instead."""
+
+    class Broken:
+        chat_template = "{% for m in messages %}{{ m.content }"
+        bos_token = eos_token = ""
+
+        def encode(self, text: str) -> list[int]:
+            return list(text.encode())
+
+    with caplog.at_level(logging.WARNING):
+        encoder = PromptEncoder(Broken(), "tiny")
+    assert not encoder.chat_template.from_model
+    assert "<|im_start|>user\nhi<|im_end|>" in encoder.chat_template.render(
+        [ChatMessage("user", "hi")]
+    )
+    assert "tiny's chat template is not valid Jinja" in caplog.text
+    assert syntax_error("{{ messages }}") is None
 
 
 # --------------------------------------------------------------------------- the real model
