@@ -94,7 +94,7 @@ class ServerConfig(BaseSettings):
         "0: off",
     )
     max_tokens_cap: int | None = Field(
-        None, ge=0, description="largest max_tokens a request may ask; unset: the context length"
+        None, ge=1, description="largest max_tokens a request may ask; unset: the context length"
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "bfloat16",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from harness.wait import wait_for
+from pydantic import ValidationError
 
 from app.engine.engine import EngineState
 from app.models.mock import MockModelRunner
@@ -70,6 +72,9 @@ async def test_prompt_and_max_tokens_caps():
         assert long_prompt.status_code == 422 and long_prompt.json()["error"]["param"] == "prompt"
         big = await client.post("/generate", json={"prompt": "x", "max_tokens": 6})
         assert big.status_code == 422 and big.json()["error"]["param"] == "max_tokens"
+    # (found by a helper: a cap of 0 was taken as no cap at all)
+    with pytest.raises(ValidationError, match="max_tokens_cap"):
+        mock_config(max_tokens_cap=0)
 
 
 async def test_api_key_required_everywhere_but_health():
