@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -52,7 +53,10 @@ class DrainingServer(uvicorn.Server):
        final event;
     3. a third exits at once.
 
-    After 1 or 2 the server exits normally (status 0) once the final events are sent.
+    After 1 or 2 the server exits normally (status 0) once the final events are sent. A signal
+    while the model still loads (the port not open yet, no request taken) exits at once with
+    status 128 + the signal's number, as before the handler was installed: the load runs on
+    the model thread, and waiting for it kept an orchestrator waiting as long as a load takes.
     """
 
     def __init__(
@@ -74,6 +78,9 @@ class DrainingServer(uvicorn.Server):
         gc.set_threshold(*GC_THRESHOLDS)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.started:  # (found by a helper: a SIGTERM waited for the whole load)
+            logger.info("signal received while the model loads: exiting now")
+            os._exit(128 + sig)
         self._signals += 1
         if self._signals >= 3:
             self.force_exit = True

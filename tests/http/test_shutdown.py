@@ -82,3 +82,21 @@ def test_bad_flag_is_one_line_and_exit_2(forked_cli):
     result = forked_cli.run("-m", "app", "serve", "--port", "abc")
     assert result.returncode == 2
     assert "--port" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_signal_while_the_model_loads_exits_at_once(monkeypatch):
+    """(found by a helper: a SIGTERM during a 6 s load was honoured only after the load and
+    the warm-up, the port opened first.) Before the server has started there is no request to
+    drain: the process exits at once, 128 + the signal's number, as before the handler."""
+    import uvicorn
+
+    from app.__main__ import DrainingServer
+
+    def exit_now(status: int) -> None:
+        raise SystemExit(status)
+
+    monkeypatch.setattr("app.__main__.os._exit", exit_now)
+    server = DrainingServer(uvicorn.Config(app=None), drain=lambda timeout_s: asyncio.sleep(0))
+    with pytest.raises(SystemExit) as exited:
+        server.handle_exit(signal.SIGTERM, None)
+    assert exited.value.code == 128 + signal.SIGTERM
