@@ -171,6 +171,9 @@ class PromptTokenizingEngine(Protocol):
     @property
     def capabilities(self) -> ModelCapabilities: ...
 
+    @property
+    def chat_stop_strings(self) -> tuple[str, ...]: ...
+
     def encode_text(self, text: str) -> tuple[int, ...]: ...
 
     def encode_chat(
@@ -273,13 +276,21 @@ class RequestBuilder:
                 prompt_logprobs=params.prompt_logprobs,
             ),
             stop=StopCriteria(
-                stop_strings=params.stop,
+                stop_strings=self._stop_strings(params),
                 stop_token_ids=frozenset(params.stop_token_ids),
                 ignore_eos=params.ignore_eos,
             ),
             owner=origin.owner,
             arrived_at=origin.arrived_at,
         )
+
+    def _stop_strings(self, params: GenerationParams) -> tuple[str, ...]:
+        """The request's stop strings, and a chat's end of turn where the template's is text
+        (``chat_stop_strings``)."""
+        if not isinstance(params.prompt, ChatPrompt):
+            return params.stop
+        extra = tuple(s for s in self._engine.chat_stop_strings if s not in params.stop)
+        return params.stop + extra
 
     # ----------------------------------------------------------------- the checks
 

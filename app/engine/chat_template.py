@@ -27,6 +27,7 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # ChatML, the format SmolLM2 and many other instruct models were trained on.
+CHATML_END_OF_TURN = "<|im_end|>"
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"

@@ -11,7 +11,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from app.engine.chat_template import ChatMessage, ChatTemplate, ChatTemplateError, syntax_error
+from app.engine.chat_template import (
+    CHATML_END_OF_TURN,
+    ChatMessage,
+    ChatTemplate,
+    ChatTemplateError,
+    syntax_error,
+)
 from app.models.base import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -46,6 +52,14 @@ class PromptEncoder:
             )
         elif not self.chat_template.from_model:
             logger.info("%s has no chat template: chats are rendered as ChatML", model_name)
+
+    @property
+    def chat_stop_strings(self) -> tuple[str, ...]:
+        """Stop strings every chat gets: ChatML's end of turn where the ChatML fallback renders
+        chats (a model without a template of its own, whose tokenizer may not know
+        ``<|im_end|>`` as a token: Gemma 3's base file wrote it as text, then another turn,
+        to ``max_tokens``; found by a helper), else none."""
+        return () if self.chat_template.from_model else (CHATML_END_OF_TURN,)
 
     def encode_text(self, text: str) -> tuple[int, ...]:
         """The token ids of a plain prompt. CPU-bound (~1 s for 1 MB): long texts belong off

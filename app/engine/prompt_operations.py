@@ -28,6 +28,11 @@ class PromptOperations:
         """The template chats are rendered with: the model's own, or the ChatML fallback."""
         return self._prompts.chat_template
 
+    @property
+    def chat_stop_strings(self) -> tuple[str, ...]:
+        """``PromptEncoder.chat_stop_strings``."""
+        return self._prompts.chat_stop_strings
+
     def encode_text(self, text: str) -> tuple[int, ...]:
         """``PromptEncoder.encode_text``.
 

@@ -686,3 +686,28 @@ async def test_responses_take_the_v1_extensions(client):
     both = {"input": "hi", "constraint": choice, "text": {"format": {"type": "json_object"}}}
     response = await client.post("/v1/responses", json=both)
     assert response.status_code == 400, response.text
+
+
+async def test_a_chat_rendered_as_chatml_stops_at_its_end_of_turn(client):
+    """(found by a helper: Gemma 3's base file, chats rendered by the ChatML fallback, wrote
+    ``<|im_end|>`` as text and went on with another turn to ``max_tokens``.) Where the fallback
+    renders chats, its end of turn is a stop string of every chat; a plain completion is not
+    a chat and keeps it."""
+    forced = {"type": "regex", "pattern": r"Hi<\|im_end\|>\n<\|im_start\|>user"}
+    chat = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "m",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 40,
+            "constraint": forced,
+        },
+    )
+    assert chat.status_code == 200, chat.text
+    choice = chat.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("Hi", "stop")
+    plain = await client.post(
+        "/v1/completions",
+        json={"model": "m", "prompt": "hello", "max_tokens": 40, "constraint": forced},
+    )
+    assert plain.json()["choices"][0]["text"] == "Hi<|im_end|>\n<|im_start|>user"
