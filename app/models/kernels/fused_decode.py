@@ -152,22 +152,9 @@ class FusedDecodeKernels:
         Raises:
             ValueError: another dtype or layout.
         """
-        if logits.dtype not in (torch.bfloat16, torch.float32) or logits.stride(-1) != 1:
-            raise ValueError(
-                f"argmax_rows takes bfloat16 or float32 rows with a unit column stride; got "
-                f"{logits.dtype} with strides {logits.stride()}"
-            )
-        rows, vocab = logits.shape
-        out = torch.empty(rows, dtype=torch.int64)
-        self.library.sl_argmax_rows(
-            logits.data_ptr(),
-            int(logits.dtype == torch.bfloat16),
-            rows,
-            vocab,
-            logits.stride(0),
-            out.data_ptr(),
-            threads,
-        )
+        arguments = logits_arguments(logits, "argmax")
+        out = torch.empty(len(logits), dtype=torch.int64)
+        self.library.sl_argmax_rows(*arguments, out.data_ptr(), threads)
         return out
 
     def decode_attention(
@@ -318,6 +305,19 @@ def check_attention_shapes(n_heads: int, n_kv_heads: int, head_dim: int) -> str 
     if head_dim > MAX_HEAD_DIM or head_dim % _LANES:
         return f"head_dim {head_dim} is not a multiple of {_LANES} up to {MAX_HEAD_DIM}"
     return None
+
+
+def logits_arguments(logits: torch.Tensor, what: str) -> tuple[int, int, int, int, int]:
+    """The C arguments of ``logits [rows, vocab]`` (bfloat16 or float32, a unit column
+    stride): its address, whether it is bfloat16, rows, vocab and the row stride in elements.
+    Raises ValueError for another dtype or layout (``what`` names the caller)."""
+    if logits.dtype not in (torch.bfloat16, torch.float32) or logits.stride(-1) != 1:
+        raise ValueError(
+            f"{what} takes bfloat16 or float32 rows with a unit column stride; got "
+            f"{logits.dtype} with strides {logits.stride()}"
+        )
+    rows, vocab = logits.shape
+    return logits.data_ptr(), int(logits.dtype == torch.bfloat16), rows, vocab, logits.stride(0)
 
 
 def _declare(library: ctypes.CDLL) -> None:

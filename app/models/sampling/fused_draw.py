@@ -15,7 +15,11 @@ from collections.abc import Callable
 
 import torch
 
-from app.models.kernels.fused_decode import FusedDecodeKernels, load_fused_decode
+from app.models.kernels.fused_decode import (
+    FusedDecodeKernels,
+    load_fused_decode,
+    logits_arguments,
+)
 
 # (logits [R, vocab], temperature [R], top_k [R], top_p [R], min_p [R], uniforms [R]) ->
 # token ids [R], or None where the C loop does not take the call (torch's path then does)
@@ -72,12 +76,8 @@ def sample_rows(
         ValueError: another dtype or layout, or ``[rows]`` arguments of another shape.
         MemoryError: no memory for the rows' scratch.
     """
-    if logits.dtype not in (torch.bfloat16, torch.float32) or logits.stride(-1) != 1:
-        raise ValueError(
-            f"sample_rows takes bfloat16 or float32 rows with a unit column stride; got "
-            f"{logits.dtype} with strides {logits.stride()}"
-        )
-    rows, vocab = logits.shape
+    arguments = logits_arguments(logits, "sample_rows")
+    rows = logits.shape[0]
     floats = [t.to(torch.float32).contiguous() for t in (temperature, top_p, min_p, uniforms)]
     counts = top_k.to(torch.int64).contiguous()
     if any(t.shape != (rows,) for t in (*floats, counts)):
@@ -85,14 +85,7 @@ def sample_rows(
     t, p, m, u = floats
     out = torch.empty(rows, dtype=torch.int64)
     status = kernels.library.sl_sample_rows(
-        logits.data_ptr(),
-        int(logits.dtype == torch.bfloat16),
-        rows,
-        vocab,
-        logits.stride(0),
-        *(c.data_ptr() for c in (t, counts, p, m, u)),
-        out.data_ptr(),
-        threads,
+        *arguments, *(c.data_ptr() for c in (t, counts, p, m, u)), out.data_ptr(), threads
     )
     if status == -2:
         raise MemoryError("no memory for the sampler's scratch")
