@@ -153,7 +153,7 @@ static inline int weight_key(float weight, int shift) {
     return (int)((bits >> shift) & 0xFF);
 }
 
-/* One filtered row's draw (sl_sample_filtered_rows), with the thread's scratch: weights
+/* One filtered row's draw (sl_sample_rows), with the thread's scratch: weights
  * (n floats), kept (n int32), boundary (n weighted_token). -1 when its largest logit is not
  * finite. */
 static int64_t sample_filtered_row(const void *row, int is_bf16, int64_t n, float temperature,
