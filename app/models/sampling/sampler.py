@@ -30,11 +30,9 @@ The pipeline, in API.md's order, all rows of the step at once:
    of the mass (a very flat distribution) the row is redone over the fully sorted vocabulary,
    so the cut is always exact.
 
-Steps 3-5 run in one C loop over all the sampling rows where the runner gives the sampler one
-(:mod:`app.models.sampling.fused_draw`: the same kept tokens and distribution, no sort).
-
 Sorting the whole 49k vocabulary costs ~2.4 ms per row on the 2-core CPU; a top-256 costs
-~0.15 ms, hence step 5.
+~0.15 ms, hence step 5. Steps 3-5 run in one C loop, without a sort, where the runner gives the
+sampler one (:mod:`app.models.sampling.fused_draw`: the same kept tokens and distribution).
 """
 
 from __future__ import annotations
