@@ -198,6 +198,14 @@ class ServerConfig(BaseSettings):
             raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {value!r}")
         return value
 
+    @field_validator("api_key")
+    @classmethod
+    def _check_api_key(cls, value: str) -> str:
+        # (found by a helper: " , " turned authentication off without a word)
+        if value and not any(part.strip() for part in value.split(",")):
+            raise ValueError("holds no key (only commas and blanks): give a key, or none at all")
+        return value
+
     @field_validator("chat_template")
     @classmethod
     def _check_chat_template(cls, value: str | None) -> str | None:
@@ -209,7 +217,10 @@ class ServerConfig(BaseSettings):
     def _check_budget(self) -> ServerConfig:
         budget = self.max_num_batched_tokens
         if budget is not None and budget < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+            raise ValueError(
+                f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs "
+                f"({self.max_num_seqs}): every slot may decode a token in one step"
+            )
         return self
 
 

@@ -65,7 +65,7 @@ def test_a_run_writes_every_line_and_ends_with_the_summary(tmp_path, forked_cli)
         (["-i", "{tmp}/in.jsonl", "-o", "-", "--max-num-seqs", "0"], "--max-num-seqs: Input"),
         (
             ["-i", "{tmp}/in.jsonl", "-o", "-", "--max-num-batched-tokens", "1"],
-            "max_num_batched_tokens must be",  # (a validator's text, no "Value error, ")
+            "--max-num-batched-tokens (1) must be at least",  # (no "Value error, ")
         ),
         (["-o", "-"], "--input: Field required"),
     ],

@@ -77,6 +77,15 @@ async def test_prompt_and_max_tokens_caps():
         mock_config(max_tokens_cap=0)
 
 
+def test_flags_that_would_mean_something_else_are_refused():
+    """(found by a helper) ``--api-key " , "`` turned authentication off without a word; a
+    budget under the slots was refused without the flags' names or values."""
+    with pytest.raises(ValidationError, match="holds no key"):
+        mock_config(api_key=" , ")
+    with pytest.raises(ValidationError, match=r"--max-num-batched-tokens \(1\) must be at least"):
+        mock_config(max_num_batched_tokens=1, max_num_seqs=4)
+
+
 async def test_api_key_required_everywhere_but_health():
     async with app_client(mock_config(api_key="k1,k2")) as client:
         assert (await client.get("/health")).status_code == 200
