@@ -162,6 +162,9 @@ async def test_a_model_that_writes_the_block_and_every_wire_format():
         reasoning, text = response.output
         assert reasoning.type == "reasoning" and reasoning.content[0].text == "\nSix sevens.\n"
         assert response.output_text == "It is 42."
+        # the block's tokens, tags included (one a byte here; found by a helper: always 0)
+        block = len("<think>\nSix sevens.\n</think>")
+        assert response.usage.output_tokens_details.reasoning_tokens == block
         deltas = []
         async with client.responses.stream(model="m", input="What is 6 times 7?") as stream:
             async for event in stream:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sse_starlette import ServerSentEvent
@@ -41,7 +41,7 @@ from app.api.output_reader import (
     ReasoningPiece,
     TextPiece,
 )
-from app.api.reasoning import ReasoningSplitter
+from app.api.reasoning import THINK_CLOSE, ReasoningSplitter
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources
 from app.api.sse_frames import compact_json
@@ -64,6 +64,7 @@ async def responses_plan(
         model=resources.engine.capabilities.name,
         body=body,
         reasoning=resources.reasoning_for(generation),
+        token_bytes=resources.engine.token_bytes,
     )
     return AnswerPlan([generation], [writer], stream=body.streamed)
 
@@ -75,6 +76,8 @@ class ResponsesAnswer:
     Args:
         request_id: the native request id. created: Unix seconds. model: the served model.
         body: the request (echoed: instructions, tools, sampling, text format).
+        token_bytes: each token's own bytes (the engine's), to count the reasoning's tokens in
+            ``usage``; None: counted as 0.
     """
 
     sse_separator: str | None = SSE_LINE_END
@@ -87,7 +90,9 @@ class ResponsesAnswer:
         model: str,
         body: ResponsesRequestBody,
         reasoning: ReasoningSplitter | None = None,
+        token_bytes: Callable[[tuple[int, ...]], list[bytes]] | None = None,
     ) -> None:
+        self._token_bytes = token_bytes
         self.id = f"resp_{request_id}"
         self._request_id = request_id
         self._created = created
@@ -322,11 +327,26 @@ class ResponsesAnswer:
             "input_tokens": final.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": final.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self._reasoning_tokens(final, items)},
             "total_tokens": final.prompt_tokens + final.completion_tokens,
         }
         finish_reason_name(final.finish_reason)  # an ERROR never reaches here (a 500 instead)
         return value
+
+    def _reasoning_tokens(self, final: FinalEvent, items: list[dict[str, Any]]) -> int:
+        """The output's tokens up to the end of its reasoning block (the whole output when the
+        block was not closed), by their bytes (found by a helper: always 0)."""
+        if self._token_bytes is None or not any(item["type"] == "reasoning" for item in items):
+            return 0
+        text = final.text.encode("utf-8")
+        close = text.find(THINK_CLOSE.encode())
+        end = len(text) if close < 0 else close + len(THINK_CLOSE)
+        count = at = 0
+        for piece in self._token_bytes(final.token_ids):
+            if at >= end:
+                break
+            at, count = at + len(piece), count + 1
+        return count
 
     def _event(self, kind: str, **fields: Any) -> ServerSentEvent:
         payload = {"type": kind, "sequence_number": next(self._sequence), **fields}
