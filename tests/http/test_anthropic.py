@@ -446,3 +446,18 @@ async def test_an_unknown_field_is_refused_as_anthropic_refuses_it(client, path,
     if not path.endswith("count_tokens"):  # Anthropic's bookkeeping fields of a message
         accepted.update(metadata={"user_id": "u"}, service_tier="auto")
     assert (await client.post(path, json=accepted)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("matched", "want"),
+    [("\n\nHuman:", ("stop_sequence", "\n\nHuman:")), ("<|im_end|>", ("end_turn", None))],
+)
+def test_the_fallback_templates_end_of_turn_is_an_end_turn(matched, want):
+    """A chat rendered by the ChatML fallback stops at ``<|im_end|>`` (a stop string the
+    server adds, not one the client sent): that is ``end_turn``; a client's is a
+    ``stop_sequence`` naming it."""
+    from app.api.anthropic.answers import _stop_reason
+    from app.engine.request import FinalEvent, FinishReason, Timings
+
+    final = FinalEvent(FinishReason.STOP, matched, "Hi", (1, 2), 3, 2, Timings(0.0, 1.0, 2.0))
+    assert _stop_reason(final, made_calls=False) == want

@@ -39,6 +39,7 @@ from app.api.reasoning import ReasoningSplitter
 from app.api.request_builder import RequestOrigin
 from app.api.resources import ServerResources
 from app.api.sse_frames import SSEEvent, json_event
+from app.engine.chat_template import CHATML_END_OF_TURN
 from app.engine.request import FinalEvent, FinishReason, TokenEvent
 
 SSE_LINE_END = "\n"
@@ -212,9 +213,9 @@ def _stop_reason(final: FinalEvent, made_calls: bool) -> tuple[str, str | None]:
         return "cancelled", None
     if made_calls:
         return "tool_use", None
-    if isinstance(final.stop_reason, str):
+    if isinstance(final.stop_reason, str) and final.stop_reason != CHATML_END_OF_TURN:
         return "stop_sequence", final.stop_reason
-    return "end_turn", None
+    return "end_turn", None  # (ChatML's end of turn: the fallback template's, not a client's)
 
 
 def _event(kind: str, **fields: Any) -> bytes:
