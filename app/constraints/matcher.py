@@ -53,12 +53,15 @@ class ConstraintMatcher:
         CPU at the start of every server process)."""
         mask = np.empty((1, self._mask_words), dtype=np.int32)
         llguidance.numpy.fill_next_token_bitmask(self._matcher, mask)
+        self._tell_error()
         return torch.from_numpy(mask[0])
 
     def advance(self, token_id: int) -> bool:
         """Consumes the sampled token. False when the token is outside the language (the mask
         was not applied, or the matcher is in error): the request cannot go on."""
-        return self._matcher.consume_token(token_id)
+        consumed = self._matcher.consume_token(token_id)
+        self._tell_error()
+        return consumed
 
     @property
     def is_finished(self) -> bool:
@@ -69,13 +72,17 @@ class ConstraintMatcher:
     @property
     def error(self) -> str:
         """The first line of llguidance's error ("" when none: the matcher follows its
-        language; the lines after it dump the parser's state). A matcher in error (a token
-        outside the mask, or llguidance's limits met, such as a lexer grown past them) tells
-        its compiled constraint once, unless the grammar rejected a token (the engine's
-        mask not applied: that request's failure alone)."""
+        language; the lines after it dump the parser's state)."""
         error = self._matcher.get_error() if self._matcher.is_error() else ""
-        error = error.strip().splitlines()[0].strip() if error.strip() else ""
-        if error and self._on_error is not None and not error.startswith(_REJECTED):
+        return error.strip().splitlines()[0].strip() if error.strip() else ""
+
+    def _tell_error(self) -> None:
+        """A matcher found in error after a mask or a step (llguidance's limits met, such as
+        a lexer grown past them) tells its compiled constraint once, unless the grammar
+        rejected a token (the engine's mask not applied: that request's failure alone)."""
+        if self._on_error is None:
+            return
+        error = self.error
+        if error and not error.startswith(_REJECTED):
             self._on_error(error)
             self._on_error = None
-        return error

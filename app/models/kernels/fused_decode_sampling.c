@@ -1,11 +1,12 @@
 /*
- * sl_sample_rows: the sampler's draw for rows that sample from the whole vocabulary (a
- * temperature, no top-k, no top-p: API.md's defaults), by inverse CDF in token-id order, as
- * app/models/sampling/sampler.py defines it, without the float32 copies torch makes of every
- * row (the scaled logits, the softmax, its cumulative sum): one pass for the maximum, one for
- * the exponentials summed a block at a time, then a walk over the block sums and one block.
- * Gemma 3's 262,144-token rows are 1 MiB each in float32: at 64 rows the torch pipeline wrote
- * and read back ~200 MB a step (docs/MODEL_PERF.md).
+ * sl_sample_rows: the sampler's draws (app/models/sampling/sampler.py's steps 3-5: temperature,
+ * top-k, top-p, min-p and the inverse-CDF draw) without the float32 copies torch makes of every
+ * row (the scaled logits, the softmax, its cumulative sum) and without its sorts. An unfiltered
+ * row: one pass for the maximum, one for the exponentials summed a block at a time, then a walk
+ * over the block sums and one block. A filtered row: the weights into the thread's scratch, two
+ * histograms of their float bits to find the cut, a sort of the cut's sub-band alone. Gemma 3's
+ * 262,144-token rows are 1 MiB each in float32: at 64 rows the torch pipeline wrote and read
+ * back ~200 MB a step (docs/MODEL_PERF.md).
  */
 #include <math.h>
 #include <stdint.h>

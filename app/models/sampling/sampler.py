@@ -285,8 +285,6 @@ class Sampler:
         uniforms = torch.cat(
             [torch.rand(1, generator=self._generators[r.slot]) for r in requests]
         ).to(device)
-        tokens = torch.empty(len(requests), dtype=torch.int64, device=device)
-
         if self._draw is not None:  # every row in one C loop, where it takes them
             drawn = self._draw(
                 logits,
@@ -298,6 +296,7 @@ class Sampler:
             )
             if drawn is not None:
                 return drawn
+        tokens = torch.empty(len(requests), dtype=torch.int64, device=device)
         unfiltered = [i for i, p in enumerate(params) if p.top_k == 0 and p.top_p >= 1.0]
         if unfiltered:
             min_p = [params[i].min_p for i in unfiltered]
