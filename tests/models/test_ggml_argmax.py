@@ -100,6 +100,66 @@ def test_ties_nans_and_infinities_follow_torchs_argmax(threads: int) -> None:
         torch.set_num_threads(before)
 
 
+def scaled_rows(scales: list[float], columns: int = 256) -> np.ndarray:
+    """Q8_0 rows in the file's layout whose codes are all 1 and whose scale (every block's) is
+    ``scales[row]``: with positive activations a row's output follows its scale, so equal
+    scales give equal outputs, a NaN scale a NaN and an infinite one an infinity."""
+    blocks = np.zeros((len(scales), columns // 32, 34), dtype=np.uint8)
+    blocks[:, :, 0:2] = np.array(scales, dtype=np.float16).view(np.uint8).reshape(-1, 1, 2)
+    blocks[:, :, 2:] = 1
+    return blocks.reshape(len(scales), -1)
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("isa", ISAS, ids=lambda isa: isa.name.lower())
+def test_ties_nans_and_infinities_in_the_outputs_follow_torchs_argmax(
+    isa: Isa, threads: int
+) -> None:
+    """The cases of the test above written by the weights, with no bias: a call with a bias
+    takes the scalar check, so only these reach the vector quick checks of the tiles after
+    a row's best (found by review: a quick check that missed a NaN, or took an equal later
+    value, passed every other test here)."""
+    assert KERNELS is not None
+    inf, nan = float("inf"), float("nan")
+    cases = []
+    tie = [0.01] * WEIGHT_ROWS
+    for row in (7, 150, 290):
+        tie[row] = 0.5
+    cases.append(tie)
+    late_tie = [0.01] * WEIGHT_ROWS
+    late_tie[200] = late_tie[260] = 0.5  # both in the second thread's columns
+    cases.append(late_tie)
+    nans = [0.01 + 0.001 * (row % 17) for row in range(WEIGHT_ROWS)]
+    for row in (180, 40, 250):
+        nans[row] = nan
+    nans[10] = inf
+    cases.append(nans)
+    late_nan = [0.01 + 0.001 * (row % 17) for row in range(WEIGHT_ROWS)]
+    late_nan[297] = nan  # in the last, short unit
+    cases.append(late_nan)
+    cases.append([-inf] * WEIGHT_ROWS)
+    infinite = [-inf] * WEIGHT_ROWS
+    infinite[99] = infinite[230] = inf
+    cases.append(infinite)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for scales in cases:
+            blocks = scaled_rows(scales)
+            layouts = [QuantSegment("Q8_0", torch.from_numpy(blocks))]
+            interleaved = np.empty_like(blocks)
+            KERNELS.repack8("Q8_0", blocks, interleaved)
+            layouts.append(QuantSegment("Q8_0", torch.from_numpy(interleaved), interleaved=True))
+            for segment in layouts:
+                for rows in (1, 5, 16, 33):
+                    x = torch.rand(rows, 256) + 0.5
+                    want = KERNELS.matmul((segment,), x, out_dtype=torch.float32, isa=isa)
+                    got = KERNELS.argmax((segment,), x, isa=isa)
+                    assert torch.equal(got, want.argmax(dim=-1)), (scales, rows, got)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_head_answers_none_where_its_call_would_not_take_the_blocks() -> None:
     """``GGMLLinear.argmax``: on the blocks its outputs' argmax; None where a call of that many
     rows takes a decoded matrix, or where its outputs would be rounded to bfloat16."""
@@ -135,3 +195,4 @@ def test_ties_and_nans_hold_when_tiles_are_taken_over() -> None:
     finally:
         torch.set_num_threads(before_threads)
     assert KERNELS.tiles_taken_over > taken, "no tile was taken over: the test proves nothing"
+
