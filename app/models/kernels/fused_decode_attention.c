@@ -186,9 +186,14 @@ static void write_rows(const struct attention_args *a, int64_t begin, int64_t en
     }
 }
 
-/* Calls attending fewer positions than this (all rows and KV heads together) run on one
- * thread: below it a parallel region's fork and join cost more than the split saves. */
-#define SPLIT_MIN_POSITIONS 512
+/* Calls with less work than this run on one thread: below it a parallel region's fork and
+ * join cost more than the split saves. The work is the positions attended (all rows and KV
+ * heads together) times the query heads of a KV head times head_dim, the multiply-adds of a
+ * position's scores (its weighted values as many again). Measured as 512 positions of
+ * SmolLM2's units (3 query heads of 64 dimensions); a position of Gemma 3 270M's (4 heads of
+ * 256) is 5.3 times that work, and its 16-row decode steps of short sequences ran on one
+ * thread under a limit counted in positions. */
+#define SPLIT_MIN_WORK (512 * 3 * 64)
 
 /* How many positions row r attends: all up to its own, or its window's. */
 static inline int64_t attended_length(const struct attention_args *a, int64_t r) {
@@ -342,7 +347,7 @@ void sl_decode_attention(const bf16 *qkv, int64_t qkv_stride, const bf16 *rope_c
     if (threads > units) {
         threads = units;
     }
-    if (threads < 2 || total < SPLIT_MIN_POSITIONS) {
+    if (threads < 2 || total * (n_heads / n_kv_heads) * head_dim < SPLIT_MIN_WORK) {
         write_rows(&args, 0, rows);
         attend_units(&args, 0, units, scores);
         return;
