@@ -42,6 +42,7 @@ from app.models.sampling.fused_draw import vocabulary_draw_on
 from app.models.sampling.logprobs import token_logprobs
 from app.models.sampling.sampler import Sampler
 from app.models.sampling.verification import argmax_suffices, sample_rows
+from app.models.weights.ggml import logits_in_thread_buffer
 from app.models.weights.record import Quantization
 
 logger = logging.getLogger(__name__)
@@ -204,10 +205,9 @@ class ModelRunner:
         scored = [r for r in rows if self._wants_prompt_logprobs(r)]
         hidden: list[torch.Tensor] | None = [] if scored else None
         argmax = not scored and argmax_suffices(self._sampler, rows)  # tokens, not logits
-        with torch.inference_mode():
+        with torch.inference_mode(), logits_in_thread_buffer():
             logits = self.model.forward(plan, self.cache, hidden_out=hidden, argmax=argmax)
-            # sampled before the prompt logprobs' own head calls: a wide or decoded head's logits
-            # are a view of the model thread's output buffer until its next call (GGMLLinear)
+            # sampled at once: a GGUF head's logits are the thread's buffer (GGMLLinear.logits)
             samples = sample_rows(self._sampler, logits, rows)
             del logits
             prompt_logprobs = self._prompt_logprobs(scored, plan, hidden[0]) if hidden else {}

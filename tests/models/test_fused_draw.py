@@ -149,17 +149,22 @@ def test_a_filtered_row_draws_the_kept_tokens_by_their_share(
                 assert token in counts
 
 
-def test_rows_whose_largest_logit_is_not_finite_go_to_torch() -> None:
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_rows_whose_largest_logit_is_not_finite_go_to_torch(dtype: torch.dtype) -> None:
+    """A NaN or +inf anywhere in a row: in the vector maxima's paired loads, their single
+    loads and the tail of a 300-column row (AVX-512: 32 at a time, then 16, then the rest;
+    AVX2: 8, then one at a time)."""
     assert KERNELS is not None
-    logits = torch.randn(4, 300)
+    logits = torch.randn(4, 300).to(dtype)
     ones, zeros, halves = torch.ones(4), torch.zeros(4), torch.full((4,), 0.5)
     for top_k, top_p in ((zeros, ones), (zeros + 3, halves)):
         args = (ones, top_k, top_p, zeros, halves)
         assert sample_rows(KERNELS, logits, *args) is not None
         for bad in (float("nan"), float("inf")):
-            odd = logits.clone()
-            odd[2, 17] = bad
-            assert sample_rows(KERNELS, odd, *args) is None
+            for column in (0, 17, 40, 287, 291, 299):
+                odd = logits.clone()
+                odd[2, column] = bad
+                assert sample_rows(KERNELS, odd, *args) is None, (bad, column)
         odd = logits.clone()
         odd[1] = float("-inf")
         assert sample_rows(KERNELS, odd, *args) is None

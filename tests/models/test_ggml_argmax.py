@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from app.models.kernels.ggml_quant import INTERLEAVED_TYPES, KERNEL_TYPES, Isa, QuantSegment
-from app.models.weights.ggml import GGMLLinear
+from app.models.weights import ggml
+from app.models.weights.ggml import GGMLLinear, logits_in_thread_buffer
 from tests.models.test_ggml_kernels import HOW, ISAS, KERNELS, random_blocks
 
 pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"GGUF-block kernels: {HOW}")
@@ -196,3 +197,29 @@ def test_ties_and_nans_hold_when_tiles_are_taken_over() -> None:
         torch.set_num_threads(before_threads)
     assert KERNELS.tiles_taken_over > taken, "no tile was taken over: the test proves nothing"
 
+
+def test_a_heads_logits_reuse_the_threads_buffer_only_where_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``GGMLLinear.logits``: inside ``logits_in_thread_buffer`` the float32 outputs of calls
+    on the blocks go to one buffer per thread (the same memory each step, grown to the largest
+    call), with the values of a call of their own; outside it, and past the size limit, each
+    call gets its own tensor (tests and scripts hold two steps' logits at once)."""
+    assert KERNELS is not None
+    segment = segments("Q8_0")[0]
+    head = GGMLLinear(KERNELS, (segment,), 256, out_dtype=torch.float32)
+    x = torch.randn(5, 256)
+    want = head(x)
+    first, second = head.logits(x), head.logits(x[:3])
+    assert first.data_ptr() != second.data_ptr()  # outside: tensors of their own
+    assert torch.equal(first, want)
+    with logits_in_thread_buffer():
+        first = head.logits(x)
+        assert torch.equal(first, want)
+        second = head.logits(x[:3])
+        assert second.data_ptr() == first.data_ptr()
+        assert torch.equal(second, want[:3])
+        monkeypatch.setattr(ggml, "LOGITS_BUFFER_MAX_BYTES", 4 * 4 * WEIGHT_ROWS)
+        big = head.logits(x)  # 5 rows: over the limit
+        assert big.data_ptr() != first.data_ptr() and torch.equal(big, want)
+    assert head.logits(x[:3]).data_ptr() != first.data_ptr()

@@ -315,7 +315,9 @@ class DecoderModel:
     ) -> torch.Tensor | GreedyTokens:
         """The output norm and LM head for the rows that want logits (a head on GGUF blocks
         picks its path by the rows without the drafted ones, as the layers do); their argmax
-        alone where ``argmax`` and the head's call takes the blocks (:meth:`forward`)."""
+        alone where ``argmax`` and the head's call takes the blocks (:meth:`forward`). A head
+        on GGUF blocks writes the logits into the thread's buffer (``GGMLLinear.logits``):
+        valid until the next step's."""
         if plan.logits_index.numel() == 0:  # only prompt chunks that sample nothing
             return hidden.new_empty((0, self.hparams.vocab_size))
         w = self.weights
@@ -327,8 +329,7 @@ class DecoderModel:
             tokens = w.lm_head.argmax(last, as_rows=as_rows) if argmax else None
             if tokens is not None:
                 return GreedyTokens(tokens)
-            if plan.drafted_tokens:
-                return w.lm_head(last, as_rows=as_rows)
+            return w.lm_head.logits(last, as_rows=as_rows)  # (the thread's buffer)
         return project(w.lm_head, last, exact)
 
     def _add_output(

@@ -25,7 +25,8 @@ static inline float row_weight(float x) {
     return x < -87.0f ? 0.0f : e;
 }
 
-/* The largest logit of a row (NaN if any is NaN), in LANES partial maxima (vectorised). */
+/* The largest logit of a row (NaN if any is NaN), in LANES partial maxima (the portable
+ * loop; GCC keeps it scalar: the NaN test per lane defeats its vectoriser). */
 #define ROW_MAX(type, load)                                                                       \
     static float row_max_##type(const type *row, int64_t n) {                                     \
         float lanes[LANES];                                                                       \
@@ -53,6 +54,103 @@ static inline float row_weight(float x) {
         return nan ? NAN : best;                                                                  \
     }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+/* The rows' maxima with AVX-512 (the library is built for this machine, -march=native): the
+ * same value as the portable loop (a maximum does not depend on the order; a NaN anywhere
+ * gives NaN). The portable loop took 9.8% of a sampled 64-row Gemma 3 step on Zen 5 (perf:
+ * 16.8 M float32 logits, ~0.5 ns each). */
+static inline float row_max_tail(__m512 m, __mmask16 nan, const float *tail, int64_t count) {
+    const __mmask16 keep = (__mmask16)((1u << count) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), keep, tail);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return nan ? NAN : _mm512_reduce_max_ps(_mm512_max_ps(m, v));
+}
+
+static float row_max_float(const float *row, int64_t n) {
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+    __mmask16 nan = 0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 a = _mm512_loadu_ps(row + i), b = _mm512_loadu_ps(row + i + 16);
+        m0 = _mm512_max_ps(m0, a);
+        m1 = _mm512_max_ps(m1, b);
+        nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); /* a NaN in either */
+    }
+    __m512 m = _mm512_max_ps(m0, m1);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(row + i);
+        m = _mm512_max_ps(m, v);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    return row_max_tail(m, nan, row + i, n - i);
+}
+
+static inline __m512 bf16x16_to_float(const bf16 *p, __mmask16 keep) {
+    const __m256i raw = _mm256_maskz_loadu_epi16(keep, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+static float row_max_bf16(const bf16 *row, int64_t n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = bf16x16_to_float(row + i, 0xFFFF);
+        m = _mm512_max_ps(m, v);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    if (i == n) return nan ? NAN : _mm512_reduce_max_ps(m);
+    const __mmask16 keep = (__mmask16)((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), keep, bf16x16_to_float(row + i, keep));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return nan ? NAN : _mm512_reduce_max_ps(_mm512_max_ps(m, v));
+}
+#elif defined(__AVX2__)
+/* The same with AVX2, eight values at a time. */
+static inline float max_of_lanes8(__m256 m) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+#define ROW_MAX_AVX2(type, load8, load)                                                           \
+    static float row_max_##type(const type *row, int64_t n) {                                     \
+        __m256 m = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();                    \
+        int64_t i = 0;                                                                            \
+        for (; i + 8 <= n; i += 8) {                                                              \
+            const __m256 v = load8(row + i);                                                      \
+            m = _mm256_max_ps(m, v);                                                              \
+            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));               \
+        }                                                                                         \
+        int nan = _mm256_movemask_ps(unordered);                                                  \
+        float best = max_of_lanes8(m);                                                            \
+        for (; i < n; ++i) {                                                                      \
+            const float v = load(row[i]);                                                         \
+            nan |= v != v;                                                                        \
+            best = v > best ? v : best;                                                           \
+        }                                                                                         \
+        return nan ? NAN : best;                                                                  \
+    }
+#define LOAD8_FLOAT(p) _mm256_loadu_ps(p)
+#define LOAD8_BF16(p)                                                                             \
+    _mm256_castsi256_ps(                                                                          \
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define AS_FLOAT(v) (v)
+ROW_MAX_AVX2(float, LOAD8_FLOAT, AS_FLOAT)
+ROW_MAX_AVX2(bf16, LOAD8_BF16, bf16_to_float)
+#undef AS_FLOAT
+#else
+#define AS_FLOAT(v) (v)
+ROW_MAX(float, AS_FLOAT)
+ROW_MAX(bf16, bf16_to_float)
+#undef AS_FLOAT
+#endif
+
 /* The weights of columns [from, to) of a row summed in float32 lanes: exp(s - top) with
  * s = logit / temperature, 0 under `floor` (min_p's cut, relative to the best's weight 1). */
 #define BLOCK_WEIGHT(type, load)                                                                  \
@@ -75,8 +173,6 @@ static inline float row_weight(float x) {
     }
 
 #define AS_FLOAT(v) (v)
-ROW_MAX(float, AS_FLOAT)
-ROW_MAX(bf16, bf16_to_float)
 BLOCK_WEIGHT(float, AS_FLOAT)
 BLOCK_WEIGHT(bf16, bf16_to_float)
 

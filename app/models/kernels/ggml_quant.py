@@ -202,6 +202,7 @@ class GGMLKernels:
         residual: torch.Tensor | None = None,
         isa: Isa | None = None,
         out_dtype: torch.dtype | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x @ W.T (+ bias) (+ residual)`` where ``W``'s rows are the segments' rows in order.
 
@@ -214,6 +215,7 @@ class GGMLKernels:
             out_dtype: float32 or bfloat16, the result's dtype (None: ``x``'s). The sums are
                 float32 either way: a float32 result of bfloat16 rows is not rounded at all
                 (the LM head's logits, as llama.cpp's are float32).
+            out: a contiguous ``[M, N]`` of ``out_dtype`` to write into, or None: a new one.
 
         Returns:
             ``[M, N]``; a bfloat16 result is rounded once, after the adds.
@@ -227,7 +229,9 @@ class GGMLKernels:
         out_dtype = x.dtype if out_dtype is None else out_dtype
         if out_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
-        out = torch.empty((rows, n), dtype=out_dtype)
+        out = torch.empty((rows, n), dtype=out_dtype) if out is None else out
+        if out.shape != (rows, n) or out.dtype != out_dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {out_dtype} [{rows}, {n}] tensor")
         if residual is not None and (residual.dtype != out_dtype or residual.stride(1) != 1):
             raise ValueError("residual must be rows of the result's dtype")
         arguments = call_arguments(self.isa if isa is None else isa, prepared, x, bias)
