@@ -149,6 +149,30 @@ def test_a_filtered_row_draws_the_kept_tokens_by_their_share(
                 assert token in counts
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 0.999), (30_000, 1.0)])
+def test_a_cut_among_the_smallest_weights_keeps_them(
+    top_k: int, top_p: float, dtype: torch.dtype
+) -> None:
+    """One token of weight 1 and 99,999 just under the histograms' floor (2^-24 of the best:
+    summed, not counted, until a cut falls among them): top_p 0.999 and top_k 30,000 both cut
+    in that tail, which then holds 0.1-0.3% of the kept mass, 2.5-6 of 2,000 draws. Drawing the
+    best token every time (the tail left out) fails the best's count."""
+    generator = torch.Generator().manual_seed(top_k)
+    vocab, draws = 100_000, 2000
+    logits = torch.full((vocab,), -17.0) + torch.rand(vocab, generator=generator) * 0.05
+    logits[1234] = 0.0
+    logits = logits.to(dtype)
+    uniforms = [(i + 0.5) / draws for i in range(draws)]
+    shares = kept_shares(logits.float(), 1.0, top_k, top_p, 0.0)
+    assert 0.99 < shares[1234] < 0.999  # the tail's share is large enough to see
+    got = draw(logits, 1.0, 0.0, uniforms, top_k=top_k, top_p=top_p)
+    probs = logits.double().softmax(dim=-1)
+    cut = min(probs[token].item() for token in shares)
+    assert all(t in shares or probs[t] >= cut * (1 - 1e-6) for t in got)
+    assert abs(got.count(1234) - shares[1234] * draws) <= 1.5 + 1e-4 * draws
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_rows_whose_largest_logit_is_not_finite_go_to_torch(dtype: torch.dtype) -> None:
     """A NaN or +inf anywhere in a row: in the vector maxima's paired loads, their single

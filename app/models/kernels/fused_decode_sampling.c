@@ -3,8 +3,9 @@
  * top-k, top-p, min-p and the inverse-CDF draw) without the float32 copies torch makes of every
  * row (the scaled logits, the softmax, its cumulative sum) and without its sorts. An unfiltered
  * row: one pass for the maximum, one for the exponentials summed a block at a time, then a walk
- * over the block sums and one block. A filtered row: the weights into the thread's scratch, two
- * histograms of their float bits to find the cut, a sort of the cut's sub-band alone. Gemma 3's
+ * over the block sums and one block. A filtered row: the weights into the thread's scratch, their
+ * sums above six floors (vector compares), two histograms of the float bits of the weights above
+ * the highest floor that holds the cut, a sort of the cut's sub-band alone. Gemma 3's
  * 262,144-token rows are 1 MiB each in float32: at 64 rows the torch pipeline wrote and read
  * back ~200 MB a step (docs/MODEL_PERF.md).
  */
@@ -250,6 +251,149 @@ static inline int weight_key(float weight, int shift) {
     return (int)((bits >> shift) & 0xFF);
 }
 
+/* The floors tried for the histograms, highest first: 2^-4, 2^-8, .., 2^-24 of the best
+ * token's weight 1 (powers of two, so whole exponent bands). The histograms count the weights
+ * one by one from the highest floor whose weights already hold the cut (a nucleus's mass, or
+ * top_k of them); the rest are only summed. Below 2^-24 lie under 0.016 of a total of at
+ * least 1 in 262,144 tokens, so a nucleus of top_p <= 0.98 always finds a floor; a cut below
+ * every floor (a top_k past the tokens above 2^-24, a top_p near 1) counts every weight. On
+ * Gemma 3's logits the one-by-one pass over all 262,144 weights took most of a nucleus row's
+ * draw (~0.6 ms a row). */
+enum { FLOORS = 6 };
+
+static inline float floor_value(int f) {
+    static const float floors[FLOORS] = {0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f};
+    return floors[f];
+}
+
+/* Every weight's total, summed in float32 lanes a block of SAMPLE_BLOCK at a time, the blocks
+ * in double (as sample_row sums them); and the mass and count of the weights at least each
+ * floor (a compare and a masked add per floor and vector; GCC kept the portable loop
+ * scalar). */
+static double weigh_floors(const float *weights, int64_t n, double floor_mass[FLOORS],
+                           int64_t floor_count[FLOORS]) {
+    double total = 0.0;
+    for (int64_t from = 0; from < n; from += SAMPLE_BLOCK) {
+        const int64_t to = from + SAMPLE_BLOCK < n ? from + SAMPLE_BLOCK : n;
+        float lanes[LANES] = {0}, mass[FLOORS][LANES] = {{0}};
+        int32_t count[FLOORS][LANES] = {{0}};
+        int64_t i = from;
+#if defined(__AVX512F__)
+        __m512 sum = _mm512_setzero_ps(), at_floor[FLOORS];
+        for (int f = 0; f < FLOORS; ++f) at_floor[f] = _mm512_setzero_ps();
+        for (; i + 16 <= to; i += 16) {
+            const __m512 e = _mm512_loadu_ps(weights + i);
+            sum = _mm512_add_ps(sum, e);
+            for (int f = 0; f < FLOORS; ++f) {
+                const __mmask16 at = _mm512_cmp_ps_mask(e, _mm512_set1_ps(floor_value(f)), _CMP_GE_OQ);
+                at_floor[f] = _mm512_mask_add_ps(at_floor[f], at, at_floor[f], e);
+                count[f][0] += __builtin_popcount((unsigned)at);
+            }
+        }
+        _mm512_storeu_ps(lanes, sum);
+        for (int f = 0; f < FLOORS; ++f) _mm512_storeu_ps(mass[f], at_floor[f]);
+#elif defined(__AVX2__)
+        __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, at_floor[FLOORS][2];
+        for (int f = 0; f < FLOORS; ++f) at_floor[f][0] = at_floor[f][1] = _mm256_setzero_ps();
+        for (; i + 16 <= to; i += 16) {
+            for (int half = 0; half < 2; ++half) {
+                const __m256 e = _mm256_loadu_ps(weights + i + 8 * half);
+                sum[half] = _mm256_add_ps(sum[half], e);
+                for (int f = 0; f < FLOORS; ++f) {
+                    const __m256 at = _mm256_cmp_ps(e, _mm256_set1_ps(floor_value(f)), _CMP_GE_OQ);
+                    at_floor[f][half] = _mm256_add_ps(at_floor[f][half], _mm256_and_ps(at, e));
+                    count[f][half] += __builtin_popcount((unsigned)_mm256_movemask_ps(at));
+                }
+            }
+        }
+        _mm256_storeu_ps(lanes, sum[0]);
+        _mm256_storeu_ps(lanes + 8, sum[1]);
+        for (int f = 0; f < FLOORS; ++f) {
+            _mm256_storeu_ps(mass[f], at_floor[f][0]);
+            _mm256_storeu_ps(mass[f] + 8, at_floor[f][1]);
+        }
+#else
+        for (; i + LANES <= to; i += LANES) {
+            for (int lane = 0; lane < LANES; ++lane) lanes[lane] += weights[i + lane];
+            for (int f = 0; f < FLOORS; ++f) {
+                const float at_least = floor_value(f);
+                for (int lane = 0; lane < LANES; ++lane) {
+                    const float e = weights[i + lane];
+                    mass[f][lane] += e >= at_least ? e : 0.0f;
+                    count[f][lane] += e >= at_least;
+                }
+            }
+        }
+#endif
+        float block = sum_lanes(lanes);
+        for (; i < to; ++i) {
+            block += weights[i];
+            for (int f = 0; f < FLOORS; ++f)
+                if (weights[i] >= floor_value(f)) mass[f][0] += weights[i], count[f][0] += 1;
+        }
+        total += block;
+        for (int f = 0; f < FLOORS; ++f) {
+            floor_mass[f] += sum_lanes(mass[f]);
+            for (int lane = 0; lane < LANES; ++lane) floor_count[f] += count[f][lane];
+        }
+    }
+    return total;
+}
+
+/* The smallest float whose histogram keys are (band, sub): exponent bits `band`, the
+ * mantissa's top 8 bits `sub`. Positive floats order as their bits, so a weight's keys are at
+ * least (band, sub) exactly when the weight is at least this. */
+static inline float band_value(int band, int sub) {
+    const uint32_t bits = ((uint32_t)band << 23) | ((uint32_t)sub << 15);
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* Whether any of the LANES weights at w is at least `floor` (no NaN among them). */
+static inline int any_at_least(const float *w, float floor) {
+#if defined(__AVX512F__)
+    return _mm512_cmp_ps_mask(_mm512_loadu_ps(w), _mm512_set1_ps(floor), _CMP_GE_OQ) != 0;
+#elif defined(__AVX2__)
+    const __m256 f = _mm256_set1_ps(floor);
+    const __m256 low = _mm256_cmp_ps(_mm256_loadu_ps(w), f, _CMP_GE_OQ);
+    const __m256 high = _mm256_cmp_ps(_mm256_loadu_ps(w + 8), f, _CMP_GE_OQ);
+    return _mm256_movemask_ps(_mm256_or_ps(low, high)) != 0;
+#else
+    int any = 0;
+    for (int lane = 0; lane < LANES; ++lane) any |= w[lane] >= floor;
+    return any;
+#endif
+}
+
+/* The exponent histogram (mass and count per band; band 0: no weight, never kept) of the
+ * weights at least `floor` (0: every weight), skipping LANES at a time where none is. */
+static void count_bands(const float *weights, int64_t n, float floor, double mass[256],
+                        int64_t count[256]) {
+    for (int64_t i = 0; i < n; i += LANES) {
+        if (i + LANES <= n && !any_at_least(weights + i, floor)) continue;
+        for (int64_t j = i; j < n && j < i + LANES; ++j) {
+            const float e = weights[j];
+            if (!(e >= floor)) continue;
+            const int key = e > 0.0f ? weight_key(e, 23) : 0;
+            mass[key] += e;
+            count[key] += 1;
+        }
+    }
+}
+
+/* From the top bucket down, the one holding the cut: where the count reaches k or the mass
+ * reaches `nucleus`, counting the buckets above it into *taken and *above (0 if none does). */
+static int find_cut(const double mass[256], const int64_t count[256], int64_t k, double nucleus,
+                    int64_t *taken, double *above) {
+    int bucket = 255;
+    for (; bucket > 0; --bucket) {
+        if (*taken + count[bucket] >= k || *above + mass[bucket] >= nucleus) break;
+        *taken += count[bucket], *above += mass[bucket];
+    }
+    return bucket;
+}
+
 /* One filtered row's draw (sl_sample_rows), with the thread's scratch: weights
  * (n floats), kept (n int32), boundary (n weighted_token). -1 when its largest logit is not
  * finite. */
@@ -263,51 +407,61 @@ static int64_t sample_filtered_row(const void *row, int is_bf16, int64_t n, floa
         row_weights_bf16((const bf16 *)row, n, temperature, top, weights);
     else
         row_weights_float((const float *)row, n, temperature, top, weights);
-    double total = 0.0;
+    const int64_t k = top_k > 0 && top_k < n ? top_k : n;
+    /* The exponent band holding the cut: every band above it is kept whole. Counted from the
+     * highest floor that holds the cut (FLOORS); from none (0) if the rounding of the
+     * floors' sums misled that choice and the walk ran past the floor. */
+    double floor_mass[FLOORS] = {0};
+    int64_t floor_count[FLOORS] = {0};
+    const double total = weigh_floors(weights, n, floor_mass, floor_count);
+    const double nucleus = top_p < 1.0f ? (double)top_p * total : INFINITY;
+    float floor = 0.0f;
+    for (int f = 0; f < FLOORS && floor == 0.0f; ++f)
+        if (floor_count[f] >= k || floor_mass[f] >= nucleus) floor = floor_value(f);
     double mass[256] = {0};
     int64_t count[256] = {0};
-    for (int64_t i = 0; i < n; ++i) {
-        const float e = weights[i];
-        total += e;
-        const int key = e > 0.0f ? weight_key(e, 23) : 0; /* (0: no weight, never kept) */
-        mass[key] += e;
-        count[key] += 1;
-    }
-    const int64_t k = top_k > 0 && top_k < n ? top_k : n;
-    const double nucleus = top_p < 1.0f ? (double)top_p * total : INFINITY;
-    /* the exponent band holding the cut: every band above it is kept whole */
+    count_bands(weights, n, floor, mass, count);
     double above = 0.0;
     int64_t taken = 0;
-    int band = 255;
-    for (; band > 0; --band)
-        if (taken + count[band] >= k || above + mass[band] >= nucleus) break;
-        else taken += count[band], above += mass[band];
+    int band = find_cut(mass, count, k, nucleus, &taken, &above);
+    if (floor > 0.0f && band < weight_key(floor, 23)) {
+        memset(mass, 0, sizeof mass);
+        memset(count, 0, sizeof count);
+        count_bands(weights, n, 0.0f, mass, count);
+        above = 0.0, taken = 0;
+        band = find_cut(mass, count, k, nucleus, &taken, &above);
+    }
     /* within the band, the top 8 bits of the mantissa: the sub-band holding the cut */
     double sub_mass[256] = {0};
     int64_t sub_count[256] = {0};
-    for (int64_t i = 0; i < n; ++i)
-        if (weights[i] > 0.0f && weight_key(weights[i], 23) == band) {
-            const int key = weight_key(weights[i], 15);
-            sub_mass[key] += weights[i];
-            sub_count[key] += 1;
-        }
-    int sub = 255;
-    for (; sub > 0; --sub)
-        if (taken + sub_count[sub] >= k || above + sub_mass[sub] >= nucleus) break;
-        else taken += sub_count[sub], above += sub_mass[sub];
+    const float band_floor = band_value(band, 0);
+    for (int64_t i = 0; i < n; i += LANES) {
+        if (i + LANES <= n && !any_at_least(weights + i, band_floor)) continue;
+        for (int64_t j = i; j < n && j < i + LANES; ++j)
+            if (weights[j] > 0.0f && weight_key(weights[j], 23) == band) {
+                const int key = weight_key(weights[j], 15);
+                sub_mass[key] += weights[j];
+                sub_count[key] += 1;
+            }
+    }
+    const int sub = find_cut(sub_mass, sub_count, k, nucleus, &taken, &above);
     /* kept: every token above the cut's sub-band (in column order), then that sub-band's in
      * descending order while the rank is under k and the mass before it under top_p's */
     int64_t n_kept = 0, n_boundary = 0;
     double kept_mass = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-        const float e = weights[i];
-        if (!(e > 0.0f)) continue;
-        const int key = weight_key(e, 23);
-        if (key > band || (key == band && weight_key(e, 15) > sub)) {
-            kept[n_kept++] = (int32_t)i;
-            kept_mass += e;
-        } else if (key == band && weight_key(e, 15) == sub) {
-            boundary[n_boundary++] = (weighted_token){e, (int32_t)i};
+    const float cut_floor = band_value(band, sub);
+    for (int64_t i = 0; i < n; i += LANES) {
+        if (i + LANES <= n && !any_at_least(weights + i, cut_floor)) continue;
+        for (int64_t j = i; j < n && j < i + LANES; ++j) {
+            const float e = weights[j];
+            if (!(e > 0.0f)) continue;
+            const int key = weight_key(e, 23);
+            if (key > band || (key == band && weight_key(e, 15) > sub)) {
+                kept[n_kept++] = (int32_t)j;
+                kept_mass += e;
+            } else if (key == band && weight_key(e, 15) == sub) {
+                boundary[n_boundary++] = (weighted_token){e, (int32_t)j};
+            }
         }
     }
     qsort(boundary, (size_t)n_boundary, sizeof *boundary, by_weight_descending);
