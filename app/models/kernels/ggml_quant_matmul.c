@@ -190,6 +190,15 @@ static inline int sl_argmax_may_improve(const float *v, int64_t rows, float best
     return improve && best == best; /* after a NaN, only an earlier column would replace it */
 }
 
+/* The calling thread's bests in a call of sl_quant_argmax: its row [m] of [thread][m]. */
+static inline sl_argmax_best *sl_argmax_thread_bests(void) {
+#ifdef _OPENMP
+    return sl_argmax_bests + omp_get_thread_num() * sl_argmax_rows;
+#else
+    return sl_argmax_bests;
+#endif
+}
+
 /* The argmax epilogue of one activation row i over `rows` outputs from column `column` (bias
  * added first): the calling thread's best so far. A tile after the best's column can only
  * replace it with a strictly larger value (or a first NaN): the quick check first. A tile
@@ -198,22 +207,18 @@ static inline int sl_argmax_may_improve(const float *v, int64_t rows, float best
  * or a NaN in an earlier column wins. */
 static void sl_argmax_row(const float *out, int64_t rows, int64_t i, int64_t column,
                           const float *bias) {
-#ifdef _OPENMP
-    const int64_t at = omp_get_thread_num() * sl_argmax_rows + i;
-#else
-    const int64_t at = i;
-#endif
+    sl_argmax_best *const bests = sl_argmax_thread_bests();
     float biased[SL_TILE_ROWS];
     if (bias != NULL) {
         for (int64_t r = 0; r < rows; r++) biased[r] = out[r] + bias[column + r];
         out = biased;
     }
-    sl_argmax_best best = sl_argmax_bests[at];
+    sl_argmax_best best = bests[i];
     if (column > best.column && !sl_argmax_may_improve(out, rows, best.value)) return;
     for (int64_t r = 0; r < rows; r++)
         if (sl_argmax_better(out[r], column + r, best.value, best.column))
             best = (sl_argmax_best){out[r], column + r};
-    sl_argmax_bests[at] = best;
+    bests[i] = best;
 }
 
 #if defined(__x86_64__)
@@ -226,11 +231,7 @@ static void sl_argmax_row(const float *out, int64_t rows, int64_t i, int64_t col
 SL_TARGET_AVX512 static void sl_argmax_rows_avx512(const float *out, int64_t out_stride,
                                                    int64_t n, int64_t rows, int64_t i0,
                                                    int64_t column, const float *bias) {
-#ifdef _OPENMP
-    const sl_argmax_best *bests = sl_argmax_bests + omp_get_thread_num() * sl_argmax_rows;
-#else
-    const sl_argmax_best *bests = sl_argmax_bests;
-#endif
+    const sl_argmax_best *bests = sl_argmax_thread_bests();
     for (int64_t g = 0; g < n; g++) {
         const float *o = out + g * out_stride;
         const sl_argmax_best best = bests[i0 + g];
@@ -256,11 +257,7 @@ SL_TARGET_AVX512 static void sl_argmax_rows_avx512(const float *out, int64_t out
 SL_TARGET_AVX2 static void sl_argmax_rows_avx2(const float *out, int64_t out_stride, int64_t n,
                                                int64_t rows, int64_t i0, int64_t column,
                                                const float *bias) {
-#ifdef _OPENMP
-    const sl_argmax_best *bests = sl_argmax_bests + omp_get_thread_num() * sl_argmax_rows;
-#else
-    const sl_argmax_best *bests = sl_argmax_bests;
-#endif
+    const sl_argmax_best *bests = sl_argmax_thread_bests();
     for (int64_t g = 0; g < n; g++) {
         const float *o = out + g * out_stride;
         const sl_argmax_best best = bests[i0 + g];
