@@ -315,9 +315,8 @@ class DecoderModel:
     ) -> torch.Tensor | GreedyTokens:
         """The output norm and LM head for the rows that want logits (a head on GGUF blocks
         picks its path by the rows without the drafted ones, as the layers do); their argmax
-        alone where ``argmax`` and the head's call takes the blocks (:meth:`forward`). A head
-        on GGUF blocks writes the logits into the thread's buffer (``GGMLLinear.logits``):
-        valid until the next step's."""
+        alone where ``argmax`` and the head's call takes the blocks (:meth:`forward`). In the
+        runner's steps a GGUF head's logits are the thread's buffer (``GGMLLinear.logits``)."""
         if plan.logits_index.numel() == 0:  # only prompt chunks that sample nothing
             return hidden.new_empty((0, self.hparams.vocab_size))
         w = self.weights
