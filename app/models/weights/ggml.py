@@ -188,8 +188,7 @@ class GGMLLinear:
         size = x.shape[0] * self.out_features
         if (
             not getattr(_LOGITS_BUFFER, "enabled", False)
-            or (self.wide is not None and rows > self.blocks_max_rows)
-            or self._decodes_for(x, rows)
+            or not self._takes_blocks(x, rows)
             or self.out_dtype != torch.float32
             or size * 4 > LOGITS_BUFFER_MAX_BYTES
         ):
@@ -208,7 +207,7 @@ class GGMLLinear:
         without storing the outputs (``GGMLKernels.argmax``: a greedy step's LM head), or None
         where the call would not take the blocks (a ``wide`` copy or a decoded matrix)."""
         rows = x.shape[0] if as_rows is None else as_rows
-        if (self.wide is not None and rows > self.blocks_max_rows) or self._decodes_for(x, rows):
+        if not self._takes_blocks(x, rows):
             return None
         if (self.out_dtype or x.dtype) != torch.float32:  # the argmax of rounded outputs
             return None
@@ -246,6 +245,13 @@ class GGMLLinear:
             self.kernels.dequantize_rows(segment, self.in_features, rows, torch.bfloat16, view)
             start += segment.rows
         return weight
+
+    def _takes_blocks(self, x: torch.Tensor, rows: int) -> bool:
+        """Whether a call of ``rows`` rows (``x``'s dtype) computes on the blocks, not on the
+        ``wide`` copy or a decoded matrix (``__call__``'s choice)."""
+        return not (self.wide is not None and rows > self.blocks_max_rows) and not (
+            self._decodes_for(x, rows)
+        )
 
     def _decodes_for(self, x: torch.Tensor, rows: int) -> bool:
         return 0 < self.dense_from_rows <= rows and x.dtype == torch.bfloat16
